@@ -1,0 +1,72 @@
+"""Request dependencies: the master, a database session per request, and the caller."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from control_plane.api.errors import forbidden, unauthenticated
+from control_plane.auth import Principal, TokenKind, resolve_token
+from control_plane.master import Master
+
+
+def get_master(request: Request) -> Master:
+    return request.app.state.master
+
+
+def get_db(master: Master = Depends(get_master)) -> Iterator[Session]:
+    """A session whose transaction commits when the handler returns normally and rolls back on
+    any error, so a failed request leaves nothing half-written."""
+    with master.sessions() as session, session.begin():
+        yield session
+
+
+def bearer_token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip() or None
+    # Determined's web UI uses a cookie; accept it too.
+    return request.cookies.get("auth") or None
+
+
+def principal(request: Request, master: Master = Depends(get_master)) -> Principal:
+    token = bearer_token(request)
+    if not token:
+        raise unauthenticated()
+    with master.sessions() as s:
+        p = resolve_token(s, token, now=master.clock())
+    if p is None:
+        raise unauthenticated("invalid or expired token")
+    return p
+
+
+def user(p: Principal = Depends(principal)) -> Principal:
+    if not p.is_user:
+        raise forbidden(f"a {p.kind.value} token cannot do this")
+    return p
+
+
+def admin(p: Principal = Depends(user)) -> Principal:
+    if not p.admin:
+        raise forbidden("admin only")
+    return p
+
+
+def agent(p: Principal = Depends(principal)) -> Principal:
+    if p.kind not in (TokenKind.AGENT, TokenKind.BOOTSTRAP):
+        raise forbidden("agent credential required")
+    return p
+
+
+def user_or_allocation(p: Principal = Depends(principal)) -> Principal:
+    if p.kind not in (TokenKind.USER, TokenKind.ALLOCATION):
+        raise forbidden(f"a {p.kind.value} token cannot do this")
+    return p
+
+
+def require_trial_access(p: Principal, trial_id: int) -> None:
+    """An allocation token may only touch its own trial."""
+    if p.kind is TokenKind.ALLOCATION and p.trial_id != trial_id:
+        raise forbidden("this token belongs to another trial")

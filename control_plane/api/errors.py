@@ -1,0 +1,95 @@
+"""One error shape for every 4xx/5xx, readable by Determined's client (`error.error`) and by
+people (`message`, plus `details` naming each bad field)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("shipyard.api")
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    field: str
+    reason: str
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, details: list[FieldProblem] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.details = details or []
+
+
+def bad_request(message: str, field: str | None = None) -> APIError:
+    details = [FieldProblem(field, message)] if field else []
+    return APIError(400, f"{field}: {message}" if field else message, details)
+
+
+def not_found(what: str) -> APIError:
+    return APIError(404, f"{what} not found")
+
+
+def forbidden(message: str = "permission denied") -> APIError:
+    return APIError(403, message)
+
+
+def unauthenticated(message: str = "authentication required") -> APIError:
+    return APIError(401, message)
+
+
+def conflict(message: str) -> APIError:
+    return APIError(409, message)
+
+
+def error_body(status: int, message: str, details: list[FieldProblem]) -> dict[str, Any]:
+    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+    return {
+        "error": {"code": status, "reason": reason, "error": message},
+        "code": status,
+        "message": message,
+        "details": [{"field": d.field, "reason": d.reason} for d in details],
+    }
+
+
+def _loc_to_path(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "(body)"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_req: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.message, exc.details), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        details = []
+        for err in exc.errors():
+            msg = err.get("msg", "invalid")
+            if err.get("type") == "json_invalid":
+                msg = "request body is not valid JSON"
+            details.append(FieldProblem(_loc_to_path(tuple(err.get("loc", ()))), msg))
+        message = "; ".join(f"{d.field}: {d.reason}" for d in details) or "invalid request"
+        return JSONResponse(error_body(400, message, details), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), []), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        log.exception("event=unhandled_error path=%s", req.url.path)
+        return JSONResponse(error_body(500, "internal error", []), status_code=500)

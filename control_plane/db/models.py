@@ -1,0 +1,310 @@
+"""The record. Everything the master knows survives in these tables; a master killed at any
+instant restarts from them alone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware datetimes on both SQLite (which drops tzinfo) and PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime stored")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON(), list[Any]: JSON()}
+
+
+class ClusterInfo(Base):
+    __tablename__ = "cluster_info"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    username: Mapped[str] = mapped_column(String(128), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    display_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_auth_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Token(Base):
+    """Bearer tokens. Only a hash is stored. `kind` scopes what the token can touch:
+    user (as its user), agent (one pool), allocation (one trial/allocation), bootstrap (one
+    instance launch in one pool, short-lived)."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), nullable=True)
+    pool: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    allocation_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    launch_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class ModelDefinition(Base):
+    __tablename__ = "model_definitions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    archive: Mapped[bytes] = mapped_column(LargeBinary)  # tar.gz
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    file_count: Mapped[int] = mapped_column(Integer)
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    description: Mapped[str] = mapped_column(Text, default="")
+    notes: Mapped[str] = mapped_column(Text, default="")
+    labels: Mapped[list[Any]] = mapped_column(default=list)
+    config: Mapped[dict[str, Any]] = mapped_column()  # fully defaulted
+    original_config: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    model_definition_id: Mapped[int] = mapped_column(ForeignKey("model_definitions.id"))
+    parent_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    resource_pool: Mapped[str] = mapped_column(String(64))
+    priority: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    job_id: Mapped[str] = mapped_column(String(64), unique=True)
+    queue_position: Mapped[float | None] = mapped_column(Float, nullable=True)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    searcher_state: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    searcher_event_seq: Mapped[int] = mapped_column(Integer, default=0)
+    warnings: Mapped[list[Any]] = mapped_column(default=list)
+    start_time: Mapped[datetime] = mapped_column(default=utcnow)
+    end_time: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("experiment_id", "request_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    request_id: Mapped[str] = mapped_column(String(64))
+    hparams: Mapped[dict[str, Any]] = mapped_column()
+    seed: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    run_id: Mapped[int] = mapped_column(Integer, default=0)
+    task_id: Mapped[str] = mapped_column(String(64), unique=True)
+    searcher_target_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    searcher_closed: Mapped[bool] = mapped_column(Boolean, default=False)
+    rung: Mapped[int] = mapped_column(Integer, default=0)
+    steps_completed: Mapped[int] = mapped_column(BigInteger, default=0)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    best_validation: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latest_validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    latest_checkpoint_uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    exit_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    start_time: Mapped[datetime] = mapped_column(default=utcnow)
+    end_time: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Metric(Base):
+    """One report of a group of metrics for a trial at a step. (trial, group, step) is unique:
+    a retried report is idempotent and a later run's report of the same step replaces it."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("trial_id", "group_name", "steps_completed"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    group_name: Mapped[str] = mapped_column(String(64))
+    steps_completed: Mapped[int] = mapped_column(BigInteger)
+    trial_run_id: Mapped[int] = mapped_column(Integer, default=0)
+    metrics: Mapped[dict[str, Any]] = mapped_column()
+    report_time: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TaskLog(Base):
+    __tablename__ = "task_logs"
+    __table_args__ = (Index("ix_task_logs_task_id_id", "task_id", "id"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(64))
+    allocation_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    timestamp: Mapped[datetime] = mapped_column(default=utcnow)
+    level: Mapped[str] = mapped_column(String(16), default="INFO")
+    stdtype: Mapped[str] = mapped_column(String(16), default="stdout")
+    source: Mapped[str] = mapped_column(String(32), default="task")
+    log: Mapped[str] = mapped_column(Text)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id", ondelete="SET NULL"), nullable=True, index=True)
+    experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    task_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    allocation_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    state: Mapped[str] = mapped_column(String(32), default="COMPLETED")
+    report_time: Mapped[datetime] = mapped_column(default=utcnow)
+    steps_completed: Mapped[int] = mapped_column(BigInteger, default=0)
+    resources: Mapped[dict[str, Any]] = mapped_column(default=dict)  # relative path -> size
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    storage: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the checkpoint_storage used
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ResourcePool(Base):
+    __tablename__ = "resource_pools"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    provider_type: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    state: Mapped[str] = mapped_column(String(32), default="ok")  # ok | error | backoff
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    backoff_until: Mapped[datetime | None] = mapped_column(nullable=True)
+    launch_failures: Mapped[int] = mapped_column(Integer, default=0)
+    last_decision: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    last_decision_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(32), default="connected")  # connected | disconnected | draining
+    slots: Mapped[list[Any]] = mapped_column(default=list)  # [{id, type, uuid, brand, memoryMb}]
+    session_id: Mapped[str] = mapped_column(String(64))
+    instance_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    addresses: Mapped[list[Any]] = mapped_column(default=list)
+    version: Mapped[str] = mapped_column(String(64), default="")
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    disconnected_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    idle_since: Mapped[datetime | None] = mapped_column(nullable=True)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class Allocation(Base):
+    """A request for `slots_needed` slots for a task, placed whole on one agent."""
+
+    __tablename__ = "allocations"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(64), index=True)
+    trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pool: Mapped[str] = mapped_column(String(64), index=True)
+    slots_needed: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=42)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    # pending → assigned → pulling → starting → running → terminating → terminated
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    slot_ids: Mapped[list[Any]] = mapped_column(default=list)
+    run_id: Mapped[int] = mapped_column(Integer, default=0)
+    kill_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    preempt_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    assigned_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Why it ended, for restart accounting: "exited" (the process's own doing) or an
+    # infrastructure cause ("agent_lost", "preempted", "killed", "instance_terminated").
+    end_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class Instance(Base):
+    """A cloud/local instance the master launched. The row is written before the launch call,
+    keyed by `launch_id`, so a crash between launch and record is healed from cloud tags."""
+
+    __tablename__ = "instances"
+    launch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(64), index=True)
+    provider: Mapped[str] = mapped_column(String(16))
+    instance_id: Mapped[str | None] = mapped_column(String(128), nullable=True, unique=True)
+    # requested → starting → running → stopping → terminated
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    location: Mapped[str] = mapped_column(String(128), default="")
+    instance_type: Mapped[str] = mapped_column(String(64), default="")
+    private_ip: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    requested_at: Mapped[datetime] = mapped_column(default=utcnow)
+    launched_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    terminate_requested_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    terminated_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    terminate_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Model(Base):
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    labels: Mapped[list[Any]] = mapped_column(default=list)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    checkpoint_uuid: Mapped[str] = mapped_column(ForeignKey("checkpoints.uuid"))
+    name: Mapped[str] = mapped_column(String(255), default="")
+    comment: Mapped[str] = mapped_column(Text, default="")
+    notes: Mapped[str] = mapped_column(Text, default="")
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    labels: Mapped[list[Any]] = mapped_column(default=list)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,129 @@
+"""The master process: configuration, database, clock, and the background loops.
+
+Everything here is wiring; decisions live in pure modules (searcher, scheduler, scaling)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from control_plane import auth
+from control_plane.config import MasterConfig
+from control_plane.db import migrate
+from control_plane.db.engine import make_engine, make_session_factory, transaction
+from control_plane.db.models import ClusterInfo, ResourcePool, User
+
+log = logging.getLogger("shipyard.master")
+
+Clock = Callable[[], datetime]
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+class Master:
+    def __init__(self, config: MasterConfig, *, clock: Clock = system_clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.engine = make_engine(config.database_url)
+        self.sessions: sessionmaker[Session] = make_session_factory(self.engine)
+        self.cluster_id = ""
+        self.master_id = uuid.uuid4().hex
+        # Set whenever something a loop should react to happens (new allocation, agent event...),
+        # so loops act at once instead of waiting for their next tick.
+        self.wakeup = threading.Condition()
+        self._wake_seq = 0
+        self.stopping = threading.Event()
+        self.loops: list[Callable[[], None]] = []
+        self._threads: list[threading.Thread] = []
+
+    # -- start-up ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Migrate, create the cluster id and the first admin, sync pools. Idempotent."""
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        migrate.upgrade(self.engine)
+        with transaction(self.sessions) as s:
+            row = s.get(ClusterInfo, "cluster_id")
+            if row is None:
+                row = ClusterInfo(key="cluster_id", value=str(uuid.uuid4()))
+                s.add(row)
+            self.cluster_id = row.value
+            self._ensure_admin(s)
+            self._sync_pools(s)
+
+    def _ensure_admin(self, s: Session) -> None:
+        if s.scalar(select(User).where(User.username == "admin")) is not None:
+            return
+        password = self.config.admin_password
+        generated = password is None
+        if generated:
+            password = auth.generate_password()
+        elif problem := auth.password_problem(password):
+            raise SystemExit(f"admin_password {problem}")
+        now = self.clock()
+        s.add(User(username="admin", password_hash=auth.hash_password(password), admin=True, created_at=now, modified_at=now))
+        if generated:
+            # Printed once, to the terminal that started the master, never to the log file.
+            print(
+                f"Created user 'admin' with generated password: {password}\n"
+                "It will not be shown again; change it with `det user change-password admin`.",
+                file=sys.stderr,
+                flush=True,
+            )
+        log.info("event=admin_created generated_password=%s", generated)
+
+    def _sync_pools(self, s: Session) -> None:
+        for pool in self.config.resource_pools:
+            row = s.get(ResourcePool, pool.name)
+            if row is None:
+                row = ResourcePool(name=pool.name)
+                s.add(row)
+            row.description = pool.description
+            row.provider_type = (pool.provider or {}).get("type")
+            row.config = pool.model_dump(mode="json")
+
+    # -- loops ------------------------------------------------------------------------------
+    def notify(self) -> None:
+        with self.wakeup:
+            self._wake_seq += 1
+            self.wakeup.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        with self.wakeup:
+            seq = self._wake_seq
+            self.wakeup.wait_for(lambda: self._wake_seq != seq or self.stopping.is_set(), timeout=timeout)
+
+    def add_loop(self, name: str, tick: Callable[[], None], interval_s: float) -> None:
+        def run() -> None:
+            while not self.stopping.is_set():
+                try:
+                    tick()
+                except Exception:  # a loop must survive anything; the next tick heals
+                    log.exception("event=loop_error loop=%s", name)
+                self.wait(interval_s)
+
+        t = threading.Thread(target=run, name=f"loop-{name}", daemon=True)
+        self._threads.append(t)
+
+    def start_loops(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.notify()
+        for t in self._threads:
+            t.join(timeout=10)
+        self.engine.dispose()
+
+    def new_id(self) -> str:
+        return secrets.token_hex(8)

@@ -1,0 +1,463 @@
+"""The scale decider of an elastic resource pool: a pure function of demand, instances and limits.
+
+`decide(demand, instances, limits, now)` answers "how many instances to launch and which ones to
+terminate, and why" for one pool with one instance type. It does no I/O and never reads the clock;
+the autoscaler loop (the imperative shell) builds the snapshot, calls it every tick, and applies the
+result through a provider. Because it is level-triggered, a lost decision is simply recomputed.
+
+How it differs from Determined's provisioner scale decider (which it otherwise follows):
+
+* Demand is bin-packed (best-fit decreasing over *counts* of shapes, so 10,000 pending trials of four
+  shapes cost four iterations), not summed as slots: 3 trials of 3 slots on 4-slot instances need 3
+  instances, not ceil(9/4) = 2.
+* Instances still booting absorb demand by their free slots, through the same packing, instead of
+  "desired - number of recently launched instances", which ignores how the shapes fit.
+* It is stateless: idle/disconnected durations come from timestamps in the snapshot, not from what
+  the decider remembered last tick, so a master restart does not reset the grace periods.
+* Idle instances are never reaped while the pending demand could use them, and never in a decision
+  that also launches, so it cannot flap between terminate and launch.
+* Above `max_instances` it sheds only instances without work (disconnected, booting, idle; newest
+  first) and waits for busy ones to drain rather than killing trials.
+
+The input contract: `demand` is what the scheduler could NOT place on connected capacity, computed
+from the same snapshot as `instances`, so it is additive to busy capacity. Capacity the scheduler has
+not been able to use yet absorbs it first: booting instances, and idle ones (an agent that connected
+after the scheduler's pass), which is cluster-autoscaler's "filter out pods that fit existing nodes".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+InstanceState = Literal["requested", "starting", "running", "stopping", "terminated"]
+
+#: Shipyard's defaults. The idle period is short because a relaunch only costs one boot (about 90 s
+#: on AWS/GCP GPU images) while every idle minute bills a whole GPU instance; see
+#: benchmarks/elastic_trace.py for the trade-off measured on a day of trial arrivals.
+DEFAULT_MAX_IDLE_AGENT_PERIOD = timedelta(minutes=5)
+DEFAULT_MAX_AGENT_STARTING_PERIOD = timedelta(minutes=20)
+DEFAULT_MAX_DISCONNECTED_PERIOD = timedelta(minutes=10)
+
+_GONE_STATES = frozenset({"stopping", "terminated"})
+
+
+@dataclass(frozen=True)
+class PendingDemand:
+    """`count` tasks, each needing `slots` slots on one instance (a gang). `slots == 0` is a task
+    that needs an instance but no slot; it fits on any instance."""
+
+    slots: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.slots < 0:
+            raise ValueError(f"slots must be >= 0, got {self.slots}")
+        if self.count < 0:
+            raise ValueError(f"count must be >= 0, got {self.count}")
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """One instance of the pool as the autoscaler loop observed it.
+
+    `agent_disconnected_since` is when a once-connected agent dropped (None while connected, or if
+    unknown: then the disconnection is treated as starting now). `idle_since` is when the agent's
+    last task finished; None means busy.
+    """
+
+    id: str
+    state: InstanceState
+    launched_at: datetime
+    agent_connected: bool = False
+    agent_first_connected_at: datetime | None = None
+    agent_disconnected_since: datetime | None = None
+    busy_slots: int = 0
+    idle_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    min_instances: int
+    max_instances: int
+    slots_per_instance: int
+    max_idle_agent_period: timedelta = DEFAULT_MAX_IDLE_AGENT_PERIOD
+    max_agent_starting_period: timedelta = DEFAULT_MAX_AGENT_STARTING_PERIOD
+    max_disconnected_period: timedelta = DEFAULT_MAX_DISCONNECTED_PERIOD
+    max_launch_per_decision: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_instances < 0:
+            raise ValueError(f"min_instances must be >= 0, got {self.min_instances}")
+        if self.max_instances < self.min_instances:
+            raise ValueError(
+                f"max_instances ({self.max_instances}) must be >= min_instances ({self.min_instances})"
+            )
+        if self.slots_per_instance < 0:
+            raise ValueError(f"slots_per_instance must be >= 0, got {self.slots_per_instance}")
+        if self.max_launch_per_decision is not None and self.max_launch_per_decision < 0:
+            raise ValueError(f"max_launch_per_decision must be >= 0, got {self.max_launch_per_decision}")
+
+
+@dataclass(frozen=True)
+class Termination:
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    launch: int
+    terminate: tuple[Termination, ...] = ()
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def terminate_ids(self) -> tuple[str, ...]:
+        return tuple(t.id for t in self.terminate)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bin packing over counts of shapes
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    """Demand aggregated by shape: schedulable slot shapes largest first, zero-slot tasks, and shapes
+    that can never fit on one instance."""
+
+    sized: tuple[tuple[int, int], ...]
+    zero_slot: int
+    unschedulable: tuple[tuple[int, int], ...]
+
+    @property
+    def tasks(self) -> int:
+        return sum(c for _, c in self.sized) + self.zero_slot
+
+    @property
+    def slots(self) -> int:
+        return sum(s * c for s, c in self.sized)
+
+
+def _aggregate(demand: Iterable[PendingDemand], slots_per_instance: int) -> _Shapes:
+    by_shape: dict[int, int] = {}
+    for d in demand:
+        if d.count:
+            by_shape[d.slots] = by_shape.get(d.slots, 0) + d.count
+    zero = by_shape.pop(0, 0)
+    sized = tuple(sorted(((s, c) for s, c in by_shape.items() if s <= slots_per_instance), reverse=True))
+    unsched = tuple(sorted(((s, c) for s, c in by_shape.items() if s > slots_per_instance), reverse=True))
+    return _Shapes(sized=sized, zero_slot=zero, unschedulable=unsched)
+
+
+@dataclass(frozen=True)
+class _Packing:
+    new_instances: int
+    # Per open group (in the order given to _pack): tasks and slots placed there, instances used.
+    tasks: tuple[int, ...]
+    slots: tuple[int, ...]
+    used: tuple[int, ...]
+
+
+def _pack(shapes: _Shapes, capacity: int, open_groups: Sequence[Sequence[int]] = ()) -> _Packing:
+    """Best-fit decreasing over counts of shapes, onto open instances first, then new ones.
+
+    `open_groups` are the free slots of instances that exist already, grouped (idle, then booting)
+    in order of preference. Instances are kept as histograms "free slots -> number of instances", so
+    the cost is O(shapes x capacity x groups), independent of the number of tasks. Placing a shape
+    into the fullest instance where it fits and filling that instance before moving on is exactly
+    item-by-item best-fit decreasing (it stays the fullest instance that fits), so BFD's guarantee
+    (<= 11/9 OPT + 1) holds, and with power-of-two shapes that divide the instance size it is
+    optimal: ceil(total slots / capacity). Ties go to instances already touched, then to earlier
+    groups, so untouched idle instances stay free to be reaped.
+    """
+    n_groups = len(open_groups)
+    pristine = [[0] * (capacity + 1) for _ in range(n_groups)]
+    touched = [[0] * (capacity + 1) for _ in range(n_groups + 1)]  # the last one: opened here
+    for g, frees in enumerate(open_groups):
+        for free in frees:
+            pristine[g][max(0, min(free, capacity))] += 1
+    order: list[tuple[int, list[int], list[int]]] = []
+    for g in range(n_groups):
+        order += [(g, touched[g], touched[g]), (g, pristine[g], touched[g])]
+    fresh = touched[n_groups]
+    order.append((n_groups, fresh, fresh))
+
+    tasks = [0] * n_groups
+    slots = [0] * n_groups
+    used = [0] * n_groups
+    new_instances = 0
+    for size, count in shapes.sized:
+        for free in range(size, capacity + 1):
+            for g, src, dst in order:
+                if not count:
+                    break
+                n = src[free]
+                if not n:
+                    continue
+                fits = free // size
+                placed = min(count, n * fits)
+                full, rest = divmod(placed, fits)
+                src[free] -= full + (1 if rest else 0)
+                dst[free - fits * size] += full
+                if rest:
+                    dst[free - rest * size] += 1
+                count -= placed
+                if g < n_groups:
+                    tasks[g] += placed
+                    slots[g] += placed * size
+                    if src is not dst:
+                        used[g] += full + (1 if rest else 0)
+        if count:
+            fits = capacity // size
+            full, rest = divmod(count, fits)
+            new_instances += full + (1 if rest else 0)
+            fresh[capacity - fits * size] += full
+            if rest:
+                fresh[capacity - rest * size] += 1
+
+    if shapes.zero_slot:
+        # Zero-slot tasks ride along on any instance; they need one only when there is none.
+        host = next((g for g in range(n_groups) if open_groups[g]), None)
+        if host is not None:
+            tasks[host] += shapes.zero_slot
+            used[host] = max(used[host], 1)
+        elif new_instances == 0:
+            new_instances = 1
+    return _Packing(new_instances, tuple(tasks), tuple(slots), tuple(used))
+
+
+def instances_needed(demand: Iterable[PendingDemand], slots_per_instance: int) -> int:
+    """How many empty instances of `slots_per_instance` slots the demand needs (best-fit decreasing
+    over counts of shapes). Shapes larger than an instance are unschedulable and need none."""
+    return _pack(_aggregate(demand, slots_per_instance), slots_per_instance).new_instances
+
+
+# --------------------------------------------------------------------------------------------------
+# Wording
+
+
+def _fmt_duration(d: timedelta) -> str:
+    total = max(0, int(d.total_seconds()))
+    hours, rem = divmod(total, 3600)
+    minutes, seconds = divmod(rem, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{seconds}s" if seconds else ""]
+    return "".join(parts) or "0s"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _fmt_shapes(shapes: Iterable[tuple[int, int]]) -> str:
+    return ", ".join(f"{c}x{s} slots" if s != 1 else f"{c}x1 slot" for s, c in shapes)
+
+
+def _fmt_demand(shapes: _Shapes) -> str:
+    parts = [_fmt_shapes(shapes.sized)] if shapes.sized else []
+    if shapes.zero_slot:
+        parts.append(f"{shapes.zero_slot} zero-slot")
+    return f"{_plural(shapes.tasks, 'pending task')} ({', '.join(parts)})"
+
+
+# --------------------------------------------------------------------------------------------------
+# The decision
+
+
+@dataclass
+class _Census:
+    booting: list[InstanceView] = field(default_factory=list)
+    idle: list[InstanceView] = field(default_factory=list)
+    busy: list[InstanceView] = field(default_factory=list)
+    disconnected: list[InstanceView] = field(default_factory=list)
+
+    @property
+    def live(self) -> int:
+        return len(self.booting) + len(self.idle) + len(self.busy) + len(self.disconnected)
+
+
+def _is_busy(inst: InstanceView) -> bool:
+    return inst.busy_slots > 0 or inst.idle_since is None
+
+
+def decide(
+    demand: Sequence[PendingDemand],
+    instances: Sequence[InstanceView],
+    limits: PoolLimits,
+    now: datetime,
+) -> ScaleDecision:
+    """Decide how many instances to launch and which to terminate, with a reason for each."""
+    capacity = limits.slots_per_instance
+    shapes = _aggregate(demand, capacity)
+    reasons: list[str] = []
+    terminations: list[Termination] = []
+
+    def terminate(inst: InstanceView, why: str) -> None:
+        terminations.append(Termination(inst.id, why))
+
+    # 1. Sort instances by what they can do; broken ones are terminated regardless of min_instances
+    #    (a broken instance does not count toward the floor, and is replaced below).
+    census = _Census()
+    seen: set[str] = set()
+    for inst in instances:
+        if inst.state in _GONE_STATES or inst.id in seen:
+            continue
+        seen.add(inst.id)
+        if inst.agent_connected:
+            (census.busy if _is_busy(inst) else census.idle).append(inst)
+        elif inst.agent_first_connected_at is None:
+            waited = now - inst.launched_at
+            if waited > limits.max_agent_starting_period:
+                terminate(
+                    inst,
+                    f"agent did not connect within max_agent_starting_period "
+                    f"{_fmt_duration(limits.max_agent_starting_period)} (launched {_fmt_duration(waited)} ago)",
+                )
+            else:
+                census.booting.append(inst)
+        else:
+            gone_for = now - (inst.agent_disconnected_since or now)
+            if gone_for > limits.max_disconnected_period:
+                terminate(
+                    inst,
+                    f"agent disconnected for {_fmt_duration(gone_for)} "
+                    f"(max_disconnected_period {_fmt_duration(limits.max_disconnected_period)})",
+                )
+            else:
+                census.disconnected.append(inst)
+
+    if shapes.tasks:
+        reasons.append(f"demand: {_fmt_demand(shapes)} for {capacity}-slot instances")
+    for size, count in shapes.unschedulable:
+        reasons.append(
+            f"unschedulable: {_plural(count, 'task')} need {size} slots on one instance but instances "
+            f"have {capacity}; not launching for them"
+        )
+
+    # 2. Above max_instances: shed instances without work, newest first. Busy instances are never
+    #    killed for this; they are shed as they go idle on later ticks.
+    excess = census.live - limits.max_instances
+    if excess > 0:
+
+        def newest_first(group: list[InstanceView]) -> list[InstanceView]:
+            return sorted(group, key=lambda i: (i.launched_at, i.id), reverse=True)
+
+        sheddable = [
+            (inst, kind)
+            for group, kind in (
+                (census.disconnected, "disconnected"),
+                (census.booting, "not yet connected"),
+                (census.idle, "idle"),
+            )
+            for inst in newest_first(group)
+        ]
+        for inst, kind in sheddable[:excess]:
+            terminate(inst, f"above max_instances {limits.max_instances}: shedding newest {kind} instance")
+            for group in (census.disconnected, census.booting, census.idle):
+                if inst in group:
+                    group.remove(inst)
+        still = census.live - limits.max_instances
+        if still > 0:
+            reasons.append(
+                f"{_plural(still, 'busy instance')} above max_instances {limits.max_instances}; "
+                f"shedding once idle"
+            )
+
+    live = census.live
+
+    # 3. How many new instances the demand needs once the instances that exist but have not taken it
+    #    yet have absorbed what they can: idle ones (connected after the scheduler's pass, as
+    #    cluster-autoscaler filters out pods that fit existing nodes) and booting ones.
+    idle_free = [max(0, capacity - i.busy_slots) for i in census.idle]
+    booting_free = [max(0, capacity - i.busy_slots) for i in census.booting]
+    packing = _pack(shapes, capacity, (idle_free, booting_free))
+    want = packing.new_instances
+    floor = max(0, limits.min_instances - live)
+    room = max(0, limits.max_instances - live)
+    launch = min(max(want, floor), room)
+    if limits.max_launch_per_decision is not None:
+        launch = min(launch, limits.max_launch_per_decision)
+
+    for g, word in ((0, "idle instance"), (1, "starting instance")):
+        if packing.tasks[g]:
+            reasons.append(
+                f"{_plural(packing.used[g], word)} absorb {_plural(packing.tasks[g], 'pending task')} "
+                f"({_plural(packing.slots[g], 'slot')})"
+            )
+    if launch or want or floor:
+        why: list[str] = []
+        if want:
+            total = _pack(shapes, capacity).new_instances
+            absorbing = "".join(
+                f", {packing.used[g]} {word}" for g, word in ((0, "idle"), (1, "starting")) if packing.used[g]
+            )
+            why.append(
+                f"{_plural(shapes.tasks, 'pending task')} need {_plural(total, 'instance')}{absorbing}"
+            )
+        if floor > want:
+            why.append(f"min_instances {limits.min_instances} with {live} live")
+        if max(want, floor) > room:
+            why.append(f"capped by max_instances {limits.max_instances} with {live} live")
+        if launch < min(max(want, floor), room):
+            why.append(f"capped by max_launch_per_decision {limits.max_launch_per_decision}")
+        reasons.append(f"launch {launch}: " + "; ".join(why))
+
+    # 4. Idle instances past max_idle_agent_period, longest idle first, never below min_instances and
+    #    never one the pending demand was packed onto. A decision that launches has packed something
+    #    onto every idle instance first, so it never also terminates one (no launch/terminate flap).
+    long_idle = sorted(
+        (
+            i
+            for i in census.idle
+            if i.idle_since is not None and now - i.idle_since > limits.max_idle_agent_period
+        ),
+        key=lambda i: (i.idle_since, i.id),
+    )
+    if long_idle:
+        # The recently idle instances take the demand first; the rest of it holds long-idle ones.
+        keep_for_demand = max(0, packing.used[0] - (len(census.idle) - len(long_idle)))
+        keep_for_min = max(0, len(long_idle) - (live - limits.min_instances))
+        reapable = max(0, len(long_idle) - max(keep_for_demand, keep_for_min))
+        if keep_for_demand and keep_for_demand >= keep_for_min:
+            reasons.append(
+                f"keeping {_plural(keep_for_demand, 'idle instance')} past max_idle_agent_period "
+                f"for pending demand"
+            )
+        elif keep_for_min:
+            reasons.append(
+                f"keeping {_plural(keep_for_min, 'idle instance')} past max_idle_agent_period "
+                f"for min_instances {limits.min_instances}"
+            )
+        for inst in long_idle[:reapable]:
+            assert inst.idle_since is not None
+            terminate(
+                inst,
+                f"idle for {_fmt_duration(now - inst.idle_since)} "
+                f"(max_idle_agent_period {_fmt_duration(limits.max_idle_agent_period)})",
+            )
+        live -= reapable
+
+    for t in terminations:
+        reasons.append(f"terminate {t.id}: {t.reason}")
+    if not reasons:
+        reasons.append(
+            f"steady: {_plural(live, 'instance')} ({len(census.busy)} busy, {len(census.idle)} idle, "
+            f"{len(census.booting)} starting, {len(census.disconnected)} disconnected), no pending demand"
+        )
+    return ScaleDecision(launch=launch, terminate=tuple(terminations), reasons=tuple(reasons))
+
+
+def summarize(decision: ScaleDecision) -> str:
+    """The decision as shown by `det resource-pool describe`: a headline, then one line per reason."""
+    head = f"launch {decision.launch}, terminate {len(decision.terminate)}"
+    return "\n".join([head, *(f"  {line}" for line in decision.reasons)])
+
+
+def lower_bound_instances(demand: Iterable[PendingDemand], slots_per_instance: int) -> int:
+    """ceil(total schedulable slots / slots per instance): no packing can use fewer instances."""
+    shapes = _aggregate(demand, slots_per_instance)
+    if not shapes.sized:
+        return 1 if shapes.zero_slot else 0
+    return math.ceil(shapes.slots / slots_per_instance)

@@ -1,0 +1,142 @@
+"""Shared fixtures. Every test that touches the database runs on SQLite and on PostgreSQL
+through the `db_url` fixture."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.pg import PostgresServer, find_pg_bin, free_port, skip_or_fail
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN_PASSWORD = "admin-test-pw-1"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        skip_or_fail("no PostgreSQL binaries (initdb, pg_ctl) found; set PG_BIN or install postgresql")
+    server = PostgresServer(bin_dir)
+    try:
+        server.start()
+    except subprocess.CalledProcessError as e:
+        skip_or_fail(f"could not start a throwaway PostgreSQL: {e.stderr.decode(errors='replace')[-400:]}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shipyard.db'}"
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.create_database()
+
+
+@pytest.fixture
+def master_config(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    from control_plane.config import load_config
+
+    return load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD)
+
+
+@pytest.fixture
+def master(master_config):  # type: ignore[no-untyped-def]
+    from control_plane.master import Master
+
+    m = Master(master_config)
+    m.prepare()
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def client(master):  # type: ignore[no-untyped-def]
+    """An in-process HTTP client against the real app (no loops running)."""
+    from fastapi.testclient import TestClient
+
+    from control_plane.api.app import create_app
+
+    with TestClient(create_app(master)) as c:
+        yield c
+
+
+def login(client, username: str = "admin", password: str = ADMIN_PASSWORD) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    r = client.post("/api/v1/auth/login", json={"username": username, "password": password})
+    assert r.status_code == 200, r.text
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+@pytest.fixture
+def admin_headers(client) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return login(client)
+
+
+class LiveMaster:
+    """A real `det-master` process on a free port."""
+
+    def __init__(self, db_url: str, state_dir: Path, extra_env: dict[str, str] | None = None,
+                 config_path: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state_dir = state_dir
+        self.db_url = db_url
+        self.log_path = state_dir / "master.log"
+        self.env = dict(os.environ, SHIPYARD_ADMIN_PASSWORD=ADMIN_PASSWORD, **(extra_env or {}))
+        self.config_path = config_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "control_plane", "--port", str(self.port), "--db", self.db_url,
+               "--state-dir", str(self.state_dir)]
+        if self.config_path:
+            cmd[3:3] = ["--config", str(self.config_path)]
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT,
+                                     cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"master exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/info", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("master did not answer in time")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def token(self, username: str = "admin", password: str = ADMIN_PASSWORD) -> str:
+        r = httpx.post(self.url + "/api/v1/auth/login", json={"username": username, "password": password})
+        r.raise_for_status()
+        return r.json()["token"]
+
+
+@pytest.fixture
+def live_master(db_url: str, tmp_path: Path) -> Iterator[LiveMaster]:
+    m = LiveMaster(db_url, tmp_path / "master-state")
+    m.start()
+    yield m
+    m.stop()
