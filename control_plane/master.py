@@ -4,6 +4,9 @@ Everything here is wiring; decisions live in pure modules (searcher, scheduler, 
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import hmac
 import logging
 import secrets
 import sys
@@ -30,6 +33,11 @@ def system_clock() -> datetime:
     return datetime.now(UTC)
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Master:
     def __init__(self, config: MasterConfig, *, clock: Clock = system_clock) -> None:
         self.config = config
@@ -42,6 +50,9 @@ class Master:
         # so loops act at once instead of waiting for their next tick.
         self.wakeup = threading.Condition()
         self._wake_seq = 0
+        self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+        self._waiters_lock = threading.Lock()
+        self.token_secret = b""
         self.stopping = threading.Event()
         self.loops: list[Callable[[], None]] = []
         self._threads: list[threading.Thread] = []
@@ -57,6 +68,11 @@ class Master:
                 row = ClusterInfo(key="cluster_id", value=str(uuid.uuid4()))
                 s.add(row)
             self.cluster_id = row.value
+            secret = s.get(ClusterInfo, "token_secret")
+            if secret is None:
+                secret = ClusterInfo(key="token_secret", value=secrets.token_hex(32))
+                s.add(secret)
+            self.token_secret = bytes.fromhex(secret.value)
             self._ensure_admin(s)
             self._sync_pools(s)
 
@@ -96,6 +112,30 @@ class Master:
         with self.wakeup:
             self._wake_seq += 1
             self.wakeup.notify_all()
+        with self._waiters_lock:
+            waiters = list(self._async_waiters)
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_resolve, fut)
+
+    async def wait_async(self, timeout: float) -> None:
+        """Wait (without holding a worker thread) until notify() or the timeout."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        key = (loop, fut)
+        with self._waiters_lock:
+            self._async_waiters.add(key)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            with self._waiters_lock:
+                self._async_waiters.discard(key)
+
+    def derived_token(self, purpose: str) -> str:
+        """A token the master can re-derive at any time (e.g. an allocation's session token, which
+        is sent again with every repeated start command) while storing only its hash."""
+        return hmac.new(self.token_secret, purpose.encode(), hashlib.sha256).hexdigest()
 
     def wait(self, timeout: float) -> None:
         with self.wakeup:

@@ -140,6 +140,8 @@ class Trial(Base):
     task_id: Mapped[str] = mapped_column(String(64), unique=True)
     searcher_target_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     searcher_closed: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The op length whose validation has been fed to the searcher (None: none yet).
+    searcher_completed_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     rung: Mapped[int] = mapped_column(Integer, default=0)
     steps_completed: Mapped[int] = mapped_column(BigInteger, default=0)
     progress: Mapped[float] = mapped_column(Float, default=0.0)

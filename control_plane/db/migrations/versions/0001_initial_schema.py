@@ -243,6 +243,7 @@ def upgrade() -> None:
         sa.Column("task_id", sa.String(length=64), nullable=False),
         sa.Column("searcher_target_length", sa.BigInteger(), nullable=True),
         sa.Column("searcher_closed", sa.Boolean(), nullable=False),
+        sa.Column("searcher_completed_length", sa.BigInteger(), nullable=True),
         sa.Column("rung", sa.Integer(), nullable=False),
         sa.Column("steps_completed", sa.BigInteger(), nullable=False),
         sa.Column("progress", sa.Float(), nullable=False),

@@ -1,0 +1,79 @@
+"""`GET /api/v1/resource-pools`: pools, their capacity, queue, last scaling decision and instances."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane import states as st
+from control_plane.api import deps
+from control_plane.api.errors import not_found
+from control_plane.api.wire import ts
+from control_plane.auth import Principal
+from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
+from control_plane.master import Master
+
+router = APIRouter()
+
+
+def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
+    cfg = master.config.pool(row.name)
+    agents = list(s.scalars(select(Agent).where(Agent.pool == row.name)))
+    connected = [a for a in agents if a.state == st.AGENT_CONNECTED]
+    allocs = list(s.scalars(select(Allocation).where(Allocation.pool == row.name, Allocation.state.in_(st.ALLOC_LIVE))))
+    instances = list(s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != "terminated")))
+    slots_total = sum(len(a.slots) for a in connected)
+    slots_used = sum(a.slots_needed for a in allocs if a.state in st.ALLOC_ON_AGENT)
+    provider = (cfg.provider if cfg else None) or {}
+    return {
+        "name": row.name,
+        "description": row.description,
+        "type": "RESOURCE_POOL_TYPE_STATIC" if not provider or provider.get("type") == "static"
+        else "RESOURCE_POOL_TYPE_" + str(provider.get("type", "")).upper(),
+        "defaultComputePool": row.name == master.config.default_resource_pool,
+        "defaultAuxPool": row.name == master.config.default_resource_pool,
+        "numAgents": len(connected),
+        "slotsAvailable": slots_total,
+        "slotsUsed": slots_used,
+        "slotType": "TYPE_CUDA" if any(sl.get("type") == "cuda" for a in connected for sl in a.slots) else "TYPE_CPU",
+        "schedulerType": "SCHEDULER_TYPE_" + (cfg.scheduler.type.upper() if cfg else "PRIORITY"),
+        "preemptible": bool(cfg and cfg.scheduler.preemption),
+        "minAgents": provider.get("min_instances", 0),
+        "maxAgents": provider.get("max_instances", 0),
+        "provider": provider.get("type"),
+        "queuedAllocations": sum(1 for a in allocs if a.state == st.ALLOC_PENDING),
+        "runningAllocations": sum(1 for a in allocs if a.state in st.ALLOC_ON_AGENT),
+        "state": row.state,
+        "error": row.error,
+        "backoffUntil": ts(row.backoff_until),
+        "lastDecision": row.last_decision,
+        "lastDecisionAt": ts(row.last_decision_at),
+        "instances": [
+            {"launchId": i.launch_id, "instanceId": i.instance_id, "state": i.state, "agentId": i.agent_id,
+             "location": i.location, "instanceType": i.instance_type, "launchedAt": ts(i.launched_at or i.requested_at)}
+            for i in instances
+        ],
+    }
+
+
+@router.get("/api/v1/resource-pools")
+def list_pools(
+    _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db)
+) -> dict[str, Any]:
+    rows = list(db.scalars(select(ResourcePool).order_by(ResourcePool.name)))
+    names = {p.name for p in master.config.resource_pools}
+    return {"resourcePools": [pool_json(master, db, r) for r in rows if r.name in names]}
+
+
+@router.get("/api/v1/resource-pools/{name}")
+def get_pool(
+    name: str, _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db),
+) -> dict[str, Any]:
+    row = db.get(ResourcePool, name)
+    if row is None or master.config.pool(name) is None:
+        raise not_found(f"resource pool {name}")
+    return {"resourcePool": pool_json(master, db, row)}

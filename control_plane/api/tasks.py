@@ -1,0 +1,222 @@
+"""What a running trial asks of the master besides metrics and checkpoints: its model
+definition, its searcher operation, preemption signals, progress, early exit; and the task list."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.concurrency import run_in_threadpool
+from pydantic import Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane import lifecycle
+from control_plane import states as st
+from control_plane.api import deps
+from control_plane.api.errors import bad_request, forbidden, not_found
+from control_plane.api.wire import StrictWire, Wire, ts
+from control_plane.auth import Principal, TokenKind
+from control_plane.db.models import Allocation, Experiment, ModelDefinition, Trial
+from control_plane.master import Master
+from control_plane.searcher import ExitedReason
+
+router = APIRouter()
+
+
+def _trial(db: Session, p: Principal, trial_id: int) -> Trial:
+    deps.require_trial_access(p, trial_id)
+    trial = db.get(Trial, trial_id)
+    if trial is None:
+        raise not_found(f"trial {trial_id}")
+    return trial
+
+
+def _owner_or_allocation(db: Session, p: Principal, trial: Trial) -> None:
+    """Writes: the trial's own allocation, the experiment's owner, or an admin."""
+    if p.kind is TokenKind.ALLOCATION:
+        return  # require_trial_access already pinned it to this trial
+    exp = db.get(Experiment, trial.experiment_id)
+    if not p.admin and (exp is None or exp.owner_id != p.user_id):
+        raise forbidden("only the experiment's owner or an admin can do this")
+
+
+@router.get("/api/v1/experiments/{experimentId}/model_def")
+def model_def(
+    experimentId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db)
+) -> dict[str, Any]:
+    exp = db.get(Experiment, experimentId)
+    if exp is None:
+        raise not_found(f"experiment {experimentId}")
+    if p.kind is TokenKind.ALLOCATION:
+        trial = db.get(Trial, p.trial_id) if p.trial_id else None
+        if trial is None or trial.experiment_id != experimentId:
+            raise forbidden("this token belongs to another experiment")
+    md = db.get(ModelDefinition, exp.model_definition_id)
+    if md is None:
+        raise not_found("model definition")
+    return {"b64Tgz": base64.b64encode(md.archive).decode()}
+
+
+@router.get("/api/v1/trials/{trialId}/searcher/operation")
+def searcher_operation(
+    trialId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db)
+) -> dict[str, Any]:
+    trial = _trial(db, p, trialId)
+    exp = db.get(Experiment, trial.experiment_id)
+    stopping = exp is None or exp.state != st.EXP_ACTIVE
+    if trial.searcher_closed or trial.state in st.TRIAL_TERMINAL:
+        return {"op": None, "completed": True}
+    target = trial.searcher_target_length
+    done = trial.searcher_completed_length
+    if target is not None and (done is None or done < target) and not stopping:
+        return {"op": {"validateAfter": {"length": target}}, "completed": False}
+    return {"op": None, "completed": False}
+
+
+class CompletedOp(Wire):
+    length: int = Field(ge=0)
+
+
+class CompleteOperationRequest(StrictWire):
+    op: CompletedOp
+    searcher_metric: float
+
+
+@router.post("/api/v1/trials/{trialId}/searcher/completed_operation")
+def completed_operation(
+    trialId: int,
+    body: CompleteOperationRequest,
+    p: Principal = Depends(deps.user_or_allocation),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db),
+) -> dict[str, Any]:
+    trial = _trial(db, p, trialId)
+    _owner_or_allocation(db, p, trial)
+    if trial.searcher_target_length is None or body.op.length != trial.searcher_target_length:
+        raise bad_request(f"the trial's current operation is length {trial.searcher_target_length}", "op.length")
+    lifecycle.complete_operation(db, master, trial, body.op.length, body.searcher_metric)
+    return {}
+
+
+_EXIT_REASONS = {
+    "EXITED_REASON_INVALID_HP": ExitedReason.INVALID_HP,
+    "EXITED_REASON_USER_REQUESTED_STOP": ExitedReason.USER_CANCELED,
+    "EXITED_REASON_UNSPECIFIED": ExitedReason.ERRORED,
+}
+
+
+class EarlyExit(StrictWire):
+    reason: str
+
+
+@router.post("/api/v1/trials/{trialId}/early_exit")
+def early_exit(
+    trialId: int,
+    body: EarlyExit,
+    p: Principal = Depends(deps.user_or_allocation),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db),
+) -> dict[str, Any]:
+    trial = _trial(db, p, trialId)
+    _owner_or_allocation(db, p, trial)
+    reason = _EXIT_REASONS.get(body.reason)
+    if reason is None:
+        raise bad_request(f"must be one of {sorted(_EXIT_REASONS)}", "reason")
+    lifecycle.on_trial_early_exit(db, master, trial, reason)
+    return {}
+
+
+class ProgressRequest(StrictWire):
+    progress: float = Field(ge=0)
+    is_raw: bool = False
+
+
+@router.post("/api/v1/trials/{trialId}/progress")
+def progress(
+    trialId: int, body: ProgressRequest, p: Principal = Depends(deps.user_or_allocation),
+    db: Session = Depends(deps.get_db),
+) -> dict[str, Any]:
+    trial = _trial(db, p, trialId)
+    _owner_or_allocation(db, p, trial)
+    trial.progress = min(1.0, body.progress)
+    return {}
+
+
+def _allocation(db: Session, p: Principal, allocation_id: str) -> Allocation:
+    if p.kind is TokenKind.ALLOCATION and p.allocation_id != allocation_id:
+        raise forbidden("this token belongs to another allocation")
+    alloc = db.get(Allocation, allocation_id)
+    if alloc is None:
+        raise not_found(f"allocation {allocation_id}")
+    return alloc
+
+
+def _preempt_state(master: Master, p: Principal, allocation_id: str) -> bool:
+    with master.sessions() as s:
+        alloc = _allocation(s, p, allocation_id)
+        return bool(alloc.preempt_requested or alloc.kill_requested or alloc.state == st.ALLOC_TERMINATED)
+
+
+@router.get("/api/v1/allocations/{allocationId}/signals/preemption")
+async def preemption_signal(
+    allocationId: str,
+    timeoutSeconds: float = 0,
+    p: Principal = Depends(deps.user_or_allocation),
+    master: Master = Depends(deps.get_master),
+) -> dict[str, Any]:
+    deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 600.0))
+    while True:
+        preempt = await run_in_threadpool(_preempt_state, master, p, allocationId)
+        remaining = deadline - time.monotonic()
+        if preempt or remaining <= 0 or master.stopping.is_set():
+            return {"preempt": preempt}
+        await master.wait_async(min(remaining, 2.0))
+
+
+class AckPreemption(Wire):
+    allocation_id: str | None = None
+
+
+@router.post("/api/v1/allocations/{allocationId}/signals/ack_preemption")
+def ack_preemption(
+    allocationId: str, body: AckPreemption | None = None, p: Principal = Depends(deps.user_or_allocation),
+    db: Session = Depends(deps.get_db),
+) -> dict[str, Any]:
+    _allocation(db, p, allocationId)
+    return {}
+
+
+def allocation_json(a: Allocation) -> dict[str, Any]:
+    return {
+        "allocationId": a.id,
+        "taskId": a.task_id,
+        "trialId": a.trial_id,
+        "experimentId": a.experiment_id,
+        "resourcePool": a.pool,
+        "slotsNeeded": a.slots_needed,
+        "priority": a.priority,
+        "state": a.state,
+        "agentId": a.agent_id,
+        "slotIds": a.slot_ids,
+        "registeredTime": ts(a.created_at),
+        "startedTime": ts(a.started_at),
+        "endedTime": ts(a.ended_at),
+        "exitCode": a.exit_code,
+        "exitReason": a.exit_reason,
+        "endCause": a.end_cause,
+        "preemptRequested": a.preempt_requested,
+        "killRequested": a.kill_requested,
+    }
+
+
+@router.get("/api/v1/tasks")
+def list_tasks(_p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db),
+               includeEnded: bool = False) -> dict[str, Any]:
+    q = select(Allocation).order_by(Allocation.created_at)
+    if not includeEnded:
+        q = q.where(Allocation.state.in_(st.ALLOC_LIVE))
+    allocs = list(db.scalars(q))
+    return {"allocationIdToSummary": {a.id: allocation_json(a) for a in allocs}}
