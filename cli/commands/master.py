@@ -1,0 +1,28 @@
+"""det master info"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from cli.main import group
+
+    g = group(sub, "master", "the master")
+    p = g.add_parser("info", help="show the master's version and cluster id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=info)
+
+
+def info(args: Any) -> int:
+    from cli.output import kv, print_json
+    from cli.session import Session, master_url
+
+    data = Session(master_url(args.master)).get("/api/v1/master", auth=False)
+    if args.json:
+        print_json(data)
+    else:
+        kv([("master", master_url(args.master)), ("version", data.get("version")),
+            ("cluster", f"{data.get('clusterName')} ({data.get('clusterId')})"), ("master id", data.get("masterId"))])
+    return 0

@@ -1,0 +1,202 @@
+"""`det deploy local up|status|down`: a master and agents as background processes, with pid and
+log files in a state directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cli.errors import CliError
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("SHIPYARD_LOCAL_DIR") or os.path.expanduser("~/.shipyard/local"))
+
+
+@dataclass
+class LocalCluster:
+    state_dir: Path
+
+    @property
+    def run_file(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    def read(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.run_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def write(self, data: dict[str, Any]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.run_file.write_text(json.dumps(data, indent=2))
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _spawn(cmd: list[str], log: Path, env: dict[str, str]) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    return proc.pid
+
+
+def _wait_http(url: str, timeout: float, pid: int, log: Path) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+            raise CliError(f"the master exited during start-up; see {log}\n{tail}")
+        try:
+            if httpx.get(url + "/info", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise CliError(f"the master did not answer at {url} within {timeout:.0f}s; see {log}")
+
+
+def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, pool_config: Path | None,
+       timeout: float = 60) -> dict[str, Any]:
+    cluster = LocalCluster(state_dir)
+    current = cluster.read()
+    if current and alive(current.get("master_pid")):
+        raise CliError(f"a local cluster is already running at {current['master_url']} (det deploy local down first)")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    pw_file = state_dir / "admin-password"
+    if pw_file.exists():
+        password = pw_file.read_text().strip()
+        new_password = False
+    else:
+        password = secrets.token_urlsafe(15)
+        fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password)
+        new_password = True
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, SHIPYARD_ADMIN_PASSWORD=password)
+    cmd = [sys.executable, "-m", "control_plane", "--port", str(port), "--state-dir", str(state_dir / "master")]
+    if db:
+        cmd += ["--db", db]
+    if pool_config:
+        cmd[3:3] = ["--config", str(pool_config)]
+    master_log = state_dir / "master.log"
+    master_pid = _spawn(cmd, master_log, env)
+    data: dict[str, Any] = {"master_url": url, "master_pid": master_pid, "master_log": str(master_log),
+                            "agents": [], "state_dir": str(state_dir)}
+    cluster.write(data)
+    try:
+        _wait_http(url, timeout, master_pid, master_log)
+        from cli import session
+
+        token = session.login(url, "admin", password)
+        s = session.Session(url, token)
+        agent_token = s.post("/api/v1/agents/tokens", {"resourcePool": "default"})["token"]
+        token_file = state_dir / "agent-token"
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(agent_token)
+        agent_env = {k: v for k, v in os.environ.items() if k != "SHIPYARD_ADMIN_PASSWORD"}
+        for i in range(agents):
+            agent_id = f"local-{i}"
+            log = state_dir / "agents" / f"{agent_id}.log"
+            pid = _spawn(
+                [sys.executable, "-m", "agent_bootstrap.agent", "--master-url", url, "--resource-pool", "default",
+                 "--agent-id", agent_id, "--token-file", str(token_file), "--work-dir",
+                 str(state_dir / "agents" / agent_id), "--slots", str(slots), "--slot-type", "auto"],
+                log, agent_env)
+            data["agents"].append({"id": agent_id, "pid": pid, "log": str(log)})
+            cluster.write(data)
+        _wait_agents(s, [a["id"] for a in data["agents"]], timeout, data)
+    except BaseException:
+        down(state_dir, quiet=True)
+        raise
+    data["new_admin_password"] = new_password
+    return data
+
+
+def _wait_agents(s: Any, ids: list[str], timeout: float, data: dict[str, Any]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        connected = {a["id"] for a in s.get("/api/v1/agents")["agents"] if a.get("connected")}
+        if set(ids) <= connected:
+            return
+        for a in data["agents"]:
+            if not alive(a["pid"]):
+                tail = Path(a["log"]).read_text(errors="replace")[-1500:]
+                raise CliError(f"agent {a['id']} exited during start-up; see {a['log']}\n{tail}")
+        time.sleep(0.2)
+    raise CliError(f"agents did not register within {timeout:.0f}s")
+
+
+def _stop(pid: int, grace: float) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            os.kill(pid, sig)
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline:
+            if not alive(pid):
+                return
+            time.sleep(0.1)
+
+
+def down(state_dir: Path, quiet: bool = False) -> int:
+    cluster = LocalCluster(state_dir)
+    data = cluster.read()
+    if not data:
+        if not quiet:
+            print("No local cluster found in", state_dir)
+        return 0
+    stopped = 0
+    # Agents first (they stop their trials), then the master.
+    for a in data.get("agents", []):
+        if alive(a.get("pid")):
+            _stop(a["pid"], grace=20)
+            stopped += 1
+    if alive(data.get("master_pid")):
+        _stop(data["master_pid"], grace=15)
+        stopped += 1
+    cluster.run_file.unlink(missing_ok=True)
+    if not quiet:
+        print(f"Stopped the local cluster ({stopped} processes)")
+    return 0
+
+
+def status(state_dir: Path) -> dict[str, Any]:
+    data = LocalCluster(state_dir).read()
+    if not data:
+        return {}
+    data["master_alive"] = alive(data.get("master_pid"))
+    for a in data.get("agents", []):
+        a["alive"] = alive(a.get("pid"))
+    return data

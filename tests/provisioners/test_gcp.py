@@ -1,0 +1,612 @@
+"""GCP provider: configuration and error taxonomy as plain units; launch / list / terminate through
+the real google-cloud-compute REST client against the local GCE fake (tests/fakes/gce.py)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exc
+from google.auth.credentials import AnonymousCredentials
+
+from provisioners.base import (
+    TAG_CLUSTER,
+    TAG_LAUNCH_ID,
+    TAG_MASTER,
+    TAG_POOL,
+    ErrorKind,
+    ErrorScope,
+    InstanceState,
+    LaunchSpec,
+    ProviderError,
+)
+from provisioners.gcp import (
+    GceOperationError,
+    GcpConfigError,
+    GcpPoolConfig,
+    GcpProvider,
+    classify_error,
+    instance_name,
+    label_value,
+    request_id,
+)
+from tests.fakes.gce import GceFake, gce_fake, running_gce_fake  # noqa: F401 - registers the gce_fake fixture
+
+PROJECT = "shipyard-test-1"
+ZONE_A, ZONE_B, ZONE_C = "us-central1-a", "us-central1-b", "us-east1-b"
+MASTER = "http://10.0.0.2:8080"
+GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def base_cfg(**over: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "type": "gcp",
+        "project": PROJECT,
+        "zones": [ZONE_A, ZONE_B],
+        "machine_type": "n1-standard-8",
+        "gpu_type": "nvidia-tesla-t4",
+        "gpu_num": 2,
+        "boot_disk_source_image": "projects/shipyard-images/global/images/family/agent-gpu",
+    }
+    cfg.update(over)
+    return cfg
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+
+def test_config_from_dict_defaults_and_normalisation() -> None:
+    cfg = GcpPoolConfig.from_dict(base_cfg(network_tags=["agents"], labels={"team": "ml"}))
+    assert cfg.zones == (ZONE_A, ZONE_B)
+    assert cfg.instance_slots == 2  # defaults to gpu_num
+    assert cfg.network == "global/networks/default"
+    assert cfg.boot_disk_size_gb == 100 and cfg.boot_disk_type == "pd-ssd"
+    assert cfg.external_ip is True and cfg.spot is False
+    assert cfg.service_account_email == "default"
+    assert cfg.network_tags == ("agents",)
+    assert cfg.labels == {"team": "ml"}
+
+
+def test_config_cpu_pool_takes_explicit_slots() -> None:
+    cfg = GcpPoolConfig.from_dict(base_cfg(gpu_type=None, gpu_num=0, instance_slots=8))
+    assert cfg.instance_slots == 8 and cfg.gpu_type is None
+
+
+@pytest.mark.parametrize(
+    ("over", "path"),
+    [
+        ({"zones": []}, "zones"),
+        ({"zones": "us-central1-a"}, "zones"),
+        ({"zones": ["us-central1"]}, "zones[0]"),
+        ({"zones": [ZONE_A, ZONE_A]}, "zones"),
+        ({"project": ""}, "project"),
+        ({"project": "Bad_Project"}, "project"),
+        ({"gpu_type": None}, "gpu_type"),
+        ({"gpu_num": 0}, "gpu_num"),
+        ({"gpu_num": 17}, "gpu_num"),
+        ({"gpu_num": "2"}, "gpu_num"),
+        ({"gpu_type": None, "gpu_num": 0}, "instance_slots"),
+        ({"instance_slots": 0}, "instance_slots"),
+        ({"spot": True, "preemptible": True}, "preemptible"),
+        ({"spot": "yes"}, "spot"),
+        ({"labels": {"Team": "ml"}}, "labels.Team"),
+        ({"labels": {"team": "ML Research"}}, "labels.team"),
+        ({"labels": {"shipyard-pool": "x"}}, "labels.shipyard-pool"),
+        ({"boot_disk_size_gb": 5}, "boot_disk_size_gb"),
+        ({"boot_disk_size_gb": True}, "boot_disk_size_gb"),
+        ({"name_prefix": "1abc"}, "name_prefix"),
+        ({"name_prefix": "abc-"}, "name_prefix"),
+        ({"api_endpoint": "127.0.0.1:9"}, "api_endpoint"),
+        ({"network_tags": ["Bad Tag"]}, "network_tags[0]"),
+        ({"machine_type": "n1 standard"}, "machine_type"),
+        ({"boot_disk_source_image": ""}, "boot_disk_source_image"),
+        ({"zone": ZONE_A}, "zone"),
+        ({"type": "aws"}, "type"),
+    ],
+)
+def test_config_errors_name_the_field(over: dict[str, Any], path: str) -> None:
+    with pytest.raises(GcpConfigError) as info:
+        GcpPoolConfig.from_dict(base_cfg(**over))
+    assert info.value.path == path
+    assert str(info.value).startswith(f"{path}: ")
+
+
+def test_config_missing_required_field() -> None:
+    data = base_cfg()
+    del data["boot_disk_source_image"]
+    with pytest.raises(GcpConfigError, match="boot_disk_source_image: required"):
+        GcpPoolConfig.from_dict(data)
+
+
+# ---- names, ids, labels ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", ["GPU.Pool", "a" * 100, "x:y/z", "already-fine_1"])
+def test_label_value_obeys_gce_rules(raw: str) -> None:
+    v = label_value(raw)
+    assert re.fullmatch(r"[a-z0-9_-]{0,63}", v)
+
+
+def test_long_label_values_do_not_collide() -> None:
+    assert label_value("a" * 80 + "1") != label_value("a" * 80 + "2")
+
+
+def test_request_id_is_a_stable_uuid_per_launch_and_zone() -> None:
+    rid = request_id("launch-1", ZONE_A)
+    assert uuid.UUID(rid)
+    assert rid == request_id("launch-1", ZONE_A)
+    assert rid != request_id("launch-1", ZONE_B)
+    assert rid != request_id("launch-2", ZONE_A)
+
+
+@pytest.mark.parametrize("launch_id", ["L1", "Launch:With/Odd.Chars", "x" * 300])
+def test_instance_names_are_valid_and_deterministic(launch_id: str) -> None:
+    name = instance_name("shipyard-gpu", "cluster", launch_id)
+    assert GCE_NAME.match(name)
+    assert name == instance_name("shipyard-gpu", "cluster", launch_id)
+    assert name != instance_name("shipyard-gpu", "other-cluster", launch_id)
+
+
+# ---- error taxonomy --------------------------------------------------------------------------
+
+
+def http_error(status: int, reason: str) -> gexc.GoogleAPICallError:
+    return gexc.from_http_status(status, f"http {status}", errors=[{"reason": reason, "message": "m"}])
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "scope"),
+    [
+        (
+            GceOperationError([("ZONE_RESOURCE_POOL_EXHAUSTED", "m")], 503),
+            ErrorKind.CAPACITY,
+            ErrorScope.ZONE,
+        ),
+        (
+            GceOperationError([("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "m")]),
+            ErrorKind.CAPACITY,
+            ErrorScope.ZONE,
+        ),
+        (
+            GceOperationError([("QUOTA_EXCEEDED", "Quota 'CPUS' exceeded.")], 403),
+            ErrorKind.QUOTA,
+            ErrorScope.REGION,
+        ),
+        (
+            GceOperationError([("QUOTA_EXCEEDED", "Quota 'GPUS_ALL_REGIONS' exceeded.")]),
+            ErrorKind.QUOTA,
+            ErrorScope.CLOUD,
+        ),
+        (
+            GceOperationError([("RESOURCE_OPERATION_RATE_EXCEEDED", "m")]),
+            ErrorKind.THROTTLED,
+            ErrorScope.CLOUD,
+        ),
+        (GceOperationError([("INVALID_FIELD_VALUE", "m")], 400), ErrorKind.INVALID, ErrorScope.REGION),
+        (GceOperationError([("SOMETHING_NEW", "m")], 403), ErrorKind.AUTH, ErrorScope.CLOUD),
+        (GceOperationError([("SOMETHING_NEW", "m")], 500), ErrorKind.UNKNOWN, ErrorScope.REGION),
+        (http_error(429, "rateLimitExceeded"), ErrorKind.THROTTLED, ErrorScope.CLOUD),
+        (http_error(403, "rateLimitExceeded"), ErrorKind.THROTTLED, ErrorScope.CLOUD),
+        (http_error(403, "userRateLimitExceeded"), ErrorKind.THROTTLED, ErrorScope.CLOUD),
+        (http_error(403, "quotaExceeded"), ErrorKind.QUOTA, ErrorScope.REGION),
+        (http_error(403, "forbidden"), ErrorKind.AUTH, ErrorScope.CLOUD),
+        (http_error(401, "authError"), ErrorKind.AUTH, ErrorScope.CLOUD),
+        (http_error(400, "invalid"), ErrorKind.INVALID, ErrorScope.REGION),
+        (http_error(404, "notFound"), ErrorKind.INVALID, ErrorScope.REGION),
+        (http_error(503, "backendError"), ErrorKind.UNKNOWN, ErrorScope.REGION),
+        (auth_exc.DefaultCredentialsError("no ADC"), ErrorKind.AUTH, ErrorScope.CLOUD),
+        (RuntimeError("boom"), ErrorKind.UNKNOWN, ErrorScope.REGION),
+    ],
+)
+def test_classify_error(exc: BaseException, kind: ErrorKind, scope: ErrorScope) -> None:
+    err = classify_error(exc, ZONE_A)
+    assert (err.kind, err.scope) == (kind, scope)
+
+
+def test_classify_error_keeps_code_and_location() -> None:
+    err = classify_error(GceOperationError([("ZONE_RESOURCE_POOL_EXHAUSTED", "no T4")], 503), ZONE_B)
+    assert (err.code, err.location) == ("ZONE_RESOURCE_POOL_EXHAUSTED", ZONE_B)
+    quota = classify_error(GceOperationError([("QUOTA_EXCEEDED", "Quota 'NVIDIA_T4_GPUS' exceeded")]), ZONE_B)
+    assert quota.location == "us-central1"
+
+
+# ---- against the fake ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake() -> Iterator[GceFake]:
+    with running_gce_fake() as f:
+        yield f
+
+
+def make_provider(
+    fake: GceFake, *, cluster_id: str = "c1", pool: str = "gpu", max_attempts: int = 4, **over: Any
+) -> GcpProvider:
+    cfg = GcpPoolConfig.from_dict(base_cfg(api_endpoint=fake.endpoint, **over))
+    return GcpProvider(
+        cfg,
+        cluster_id=cluster_id,
+        pool=pool,
+        master_url=MASTER,
+        credentials=AnonymousCredentials(),
+        max_attempts=max_attempts,
+        call_timeout_s=10,
+        retry_base_s=0.01,
+    )
+
+
+def specs(*ids: str) -> list[LaunchSpec]:
+    return [LaunchSpec(launch_id=i, user_data=f"#cloud-config\n# token for {i}\n") for i in ids]
+
+
+def metadata_of(body: dict[str, Any]) -> dict[str, str]:
+    return {it["key"]: it["value"] for it in body["metadata"]["items"]}
+
+
+@pytest.mark.integration
+def test_launch_sends_a_complete_instance(fake: GceFake) -> None:
+    prov = make_provider(
+        fake,
+        pool="GPU.Pool",
+        spot=True,
+        subnetwork="agents",
+        network_tags=["shipyard-agent"],
+        labels={"team": "ml"},
+        service_account_email="agents@shipyard-test-1.iam.gserviceaccount.com",
+        boot_disk_size_gb=200,
+        name_prefix="sy-gpu",
+    )
+    result = prov.launch(specs("Launch-0001"))
+
+    assert result.error is None
+    (inst,) = result.launched
+    body = fake.sent[inst.id]
+    assert GCE_NAME.match(body["name"]) and body["name"].startswith("sy-gpu-")
+    assert body["machineType"] == f"zones/{ZONE_A}/machineTypes/n1-standard-8"
+    assert body["labels"] == {
+        "shipyard-managed-by": "shipyard",
+        "shipyard-cluster-id": "c1",
+        "shipyard-pool": "gpu-pool",
+        "shipyard-launch-id": "launch-0001",
+        "team": "ml",
+    }
+    md = metadata_of(body)
+    assert md["user-data"] == "#cloud-config\n# token for Launch-0001\n"
+    assert md["shipyard-master"] == MASTER
+    assert (md["shipyard-pool"], md["shipyard-launch-id"]) == ("GPU.Pool", "Launch-0001")
+    assert body["guestAccelerators"] == [
+        {"acceleratorType": f"zones/{ZONE_A}/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 2}
+    ]
+    assert body["scheduling"] == {
+        "onHostMaintenance": "TERMINATE",
+        "provisioningModel": "SPOT",
+        "automaticRestart": False,
+        "instanceTerminationAction": "DELETE",
+    }
+    assert body["serviceAccounts"] == [
+        {
+            "email": "agents@shipyard-test-1.iam.gserviceaccount.com",
+            "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        }
+    ]
+    assert body["tags"] == {"items": ["shipyard-agent"]}
+    (nic,) = body["networkInterfaces"]
+    assert nic["network"] == "global/networks/default"
+    assert nic["subnetwork"] == "regions/us-central1/subnetworks/agents"
+    assert nic["accessConfigs"] == [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    (disk,) = body["disks"]
+    assert disk["boot"] is True and disk["autoDelete"] is True
+    init = disk["initializeParams"]
+    assert init["sourceImage"] == "projects/shipyard-images/global/images/family/agent-gpu"
+    assert init["diskSizeGb"] == "200"
+    assert init["diskType"] == f"zones/{ZONE_A}/diskTypes/pd-ssd"
+
+    (insert,) = fake.calls_to("insert")
+    assert insert.params["requestId"] == request_id("Launch-0001", ZONE_A)
+
+    assert inst.state is InstanceState.PENDING
+    assert inst.launch_id == "Launch-0001"
+    assert inst.location == ZONE_A and inst.instance_type == "n1-standard-8" and inst.spot is True
+    assert inst.private_ip and inst.public_ip
+    assert inst.tags[TAG_MASTER] == MASTER and inst.tags[TAG_POOL] == "GPU.Pool"
+    assert inst.launched_at.tzinfo is not None
+    assert abs(inst.launched_at - datetime.now(UTC)) < timedelta(minutes=5)
+
+
+@pytest.mark.integration
+def test_cpu_on_demand_pool_has_no_gpu_scheduling_or_public_ip(fake: GceFake) -> None:
+    prov = make_provider(
+        fake, gpu_type=None, gpu_num=0, instance_slots=4, external_ip=False, service_account_email=None
+    )
+    (inst,) = prov.launch(specs("cpu-1")).launched
+    body = fake.sent[inst.id]
+    assert "guestAccelerators" not in body
+    assert body.get("scheduling", {}) == {}
+    assert "accessConfigs" not in body["networkInterfaces"][0]
+    assert "serviceAccounts" not in body
+    assert inst.public_ip is None and inst.spot is False
+
+
+@pytest.mark.integration
+def test_launch_is_idempotent_per_launch_id(fake: GceFake) -> None:
+    prov = make_provider(fake)
+    first = prov.launch(specs("L1"))
+    again = make_provider(fake).launch(specs("L1"))  # e.g. a restarted master retrying
+
+    assert [i.id for i in again.launched] == [i.id for i in first.launched]
+    assert len(fake.instances) == 1
+    assert len(fake.calls_to("insert")) == 1
+
+
+@pytest.mark.integration
+def test_lost_insert_response_is_deduplicated_by_request_id(fake: GceFake) -> None:
+    # The first insert lands but its response is lost (HTTP 503 after the effect): the retry
+    # carries the same requestId and GCE answers with the first operation.
+    fake.inject("insert", status=503, after=True)
+    result = make_provider(fake).launch(specs("L1"))
+
+    assert result.error is None and len(result.launched) == 1
+    inserts = fake.calls_to("insert")
+    assert len(inserts) == 2
+    assert inserts[0].params["requestId"] == inserts[1].params["requestId"]
+    assert len(fake.instances) == 1
+
+
+@pytest.mark.integration
+def test_list_selects_only_this_cluster_and_pool(fake: GceFake) -> None:
+    mine = make_provider(fake, cluster_id="c1", pool="gpu")
+    other_pool = make_provider(fake, cluster_id="c1", pool="cpu", gpu_type=None, gpu_num=0, instance_slots=4)
+    other_cluster = make_provider(fake, cluster_id="c2", pool="gpu")
+    mine.launch(specs("a", "b"))
+    other_pool.launch(specs("c"))
+    other_cluster.launch(specs("d"))
+    fake.add_instance(project=PROJECT, zone=ZONE_A, name="hand-made", labels={"shipyard-pool": "gpu"})
+
+    listed = mine.list()
+
+    assert sorted(i.launch_id or "" for i in listed) == ["a", "b"]
+    assert {i.state for i in listed} == {InstanceState.RUNNING}  # PROVISIONING was read once at launch
+    assert all(i.tags[TAG_CLUSTER] == "c1" and i.tags[TAG_LAUNCH_ID] == i.launch_id for i in listed)
+    flt = fake.calls_to("aggregatedList")[-1].params["filter"]
+    assert 'labels.shipyard-cluster-id = "c1"' in flt and 'labels.shipyard-pool = "gpu"' in flt
+    assert sorted(i.launch_id or "" for i in other_pool.list()) == ["c"]
+
+
+@pytest.mark.integration
+def test_list_checks_exact_ids_behind_sanitized_labels(fake: GceFake) -> None:
+    upper = make_provider(fake, pool="GPU")
+    lower = make_provider(fake, pool="gpu")
+    upper.launch(specs("u1"))
+    lower.launch(specs("l1"))
+    # Both pools carry label shipyard-pool=gpu; metadata keeps them apart.
+    assert [i.launch_id for i in upper.list()] == ["u1"]
+    assert [i.launch_id for i in lower.list()] == ["l1"]
+
+
+@pytest.mark.integration
+def test_list_follows_pages(fake: GceFake) -> None:
+    prov = make_provider(fake)
+    prov.launch(specs(*(f"p{i}" for i in range(5))))
+    fake.max_page_size = 2
+    before = len(fake.calls_to("aggregatedList"))
+
+    listed = prov.list()
+
+    assert sorted(i.launch_id or "" for i in listed) == [f"p{i}" for i in range(5)]
+    pages = fake.calls_to("aggregatedList")[before:]
+    assert [c.params.get("pageToken") for c in pages] == [None, "offset-2", "offset-4"]
+
+
+@pytest.mark.integration
+def test_list_maps_states_and_skips_terminated(fake: GceFake) -> None:
+    prov = make_provider(fake, spot=True)
+    launched = prov.launch(specs("s1", "s2", "s3")).launched
+    names = {i.launch_id: i.id for i in launched}
+    fake.set_status(names["s2"], "STOPPING")
+    fake.set_status(names["s3"], "TERMINATED")
+
+    by_id = {i.launch_id: i for i in prov.list()}
+
+    assert set(by_id) == {"s1", "s2"}
+    assert by_id["s1"].state is InstanceState.RUNNING and by_id["s1"].spot is True
+    assert by_id["s2"].state is InstanceState.STOPPING
+
+
+@pytest.mark.integration
+def test_terminate_is_idempotent_and_never_touches_foreign_instances(fake: GceFake) -> None:
+    prov = make_provider(fake)
+    ids = [i.id for i in prov.launch(specs("t1", "t2")).launched]
+    foreign = fake.add_instance(project=PROJECT, zone=ZONE_A, name="someone-elses")
+
+    prov.terminate([*ids, foreign["name"]])
+    assert {i.state for i in prov.list()} == {InstanceState.STOPPING}
+    prov.terminate(ids)  # again, while they are stopping
+    assert prov.list() == []  # gone after their next read
+    prov.terminate(ids)  # and once more after they are gone
+
+    assert fake.has_instance("someone-elses")
+    deleted = {c.params.get("requestId") for c in fake.calls_to("delete")}
+    assert all(uuid.UUID(r) for r in deleted if r)
+    assert not any("someone-elses" in str(c) for c in fake.calls_to("delete"))
+
+
+@pytest.mark.integration
+def test_terminate_from_a_fresh_provider_finds_zones_by_label(fake: GceFake) -> None:
+    make_provider(fake, zones=[ZONE_B]).launch(specs("z1"))
+    (inst,) = make_provider(fake).list()
+    fresh = make_provider(fake)
+    fresh.terminate([inst.id])
+    (delete,) = fake.calls_to("delete")
+    assert delete.zone == ZONE_B
+
+
+@pytest.mark.integration
+def test_zone_failover_on_resource_pool_exhausted(fake: GceFake) -> None:
+    fake.inject("insert", zone=ZONE_A, code="ZONE_RESOURCE_POOL_EXHAUSTED", times=None)
+    result = make_provider(fake).launch(specs("f1", "f2"))
+
+    assert result.error is None
+    assert [i.location for i in result.launched] == [ZONE_B, ZONE_B]
+    assert {i["zone"].rsplit("/", 1)[-1] for i in fake.instances} == {ZONE_B}
+    rids = [c.params["requestId"] for c in fake.calls_to("insert")]
+    assert len(set(rids)) == len(rids)  # per-zone request ids: no replay of zone A's failure
+
+
+@pytest.mark.integration
+def test_capacity_everywhere_reports_partial_success(fake: GceFake) -> None:
+    fake.inject("insert", zone=ZONE_A, code="ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", times=None)
+    fake.inject("insert", zone=ZONE_B, code="ZONE_RESOURCE_POOL_EXHAUSTED", skip=1, times=None)
+
+    result = make_provider(fake).launch(specs("x1", "x2", "x3"))
+
+    assert len(result.launched) == 1 and result.launched[0].location == ZONE_B
+    assert result.error is not None and result.error.kind is ErrorKind.CAPACITY
+    assert "2 instance(s)" in str(result.error)
+
+
+@pytest.mark.integration
+def test_quota_exceeded_stops_without_trying_other_zones(fake: GceFake) -> None:
+    fake.inject("insert", zone=ZONE_A, code="QUOTA_EXCEEDED", times=None)
+    result = make_provider(fake).launch(specs("q1"))
+
+    assert result.launched == ()
+    assert result.error is not None and result.error.kind is ErrorKind.QUOTA
+    assert result.error.code == "QUOTA_EXCEEDED" and result.error.location == "us-central1"
+    assert fake.calls_to("insert", zone=ZONE_B) == []
+
+
+@pytest.mark.integration
+def test_quota_after_a_success_keeps_what_launched(fake: GceFake) -> None:
+    fake.inject("insert", zone=ZONE_A, code="QUOTA_EXCEEDED", skip=1, times=None)
+    result = make_provider(fake).launch(specs("k1", "k2"))
+    assert [i.launch_id for i in result.launched] == ["k1"]
+    assert result.error is not None and result.error.kind is ErrorKind.QUOTA
+
+
+@pytest.mark.integration
+def test_rate_limit_is_retried_then_succeeds(fake: GceFake) -> None:
+    fake.inject("insert", status=429, times=2)
+    result = make_provider(fake).launch(specs("r1"))
+
+    assert result.error is None and len(result.launched) == 1
+    inserts = fake.calls_to("insert")
+    assert len(inserts) == 3 and len({c.params["requestId"] for c in inserts}) == 1
+
+
+@pytest.mark.integration
+def test_rate_limit_forever_gives_throttled_after_bounded_attempts(fake: GceFake) -> None:
+    fake.inject("insert", status=429, times=None)
+    result = make_provider(fake, max_attempts=3).launch(specs("r1"))
+
+    assert result.launched == ()
+    assert result.error is not None and result.error.kind is ErrorKind.THROTTLED
+    assert len(fake.calls_to("insert")) == 3
+    assert fake.calls_to("insert", zone=ZONE_B) == []
+
+
+@pytest.mark.integration
+def test_forbidden_is_auth_and_not_retried(fake: GceFake) -> None:
+    fake.inject("insert", status=403, reason="forbidden", times=None)
+    result = make_provider(fake).launch(specs("a1"))
+
+    assert result.error is not None and result.error.kind is ErrorKind.AUTH
+    assert len(fake.calls_to("insert")) == 1
+
+
+@pytest.mark.integration
+def test_bad_configuration_is_invalid(fake: GceFake) -> None:
+    # A machine type pinned to another zone: GCE refuses the request with HTTP 400.
+    prov = make_provider(fake, machine_type=f"zones/{ZONE_C}/machineTypes/n1-standard-8")
+    result = prov.launch(specs("i1"))
+
+    assert result.error is not None and result.error.kind is ErrorKind.INVALID
+    assert len(fake.calls_to("insert")) == 1 and fake.instances == []
+
+
+@pytest.mark.integration
+def test_list_errors_are_raised_classified(fake: GceFake) -> None:
+    fake.inject("aggregatedList", status=429, times=None)
+    with pytest.raises(ProviderError) as info:
+        make_provider(fake, max_attempts=2).list()
+    assert info.value.kind is ErrorKind.THROTTLED
+    assert len(fake.calls_to("aggregatedList")) == 2
+
+
+@pytest.mark.integration
+def test_launch_reports_auth_failure_of_its_lookup(fake: GceFake) -> None:
+    fake.inject("aggregatedList", status=403, times=None)
+    result = make_provider(fake).launch(specs("a1"))
+    assert result.launched == () and result.error is not None and result.error.kind is ErrorKind.AUTH
+    assert fake.calls_to("insert") == []
+
+
+@pytest.mark.integration
+def test_slow_operation_is_reported_pending_within_the_bound(fake: GceFake) -> None:
+    fake.hold_operations = True
+    cfg = GcpPoolConfig.from_dict(base_cfg(api_endpoint=fake.endpoint))
+    prov = GcpProvider(
+        cfg,
+        cluster_id="c1",
+        pool="gpu",
+        master_url=MASTER,
+        credentials=AnonymousCredentials(),
+        call_timeout_s=0.3,
+    )
+    result = prov.launch(specs("slow"))
+
+    assert result.error is None
+    (inst,) = result.launched
+    assert inst.state is InstanceState.PENDING and inst.launch_id == "slow"
+    assert len(fake.calls_to("operations.wait")) >= 1
+
+
+@pytest.mark.integration
+def test_user_data_is_never_logged(fake: GceFake, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake.inject("insert", zone=ZONE_A, code="ZONE_RESOURCE_POOL_EXHAUSTED")
+    fake.inject("insert", zone=ZONE_B, status=429)
+    secret = "token-7c1b9e5d"
+    prov = make_provider(fake)
+    prov.launch([LaunchSpec(launch_id="sec", user_data=f"#cloud-config\n# {secret}\n")])
+    assert caplog.records  # the launch did log (retry, zone exhausted, launched)
+    assert secret not in caplog.text
+
+
+@pytest.mark.integration
+def test_shared_fixture_serves_the_real_client(request: pytest.FixtureRequest) -> None:
+    # Imported above, the shared fixture is found by name like any other.
+    shared: GceFake = request.getfixturevalue("gce_fake")
+    (inst,) = make_provider(shared).launch(specs("shared")).launched
+    assert shared.instance(inst.id)["labels"]["shipyard-launch-id"] == "shared"
+
+
+@pytest.mark.integration
+def test_preemptible_pool_is_deleted_on_preemption(fake: GceFake) -> None:
+    prov = make_provider(fake, gpu_type=None, gpu_num=0, instance_slots=4, preemptible=True)
+    (inst,) = prov.launch(specs("pre-1")).launched
+    assert fake.sent[inst.id]["scheduling"] == {
+        "onHostMaintenance": "TERMINATE",
+        "preemptible": True,
+        "automaticRestart": False,
+        "instanceTerminationAction": "DELETE",
+    }
+    assert inst.spot is True
+
+
+def test_missing_credentials_are_an_auth_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # No credentials object: application default credentials are resolved on first use.
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    cfg = GcpPoolConfig.from_dict(base_cfg(api_endpoint="http://127.0.0.1:9"))
+    prov = GcpProvider(cfg, cluster_id="c1", pool="gpu", master_url=MASTER)
+    with pytest.raises(ProviderError) as info:
+        prov.list()
+    assert info.value.kind is ErrorKind.AUTH
+    result = prov.launch(specs("l1"))
+    assert result.launched == () and result.error is not None and result.error.kind is ErrorKind.AUTH
