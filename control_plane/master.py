@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -54,7 +55,7 @@ class Master:
         self._waiters_lock = threading.Lock()
         self.token_secret = b""
         self.stopping = threading.Event()
-        self.loops: list[Callable[[], None]] = []
+        self.autoscaler: Any = None  # set by runtime.start_background when pools are elastic
         self._threads: list[threading.Thread] = []
 
     # -- start-up ---------------------------------------------------------------------------

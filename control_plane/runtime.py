@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from control_plane import pools
+from control_plane import autoscaler, pools
 from control_plane.master import Master
 
 
 def start_background(master: Master) -> None:
     pools.register(master)
+    master.autoscaler = autoscaler.register(master)
     master.start_loops()

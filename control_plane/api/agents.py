@@ -23,7 +23,7 @@ from control_plane.api.errors import APIError, bad_request, forbidden, not_found
 from control_plane.api.wire import StrictWire, Wire, ts
 from control_plane.auth import Principal, TokenKind
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Allocation, Experiment, Instance, Trial
+from control_plane.db.models import Agent, Allocation, Experiment, Instance, Token, Trial
 from control_plane.master import Master
 
 log = logging.getLogger("shipyard.api.agents")
@@ -82,7 +82,15 @@ def check_agent_credential(s: Session, p: Principal, agent_id: str, pool: str, i
         inst = s.get(Instance, p.launch_id) if p.launch_id else None
         if inst is None or inst.pool != pool:
             raise forbidden("this credential is not bound to a known instance of this pool")
-        if inst.instance_id is None or instance_id != inst.instance_id:
+        if inst.state in ("stopping", "terminated"):
+            raise forbidden("this credential's instance has been terminated")
+        if not instance_id:
+            raise forbidden("a bootstrap credential must be presented with the instance id")
+        if inst.instance_id is None:
+            # The launch call has not returned yet: the first instance to present the secret
+            # binds it (only that launch's user-data carries it).
+            inst.instance_id = instance_id
+        elif instance_id != inst.instance_id:
             raise forbidden("this credential belongs to another instance")
 
 
@@ -123,6 +131,11 @@ def register(
         inst = db.get(Instance, p.launch_id)
         if inst is not None:
             inst.agent_id = agent.id
+        # Used once, the bootstrap credential lives as long as its instance (it is revoked when
+        # the instance ends), so an agent restarted by systemd can register again.
+        tok = db.get(Token, p.token_id)
+        if tok is not None:
+            tok.expires_at = None
     # Reconcile what the agent runs with what the master wants: keep what we still want on this
     # agent, kill the rest; anything we thought ran there but the agent no longer has is lost.
     reported = set(body.running_allocations)

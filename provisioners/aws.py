@@ -1,0 +1,801 @@
+"""AWS EC2 provider: launch, list and terminate the instances of one resource pool.
+
+Every instance is found again by its tags (cluster, pool, launch id), never from memory, so a
+restarted master rebuilds its picture from `list()`. Each RunInstances call carries the master's
+launch id as ClientToken: a retry after a lost response returns the instance that was already
+started instead of starting a second one.
+
+Errors are sorted into the taxonomy of `provisioners.base`: capacity moves the launch on to the next
+subnet (another zone), quota / auth / invalid stop the launch and are reported on the pool,
+throttling is retried here with jittered backoff and bounded attempts. botocore's own retries are
+switched off so that tenacity alone decides how often a call is repeated.
+
+User data carries the agent's credential: it is never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, TypeVar
+
+import boto3
+import tenacity
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from provisioners.base import (
+    MANAGED_BY_VALUE,
+    TAG_CLUSTER,
+    TAG_LAUNCH_ID,
+    TAG_MANAGED_BY,
+    TAG_MASTER,
+    TAG_POOL,
+    CloudInstance,
+    ErrorKind,
+    ErrorScope,
+    InstanceState,
+    LaunchResult,
+    LaunchSpec,
+    Provider,
+    ProviderError,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# AWS API limits that shape the calls.
+TERMINATE_CHUNK = 1000  # TerminateInstances takes at most 1000 ids per call
+DESCRIBE_PAGE_SIZE = 500  # DescribeInstances MaxResults (5..1000)
+CLIENT_TOKEN_MAX_LEN = 64  # RunInstances ClientToken: up to 64 ASCII characters
+MAX_TAGS_PER_RESOURCE = 50
+RESERVED_TAG_COUNT = 6  # Name + the five shipyard:* tags
+
+# States that still hold (or may soon hold) capacity or cost. "stopped" is included because the
+# Provider contract is "every non-terminated instance": a stopped pool instance (someone stopped it
+# by hand) must stay visible so that the autoscaler can terminate it.
+LISTED_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
+
+_STATE_MAP: dict[str, InstanceState] = {
+    "pending": InstanceState.PENDING,
+    "running": InstanceState.RUNNING,
+    "stopping": InstanceState.STOPPING,
+    "stopped": InstanceState.STOPPING,
+    "shutting-down": InstanceState.STOPPING,
+    "terminated": InstanceState.TERMINATED,
+}
+
+# --- error taxonomy ---------------------------------------------------------------------------
+
+# No room in this zone/subnet: another subnet (zone) may have it.
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientAddressCapacity",
+        "InsufficientFreeAddressesInSubnet",  # this subnet is full; the next one may not be
+        "Unsupported",  # instance type not offered in this subnet's availability zone
+        "SpotMaxPriceTooLow",  # spot price in this zone is above our max price
+    }
+)
+QUOTA_CODES = frozenset(
+    {
+        "VcpuLimitExceeded",
+        "InstanceLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "VolumeLimitExceeded",
+        "AddressLimitExceeded",
+        "ResourceLimitExceeded",
+        "PendingVerification",  # new account / region still being validated by AWS
+    }
+)
+THROTTLE_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "SlowDown",
+    }
+)
+AUTH_CODES = frozenset(
+    {
+        "AuthFailure",
+        "UnauthorizedOperation",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
+        "OptInRequired",
+        "Blocked",
+    }
+)
+INVALID_CODES = frozenset(
+    {
+        "MissingParameter",
+        "UnknownParameter",
+        "ValidationError",
+        "IdempotentParameterMismatch",  # a launch id reused with different parameters: a bug
+        "UnsupportedOperation",
+        "NoSuchEntity",  # IAM instance profile that does not exist
+    }
+)
+# Server-side hiccups: retried like throttling, reported as UNKNOWN when they persist.
+TRANSIENT_SERVER_CODES = frozenset(
+    {"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout"}
+)
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _error_message(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Message", "")) or str(exc)
+
+
+def classify_error(exc: ClientError, location: str) -> ProviderError:
+    """Sort an EC2 error into the provider taxonomy; `location` is the subnet (or region) it hit."""
+    code = _error_code(exc)
+    message = _error_message(exc)
+
+    def err(kind: ErrorKind, scope: ErrorScope) -> ProviderError:
+        return ProviderError(kind, message, scope=scope, code=code, location=location)
+
+    if code in CAPACITY_CODES:
+        return err(ErrorKind.CAPACITY, ErrorScope.ZONE)
+    if code in QUOTA_CODES:
+        return err(ErrorKind.QUOTA, ErrorScope.REGION)
+    if code in THROTTLE_CODES:
+        return err(ErrorKind.THROTTLED, ErrorScope.REGION)
+    # Auth before the "Invalid*" prefix rule: InvalidClientTokenId is a credentials problem.
+    if code in AUTH_CODES:
+        return err(ErrorKind.AUTH, ErrorScope.CLOUD)
+    if code.startswith("InvalidSubnetID"):
+        return err(ErrorKind.INVALID, ErrorScope.ZONE)
+    if code in INVALID_CODES or code.startswith("Invalid"):
+        # InvalidAMIID.*, InvalidParameterValue, InvalidGroup.*, InvalidKeyPair.*, ...
+        return err(ErrorKind.INVALID, ErrorScope.REGION)
+    return err(ErrorKind.UNKNOWN, ErrorScope.REGION)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Worth another attempt of the same call. RunInstances is safe to repeat thanks to ClientToken,
+    DescribeInstances and TerminateInstances are idempotent by nature."""
+    if isinstance(exc, ClientError):
+        code = _error_code(exc)
+        return code in THROTTLE_CODES or code in TRANSIENT_SERVER_CODES
+    # Connection refused/reset, connect or read timeouts: the request may or may not have landed.
+    return isinstance(exc, BotoConnectionError | HTTPClientError)
+
+
+def _transport_error(exc: BotoCoreError, location: str) -> ProviderError:
+    return ProviderError(
+        ErrorKind.UNKNOWN, str(exc), scope=ErrorScope.REGION, code=type(exc).__name__, location=location
+    )
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+class AwsConfigError(ValueError):
+    """A pool's AWS config is wrong. `problems` holds (field path, reason) pairs, all of them."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(f"{path}: {reason}" for path, reason in self.problems))
+
+
+@dataclass(frozen=True)
+class AwsPoolConfig:
+    region: str
+    image_id: str
+    instance_type: str
+    instance_slots: int | None = None  # None: number of GPUs from DescribeInstanceTypes
+    subnet_ids: tuple[str, ...] | None = None  # failover order; None: the default VPC
+    security_group_ids: tuple[str, ...] = ()
+    iam_instance_profile: str | None = None  # profile name or ARN
+    ssh_key_name: str | None = None
+    root_volume_size_gb: int = 100
+    # Device name of the AMI's root volume. None: looked up once with DescribeImages. A wrong name
+    # does not resize the root volume, it silently attaches a second one.
+    root_device_name: str | None = None
+    spot: bool = False
+    spot_max_price: str | None = None  # USD per hour; None: capped at the on-demand price
+    tags: Mapping[str, str] = field(default_factory=dict)
+    endpoint_url: str | None = None  # tests and private endpoints
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, path: str = "aws") -> AwsPoolConfig:
+        """Validate a pool's `aws` section; raises AwsConfigError listing every problem."""
+        problems: list[tuple[str, str]] = []
+
+        def bad(key: str, reason: str) -> None:
+            problems.append((f"{path}.{key}", reason))
+
+        if not isinstance(data, Mapping):
+            raise AwsConfigError([(path, f"must be a mapping, got {type(data).__name__}")])
+        known = {f for f in cls.__dataclass_fields__}
+        for key in data:
+            if key not in known:
+                bad(str(key), f"unknown field (known: {', '.join(sorted(known))})")
+
+        def text(key: str, *, required: bool = False) -> str | None:
+            value = data.get(key)
+            if value is None:
+                if required:
+                    bad(key, "is required")
+                return None
+            if not isinstance(value, str) or not value.strip():
+                bad(key, "must be a non-empty string")
+                return None
+            return value
+
+        def str_list(key: str) -> tuple[str, ...] | None:
+            value = data.get(key)
+            if value is None:
+                return None
+            if isinstance(value, str) or not isinstance(value, Sequence):
+                bad(key, "must be a list of strings")
+                return None
+            out: list[str] = []
+            for i, item in enumerate(value):
+                if not isinstance(item, str) or not item.strip():
+                    problems.append((f"{path}.{key}[{i}]", "must be a non-empty string"))
+                elif item in out:
+                    problems.append((f"{path}.{key}[{i}]", f"duplicate {item!r}"))
+                else:
+                    out.append(item)
+            return tuple(out)
+
+        def integer(key: str, default: int | None, lo: int, hi: int) -> int | None:
+            value = data.get(key, default)
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int):
+                bad(key, "must be an integer")
+                return None
+            if not lo <= value <= hi:
+                bad(key, f"must be between {lo} and {hi}, got {value}")
+                return None
+            return value
+
+        region = text("region", required=True)
+        image_id = text("image_id", required=True)
+        instance_type = text("instance_type", required=True)
+        instance_slots = integer("instance_slots", None, 1, 1024)
+
+        subnet_ids = str_list("subnet_ids")
+        if (
+            subnet_ids is not None
+            and not subnet_ids
+            and not any(p[0].startswith(f"{path}.subnet_ids") for p in problems)
+        ):
+            bad("subnet_ids", "must not be empty (omit it to launch into the default VPC)")
+        security_group_ids = str_list("security_group_ids") or ()
+
+        iam_instance_profile = text("iam_instance_profile")
+        ssh_key_name = text("ssh_key_name")
+        root_volume_size_gb = integer("root_volume_size_gb", 100, 1, 16384)
+        root_device_name = text("root_device_name")
+        if image_id and image_id.startswith("resolve:ssm:") and root_device_name is None:
+            bad("root_device_name", "is required when image_id is an SSM parameter")
+
+        spot = data.get("spot", False)
+        if not isinstance(spot, bool):
+            bad("spot", "must be true or false")
+            spot = False
+        spot_max_price = _price(data.get("spot_max_price"), lambda reason: bad("spot_max_price", reason))
+        if spot_max_price is not None and not spot:
+            bad("spot_max_price", "only applies to spot pools (set spot: true)")
+
+        tags = _tags(data.get("tags"), lambda key, reason: problems.append((f"{path}.tags{key}", reason)))
+
+        endpoint_url = text("endpoint_url")
+        if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
+            bad("endpoint_url", "must start with http:// or https://")
+
+        if problems:
+            raise AwsConfigError(problems)
+        assert region and image_id and instance_type and root_volume_size_gb is not None
+        return cls(
+            region=region,
+            image_id=image_id,
+            instance_type=instance_type,
+            instance_slots=instance_slots,
+            subnet_ids=subnet_ids,
+            security_group_ids=security_group_ids,
+            iam_instance_profile=iam_instance_profile,
+            ssh_key_name=ssh_key_name,
+            root_volume_size_gb=root_volume_size_gb,
+            root_device_name=root_device_name,
+            spot=spot,
+            spot_max_price=spot_max_price,
+            tags=tags,
+            endpoint_url=endpoint_url,
+        )
+
+
+def _price(value: Any, bad: Callable[[str], None]) -> str | None:
+    if value is None:
+        return None
+    # YAML turns `0.90` into a float; accept it, but keep the decimal text AWS expects.
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        bad('must be a price in USD per hour, e.g. "0.90"')
+        return None
+    try:
+        price = Decimal(str(value).strip())
+    except InvalidOperation:
+        bad(f"must be a price in USD per hour, got {value!r}")
+        return None
+    if not price.is_finite() or price <= 0:
+        bad(f"must be a positive price, got {value!r}")
+        return None
+    return str(price)
+
+
+def _tags(value: Any, bad: Callable[[str, str], None]) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        bad("", "must be a mapping of tag key to value")
+        return {}
+    max_custom = MAX_TAGS_PER_RESOURCE - RESERVED_TAG_COUNT
+    if len(value) > max_custom:
+        bad("", f"at most {max_custom} custom tags (AWS allows {MAX_TAGS_PER_RESOURCE} per resource)")
+    out: dict[str, str] = {}
+    for key, tag_value in value.items():
+        where = f"[{key!r}]"
+        if not isinstance(key, str) or not key or len(key) > 128:
+            bad(where, "tag key must be a string of 1 to 128 characters")
+        elif key.lower().startswith(("aws:", "shipyard:")):
+            bad(where, "keys starting with 'aws:' or 'shipyard:' are reserved")
+        elif not isinstance(tag_value, str) or len(tag_value) > 256:
+            bad(where, "tag value must be a string of at most 256 characters")
+        else:
+            out[key] = tag_value
+    return out
+
+
+# --- provider ---------------------------------------------------------------------------------
+
+
+def _kv(**fields: object) -> str:
+    """One log line as key=value pairs; values with spaces are quoted."""
+    parts = []
+    for key, value in fields.items():
+        text = ",".join(map(str, value)) if isinstance(value, list | tuple | set | frozenset) else str(value)
+        parts.append(f'{key}="{text}"' if " " in text or not text else f"{key}={text}")
+    return " ".join(parts)
+
+
+_INSTANCE_ID_RE = re.compile(r"\bi-[0-9a-f]{8,17}\b")
+
+
+class AwsProvider(Provider):
+    """The instances of one pool of one cluster in one AWS region."""
+
+    def __init__(
+        self,
+        cfg: AwsPoolConfig,
+        *,
+        cluster_id: str,
+        pool: str,
+        master_url: str,
+        session: boto3.Session | None = None,
+        max_attempts: int = 4,
+        call_timeout_s: float = 30,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.cfg = cfg
+        self.cluster_id = cluster_id
+        self.pool = pool
+        self.master_url = master_url
+        self._max_attempts = max_attempts
+        self._backoff_base_s = backoff_base_s
+        self._backoff_max_s = backoff_max_s
+        self._slots: int | None = cfg.instance_slots
+        self._root_device_name: str | None = cfg.root_device_name
+        session = session or boto3.Session()
+        self._ec2 = session.client(
+            "ec2",
+            region_name=cfg.region,
+            endpoint_url=cfg.endpoint_url,
+            config=Config(
+                connect_timeout=call_timeout_s,
+                read_timeout=call_timeout_s,
+                # total_max_attempts=1 means exactly one HTTP request per botocore call (botocore's
+                # legacy `max_attempts` counts retries, so max_attempts=1 would still retry once).
+                retries={"total_max_attempts": 1, "mode": "standard"},
+                user_agent_extra="shipyard",
+            ),
+        )
+
+    # -- public API -------------------------------------------------------------------------
+
+    def resolve_instance_slots(self) -> int:
+        """Slots one instance brings: `instance_slots`, else its GPU count from DescribeInstanceTypes.
+
+        Raises ProviderError(INVALID) for an instance type AWS does not know in this region, and for
+        a type without GPUs when `instance_slots` is not set (a CPU pool must say how many slots)."""
+        if self._slots is not None:
+            return self._slots
+        instance_type = self.cfg.instance_type
+        try:
+            resp = self._call(
+                "DescribeInstanceTypes", self._ec2.describe_instance_types, InstanceTypes=[instance_type]
+            )
+        except ClientError as exc:
+            if _error_code(exc) == "InvalidInstanceType":
+                raise ProviderError(
+                    ErrorKind.INVALID,
+                    f"instance type {instance_type!r} is not offered in {self.cfg.region}",
+                    code="InvalidInstanceType",
+                    location=self.cfg.region,
+                ) from exc
+            raise classify_error(exc, self.cfg.region) from exc
+        except BotoCoreError as exc:
+            raise _transport_error(exc, self.cfg.region) from exc
+        types = resp.get("InstanceTypes", [])
+        if not types:
+            raise ProviderError(
+                ErrorKind.INVALID,
+                f"instance type {instance_type!r} is not offered in {self.cfg.region}",
+                code="InvalidInstanceType",
+                location=self.cfg.region,
+            )
+        gpus = sum(int(gpu.get("Count", 0)) for gpu in types[0].get("GpuInfo", {}).get("Gpus", []))
+        if gpus <= 0:
+            raise ProviderError(
+                ErrorKind.INVALID,
+                f"instance type {instance_type!r} has no GPUs; set instance_slots to use it for a CPU pool",
+                code="NoGpus",
+                location=self.cfg.region,
+            )
+        self._slots = gpus
+        log.info(_kv(event="aws_instance_slots", pool=self.pool, instance_type=instance_type, slots=gpus))
+        return gpus
+
+    def launch(self, specs: Sequence[LaunchSpec]) -> LaunchResult:
+        """One RunInstances per spec, walking the subnets in order on capacity errors.
+
+        Never raises for cloud errors: what launched is returned with the error that stopped the rest."""
+        specs = tuple(specs)
+        if not specs:
+            return LaunchResult(launched=())
+        for spec in specs:
+            if (
+                not spec.launch_id
+                or len(spec.launch_id) > CLIENT_TOKEN_MAX_LEN
+                or not spec.launch_id.isascii()
+            ):
+                return LaunchResult(
+                    launched=(),
+                    error=ProviderError(
+                        ErrorKind.INVALID,
+                        f"launch id must be 1 to {CLIENT_TOKEN_MAX_LEN} ASCII characters "
+                        f"(it is the RunInstances ClientToken), got {spec.launch_id!r}",
+                        code="InvalidLaunchId",
+                    ),
+                )
+        try:
+            root_device_name = self._resolve_root_device_name()
+        except ProviderError as err:
+            self._log_launch_failed(err, launched=0, remaining=len(specs))
+            return LaunchResult(launched=(), error=err)
+
+        subnets: tuple[str | None, ...] = self.cfg.subnet_ids or (None,)
+        subnet_index = 0  # only moves forward: a subnet out of capacity is not retried in this call
+        capacity_errors: list[ProviderError] = []
+        launched: list[CloudInstance] = []
+        for n, spec in enumerate(specs):
+            while True:
+                subnet = subnets[subnet_index]
+                try:
+                    instance = self._run_instance(spec, subnet, root_device_name)
+                except ProviderError as err:
+                    if err.kind is not ErrorKind.CAPACITY:
+                        self._log_launch_failed(err, launched=len(launched), remaining=len(specs) - n)
+                        return LaunchResult(launched=tuple(launched), error=err)
+                    capacity_errors.append(err)
+                    subnet_index += 1
+                    if subnet_index < len(subnets):
+                        log.warning(
+                            _kv(
+                                event="aws_launch_subnet_failover",
+                                cluster=self.cluster_id,
+                                pool=self.pool,
+                                launch_id=spec.launch_id,
+                                subnet=err.location,
+                                code=err.code,
+                                next_subnet=subnets[subnet_index],
+                            )
+                        )
+                        continue
+                    final = self._out_of_capacity(capacity_errors, len(subnets))
+                    self._log_launch_failed(final, launched=len(launched), remaining=len(specs) - n)
+                    return LaunchResult(launched=tuple(launched), error=final)
+                launched.append(instance)
+                break
+        return LaunchResult(launched=tuple(launched))
+
+    def list(self) -> list[CloudInstance]:
+        """Every non-terminated instance tagged with this cluster and pool."""
+        filters = [
+            {"Name": f"tag:{TAG_MANAGED_BY}", "Values": [MANAGED_BY_VALUE]},
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_id]},
+            {"Name": f"tag:{TAG_POOL}", "Values": [self.pool]},
+            {"Name": "instance-state-name", "Values": list(LISTED_STATES)},
+        ]
+
+        def describe_all() -> list[CloudInstance]:
+            paginator = self._ec2.get_paginator("describe_instances")
+            pages = paginator.paginate(Filters=filters, PaginationConfig={"PageSize": DESCRIBE_PAGE_SIZE})
+            return [
+                _to_cloud_instance(raw)
+                for page in pages
+                for reservation in page.get("Reservations", [])
+                for raw in reservation.get("Instances", [])
+            ]
+
+        try:
+            # A throttled page restarts the listing: a partial list would look like lost instances.
+            return self._call("DescribeInstances", describe_all)
+        except ClientError as exc:
+            raise classify_error(exc, self.cfg.region) from exc
+        except BotoCoreError as exc:
+            raise _transport_error(exc, self.cfg.region) from exc
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        """Terminate instances; ids that AWS no longer knows are skipped, not errors."""
+        unique = tuple(dict.fromkeys(ids))
+        for start in range(0, len(unique), TERMINATE_CHUNK):
+            self._terminate_chunk(unique[start : start + TERMINATE_CHUNK])
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _call(self, op: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        """Call `fn`, repeating it on throttling and transient faults with jittered exponential
+        backoff, at most `max_attempts` times; the last exception is re-raised as is."""
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            code = _error_code(exc) if isinstance(exc, ClientError) else type(exc).__name__
+            sleep_s = state.next_action.sleep if state.next_action else 0.0
+            log.warning(
+                _kv(
+                    event="aws_call_retry",
+                    op=op,
+                    cluster=self.cluster_id,
+                    pool=self.pool,
+                    attempt=state.attempt_number,
+                    max_attempts=self._max_attempts,
+                    code=code,
+                    sleep_s=f"{sleep_s:.3f}",
+                )
+            )
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self._max_attempts),
+            wait=tenacity.wait_random_exponential(multiplier=self._backoff_base_s, max=self._backoff_max_s),
+            retry=tenacity.retry_if_exception(_is_transient),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(fn, **kwargs)
+
+    def _resolve_root_device_name(self) -> str:
+        if self._root_device_name is not None:
+            return self._root_device_name
+        image_id = self.cfg.image_id
+        try:
+            resp = self._call("DescribeImages", self._ec2.describe_images, ImageIds=[image_id])
+        except ClientError as exc:
+            raise classify_error(exc, self.cfg.region) from exc
+        except BotoCoreError as exc:
+            raise _transport_error(exc, self.cfg.region) from exc
+        images = resp.get("Images", [])
+        if not images or not images[0].get("RootDeviceName"):
+            raise ProviderError(
+                ErrorKind.INVALID,
+                f"image {image_id!r} not found in {self.cfg.region} (or has no root device)",
+                code="InvalidAMIID.NotFound",
+                location=self.cfg.region,
+            )
+        self._root_device_name = str(images[0]["RootDeviceName"])
+        return self._root_device_name
+
+    def _instance_tags(self, launch_id: str) -> dict[str, str]:
+        # Custom tags first so that a custom Name wins, shipyard:* tags last so that nothing can
+        # override the tags that `list()` and the orphan sweep rely on.
+        return {
+            "Name": f"shipyard-{self.cluster_id}-{self.pool}",
+            **self.cfg.tags,
+            TAG_MANAGED_BY: MANAGED_BY_VALUE,
+            TAG_CLUSTER: self.cluster_id,
+            TAG_POOL: self.pool,
+            TAG_MASTER: self.master_url,
+            TAG_LAUNCH_ID: launch_id,
+        }
+
+    def _run_instances_params(
+        self, spec: LaunchSpec, subnet: str | None, root_device_name: str
+    ) -> dict[str, Any]:
+        cfg = self.cfg
+        tag_list = [{"Key": k, "Value": v} for k, v in self._instance_tags(spec.launch_id).items()]
+        params: dict[str, Any] = {
+            "ImageId": cfg.image_id,
+            "InstanceType": cfg.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": spec.launch_id,
+            "UserData": spec.user_data,  # botocore base64-encodes it
+            "InstanceInitiatedShutdownBehavior": "terminate",  # `shutdown` in the agent ends the bill
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},  # IMDSv2 only
+            "BlockDeviceMappings": [
+                {
+                    "DeviceName": root_device_name,
+                    "Ebs": {
+                        "VolumeSize": cfg.root_volume_size_gb,
+                        "VolumeType": "gp3",
+                        "DeleteOnTermination": True,
+                    },
+                }
+            ],
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tag_list},
+                {"ResourceType": "volume", "Tags": tag_list},
+            ],
+        }
+        if subnet is not None:
+            params["SubnetId"] = subnet
+        if cfg.security_group_ids:
+            params["SecurityGroupIds"] = list(cfg.security_group_ids)
+        if cfg.iam_instance_profile:
+            key = "Arn" if cfg.iam_instance_profile.startswith("arn:") else "Name"
+            params["IamInstanceProfile"] = {key: cfg.iam_instance_profile}
+        if cfg.ssh_key_name:
+            params["KeyName"] = cfg.ssh_key_name
+        if cfg.spot:
+            spot_options: dict[str, Any] = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            }
+            if cfg.spot_max_price is not None:
+                spot_options["MaxPrice"] = cfg.spot_max_price
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
+        return params
+
+    def _run_instance(self, spec: LaunchSpec, subnet: str | None, root_device_name: str) -> CloudInstance:
+        location = subnet or self.cfg.region
+        params = self._run_instances_params(spec, subnet, root_device_name)
+        try:
+            resp = self._call("RunInstances", self._ec2.run_instances, **params)
+        except ClientError as exc:
+            raise classify_error(exc, location) from exc
+        except BotoCoreError as exc:
+            raise _transport_error(exc, location) from exc
+        raw = resp["Instances"][0]
+        instance = _to_cloud_instance(raw, known_tags=self._instance_tags(spec.launch_id))
+        log.info(
+            _kv(
+                event="aws_instance_launched",
+                cluster=self.cluster_id,
+                pool=self.pool,
+                instance_id=instance.id,
+                launch_id=spec.launch_id,
+                subnet=instance.location or location,
+                instance_type=instance.instance_type,
+                spot=instance.spot,
+            )
+        )
+        return instance
+
+    def _out_of_capacity(self, errors: Sequence[ProviderError], n_subnets: int) -> ProviderError:
+        tried = ", ".join(f"{e.location} ({e.code})" for e in errors)
+        return ProviderError(
+            ErrorKind.CAPACITY,
+            f"no capacity for {self.cfg.instance_type} in any subnet: {tried}",
+            scope=ErrorScope.ZONE if n_subnets == 1 else ErrorScope.REGION,
+            code=errors[-1].code,
+            location=",".join(dict.fromkeys(e.location for e in errors)),
+        )
+
+    def _log_launch_failed(self, err: ProviderError, *, launched: int, remaining: int) -> None:
+        log.warning(
+            _kv(
+                event="aws_launch_failed",
+                cluster=self.cluster_id,
+                pool=self.pool,
+                kind=err.kind.value,
+                code=err.code,
+                location=err.location,
+                launched=launched,
+                not_launched=remaining,
+            )
+        )
+
+    def _terminate_chunk(self, chunk: Sequence[str]) -> None:
+        remaining = list(chunk)
+        while remaining:
+            try:
+                self._call("TerminateInstances", self._ec2.terminate_instances, InstanceIds=remaining)
+            except ClientError as exc:
+                if _error_code(exc) != "InvalidInstanceID.NotFound":
+                    raise classify_error(exc, self.cfg.region) from exc
+                # AWS names the unknown ids in the message and terminates none of the chunk:
+                # drop those ids and send the rest again.
+                gone = set(_INSTANCE_ID_RE.findall(_error_message(exc))) & set(remaining)
+                if not gone:
+                    if len(remaining) == 1:
+                        gone = set(remaining)
+                    else:
+                        # Unparseable message: one call per id finds out which ones are gone.
+                        for instance_id in remaining:
+                            self._terminate_chunk([instance_id])
+                        return
+                log.info(
+                    _kv(
+                        event="aws_terminate_already_gone",
+                        cluster=self.cluster_id,
+                        pool=self.pool,
+                        instance_ids=sorted(gone),
+                    )
+                )
+                remaining = [i for i in remaining if i not in gone]
+                continue
+            except BotoCoreError as exc:
+                raise _transport_error(exc, self.cfg.region) from exc
+            log.info(
+                _kv(
+                    event="aws_instances_terminated",
+                    cluster=self.cluster_id,
+                    pool=self.pool,
+                    instance_ids=remaining,
+                )
+            )
+            return
+
+
+def _to_cloud_instance(
+    raw: Mapping[str, Any], *, known_tags: Mapping[str, str] | None = None
+) -> CloudInstance:
+    tags = dict(known_tags or {})
+    tags.update({t["Key"]: t["Value"] for t in raw.get("Tags", [])})
+    launched_at = raw.get("LaunchTime")
+    if isinstance(launched_at, datetime):
+        launched_at = launched_at.astimezone(UTC) if launched_at.tzinfo else launched_at.replace(tzinfo=UTC)
+    else:  # absent only in malformed responses; the instance exists, so keep it visible
+        launched_at = datetime.now(UTC)
+    state_name = raw.get("State", {}).get("Name", "pending")
+    return CloudInstance(
+        id=raw["InstanceId"],
+        # An unknown future state is treated as pending: visible, not yet capacity.
+        state=_STATE_MAP.get(state_name, InstanceState.PENDING),
+        launched_at=launched_at,
+        launch_id=tags.get(TAG_LAUNCH_ID),
+        private_ip=raw.get("PrivateIpAddress") or None,
+        public_ip=raw.get("PublicIpAddress") or None,
+        location=raw.get("SubnetId") or raw.get("Placement", {}).get("AvailabilityZone", ""),
+        instance_type=raw.get("InstanceType", ""),
+        spot=raw.get("InstanceLifecycle") == "spot",
+        tags=tags,
+    )

@@ -1,0 +1,187 @@
+"""Local provider: "instances" are agent processes on the master's machine.
+
+Each instance is a process group plus a small JSON record in the pool's state directory (its
+"tags"), so `list()` rebuilds the picture from disk after a master restart, exactly as the cloud
+providers rebuild it from tags. This is the embedded default that lets `make demo` show a pool
+scaling from zero with its demand and back."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from provisioners.base import (
+    MANAGED_BY_VALUE,
+    TAG_CLUSTER,
+    TAG_LAUNCH_ID,
+    TAG_MANAGED_BY,
+    TAG_MASTER,
+    TAG_POOL,
+    CloudInstance,
+    ErrorKind,
+    InstanceState,
+    LaunchResult,
+    LaunchSpec,
+    ProviderError,
+)
+
+log = logging.getLogger("shipyard.provisioners.local")
+
+
+@dataclass(frozen=True)
+class LocalPoolConfig:
+    slots_per_instance: int = 1
+    slot_type: str = "cpu"
+    work_dir: str | None = None  # default: <state_dir>/local-instances/<pool>
+    python: str | None = None  # interpreter for the agents; default: the master's
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LocalPoolConfig:
+        known = {"slots_per_instance", "slot_type", "work_dir", "python"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown field(s) for a local pool: {', '.join(unknown)}")
+        slots = data.get("slots_per_instance", 1)
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise ValueError("slots_per_instance: must be an integer >= 1")
+        if data.get("slot_type", "cpu") not in ("cpu", "auto"):
+            raise ValueError("slot_type: must be cpu or auto")
+        return cls(slots, data.get("slot_type", "cpu"), data.get("work_dir"), data.get("python"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class LocalProvider:
+    def __init__(self, cfg: LocalPoolConfig, *, cluster_id: str, pool: str, master_url: str, state_dir: Path) -> None:
+        self.cfg = cfg
+        self.cluster_id = cluster_id
+        self.pool = pool
+        self.master_url = master_url
+        self.dir = Path(cfg.work_dir) if cfg.work_dir else state_dir / "local-instances" / pool
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _record(self, instance_id: str) -> Path:
+        return self.dir / f"{instance_id}.json"
+
+    def launch(self, specs: Sequence[LaunchSpec]) -> LaunchResult:
+        launched: list[CloudInstance] = []
+        for spec in specs:
+            instance_id = f"local-{spec.launch_id[:12]}"
+            rec = self._record(instance_id)
+            if rec.exists():  # idempotent: the same launch id is the same instance
+                existing = self._load(rec)
+                if existing is not None:
+                    launched.append(existing)
+                    continue
+            home = self.dir / instance_id
+            home.mkdir(parents=True, exist_ok=True)
+            token_file = home / "bootstrap-token"
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(spec.user_data)  # for local instances the "user data" is the credential
+            cmd = [self.cfg.python or sys.executable, "-m", "agent_bootstrap.agent",
+                   "--master-url", self.master_url, "--resource-pool", self.pool,
+                   "--agent-id", instance_id, "--instance-id", instance_id,
+                   "--token-file", str(token_file), "--work-dir", str(home / "work"),
+                   "--slots", str(self.cfg.slots_per_instance), "--slot-type", self.cfg.slot_type,
+                   "--agent-reconnect-attempts", "10", "--agent-reconnect-backoff", "1"]
+            try:
+                with open(home / "agent.log", "ab") as out:
+                    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True, env=_agent_env())
+            except OSError as e:
+                return LaunchResult(tuple(launched), ProviderError(ErrorKind.INVALID, f"cannot start agent: {e}"))
+            self._children[proc.pid] = proc
+            now = datetime.now(UTC)
+            tags = {TAG_MANAGED_BY: MANAGED_BY_VALUE, TAG_CLUSTER: self.cluster_id, TAG_POOL: self.pool,
+                    TAG_MASTER: self.master_url, TAG_LAUNCH_ID: spec.launch_id}
+            rec.write_text(json.dumps({"id": instance_id, "pid": proc.pid, "launched_at": now.isoformat(),
+                                       "tags": tags}))
+            log.info("event=local_instance_launched pool=%s instance_id=%s pid=%s", self.pool, instance_id, proc.pid)
+            launched.append(CloudInstance(id=instance_id, state=InstanceState.RUNNING, launched_at=now,
+                                          launch_id=spec.launch_id, private_ip="127.0.0.1", location="local",
+                                          instance_type="local", tags=tags))
+        return LaunchResult(tuple(launched))
+
+    def _load(self, rec: Path) -> CloudInstance | None:
+        try:
+            data = json.loads(rec.read_text())
+        except (OSError, ValueError):
+            return None
+        tags = data.get("tags") or {}
+        if tags.get(TAG_CLUSTER) != self.cluster_id or tags.get(TAG_POOL) != self.pool:
+            return None
+        self._reap()
+        if not _alive(int(data["pid"])):
+            rec.unlink(missing_ok=True)
+            return None
+        return CloudInstance(id=data["id"], state=InstanceState.RUNNING,
+                             launched_at=datetime.fromisoformat(data["launched_at"]),
+                             launch_id=tags.get(TAG_LAUNCH_ID), private_ip="127.0.0.1", location="local",
+                             instance_type="local", tags=tags)
+
+    def list(self) -> list[CloudInstance]:
+        out = []
+        for rec in sorted(self.dir.glob("local-*.json")):
+            inst = self._load(rec)
+            if inst is not None:
+                out.append(inst)
+        return out
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        for instance_id in ids:
+            rec = self._record(instance_id)
+            try:
+                pid = int(json.loads(rec.read_text())["pid"])
+            except (OSError, ValueError, KeyError):
+                continue
+            _stop_group(pid)
+            rec.unlink(missing_ok=True)
+            log.info("event=local_instance_terminated pool=%s instance_id=%s", self.pool, instance_id)
+        self._reap()
+
+    def _reap(self) -> None:
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                del self._children[pid]
+
+
+def _agent_env() -> dict[str, str]:
+    # Never hand the master's own secrets to agents.
+    return {k: v for k, v in os.environ.items() if not k.startswith("SHIPYARD_ADMIN")}
+
+
+def _stop_group(pid: int, grace: float = 15.0) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.1)
