@@ -356,6 +356,7 @@ def _allocate(s: Session, master: Master, exp: Experiment, trial: Trial) -> None
         weight=exp.weight,
         state=st.ALLOC_PENDING,
         run_id=trial.run_id,
+        restored_checkpoint_uuid=trial.latest_checkpoint_uuid,
         created_at=master.clock(),
     )
     s.add(alloc)

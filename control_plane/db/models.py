@@ -247,6 +247,8 @@ class Allocation(Base):
     agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     slot_ids: Mapped[list[Any]] = mapped_column(default=list)
     run_id: Mapped[int] = mapped_column(Integer, default=0)
+    # The checkpoint this run resumed from: never garbage-collected.
+    restored_checkpoint_uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
     kill_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     preempt_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -52,6 +52,7 @@ def upgrade() -> None:
         sa.Column("agent_id", sa.String(length=128), nullable=True),
         sa.Column("slot_ids", sa.JSON(), nullable=False),
         sa.Column("run_id", sa.Integer(), nullable=False),
+        sa.Column("restored_checkpoint_uuid", sa.String(length=64), nullable=True),
         sa.Column("kill_requested", sa.Boolean(), nullable=False),
         sa.Column("preempt_requested", sa.Boolean(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),

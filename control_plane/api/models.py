@@ -1,0 +1,170 @@
+"""Model registry (Determined's paths): named models whose versions point at checkpoints, with
+metadata, labels and notes; plus `POST /api/v1/experiments/{id}/gc`. A checkpoint held by a
+model version is never garbage-collected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import Field
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from control_plane import gc_hooks, records
+from control_plane import states as st
+from control_plane.api import deps
+from control_plane.api.errors import APIError, bad_request, conflict, forbidden, not_found
+from control_plane.api.wire import StrictWire, ts
+from control_plane.auth import Principal
+from control_plane.db.models import Checkpoint, Experiment, Model, ModelVersion, User
+from control_plane.master import Master
+
+router = APIRouter()
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.:-]*$"
+
+
+class PostModel(StrictWire):
+    name: str = Field(min_length=1, max_length=255, pattern=NAME_PATTERN)
+    description: str = Field(default="", max_length=10_000)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    labels: list[str] = Field(default_factory=list, max_length=100)
+    notes: str = Field(default="", max_length=100_000)
+    workspace_id: int | None = None
+    workspace_name: str | None = None
+
+
+def model_json(m: Model, owner: str, versions: int) -> dict[str, Any]:
+    return {
+        "id": m.id, "name": m.name, "description": m.description, "metadata": m.metadata_ or {},
+        "labels": m.labels or [], "notes": m.notes, "archived": m.archived,
+        "creationTime": ts(m.created_at), "lastUpdatedTime": ts(m.modified_at),
+        "numVersions": versions, "userId": m.owner_id, "username": owner, "workspaceId": 1,
+    }
+
+
+def _model(db: Session, name: str) -> Model:
+    m = db.scalar(select(Model).where(Model.name == name))
+    if m is None:
+        raise not_found(f"model {name!r}")
+    return m
+
+
+def _model_out(db: Session, m: Model) -> dict[str, Any]:
+    owner = db.get(User, m.owner_id)
+    n = db.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.model_id == m.id)) or 0
+    return model_json(m, owner.username if owner else "", n)
+
+
+@router.post("/api/v1/models")
+def post_model(body: PostModel, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+               db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+    if db.scalar(select(Model).where(Model.name == body.name)) is not None:
+        raise conflict(f"model {body.name!r} already exists")
+    now = master.clock()
+    m = Model(name=body.name, description=body.description, metadata_=body.metadata, labels=body.labels,
+              notes=body.notes, owner_id=p.user_id, created_at=now, modified_at=now)
+    db.add(m)
+    db.flush()
+    return {"model": _model_out(db, m)}
+
+
+@router.get("/api/v1/models")
+def get_models(_p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db), name: str | None = None,
+               archived: bool | None = None, offset: int = 0, limit: int = 0) -> dict[str, Any]:
+    q = select(Model).order_by(Model.id)
+    if name:
+        q = q.where(Model.name.contains(name))
+    if archived is not None:
+        q = q.where(Model.archived == archived)
+    models = list(db.scalars(q))
+    shown = records.page(models, offset, limit)
+    return {"models": [_model_out(db, m) for m in shown],
+            "pagination": records.pagination_json(offset, limit, len(models), len(shown))}
+
+
+@router.get("/api/v1/models/{modelName}")
+def get_model(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+    return {"model": _model_out(db, _model(db, modelName))}
+
+
+class PostModelVersion(StrictWire):
+    model_name: str | None = None
+    checkpoint_uuid: str
+    name: str = Field(default="", max_length=255)
+    comment: str = Field(default="", max_length=10_000)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    labels: list[str] = Field(default_factory=list, max_length=100)
+    notes: str = Field(default="", max_length=100_000)
+
+
+def _version_json(db: Session, v: ModelVersion, m: Model) -> dict[str, Any]:
+    ckpt = db.get(Checkpoint, v.checkpoint_uuid)
+    owner = db.get(User, v.owner_id)
+    return {
+        "id": v.id, "version": v.version, "name": v.name, "comment": v.comment, "notes": v.notes,
+        "metadata": v.metadata_ or {}, "labels": v.labels or [],
+        "creationTime": ts(v.created_at), "lastUpdatedTime": ts(v.created_at),
+        "userId": v.owner_id, "username": owner.username if owner else "",
+        "model": _model_out(db, m),
+        "checkpoint": records.checkpoint_json(ckpt, records.checkpoint_context(db, [ckpt])) if ckpt else None,
+    }
+
+
+@router.post("/api/v1/models/{modelName}/versions")
+def post_model_version(modelName: str, body: PostModelVersion, p: Principal = Depends(deps.user),
+                       master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+    if body.model_name is not None and body.model_name != modelName:
+        raise bad_request("does not match the model in the path", "modelName")
+    m = _model(db, modelName)
+    if not p.admin and m.owner_id != p.user_id:
+        raise forbidden("only the model's owner or an admin can register versions")
+    ckpt = db.get(Checkpoint, body.checkpoint_uuid)
+    if ckpt is None:
+        raise bad_request(f"no checkpoint {body.checkpoint_uuid}", "checkpointUuid")
+    if ckpt.state not in records.CKPT_LIVE:
+        raise APIError(409, f"checkpoint {ckpt.uuid} is {records.checkpoint_wire_state(ckpt.state)}")
+    last = db.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.model_id == m.id)) or 0
+    v = ModelVersion(model_id=m.id, version=last + 1, checkpoint_uuid=ckpt.uuid, name=body.name,
+                     comment=body.comment, notes=body.notes, metadata_=body.metadata, labels=body.labels,
+                     owner_id=p.user_id, created_at=master.clock())
+    db.add(v)
+    m.modified_at = master.clock()
+    db.flush()
+    return {"modelVersion": _version_json(db, v, m)}
+
+
+@router.get("/api/v1/models/{modelName}/versions")
+def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db),
+                       offset: int = 0, limit: int = 0) -> dict[str, Any]:
+    m = _model(db, modelName)
+    versions = list(db.scalars(select(ModelVersion).where(ModelVersion.model_id == m.id).order_by(ModelVersion.version)))
+    shown = records.page(versions, offset, limit)
+    return {"model": _model_out(db, m), "modelVersions": [_version_json(db, v, m) for v in shown],
+            "pagination": records.pagination_json(offset, limit, len(versions), len(shown))}
+
+
+@router.get("/api/v1/models/{modelName}/versions/{modelVersionNum}")
+def get_model_version(modelName: str, modelVersionNum: int, _p: Principal = Depends(deps.user),
+                      db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+    m = _model(db, modelName)
+    v = db.scalar(select(ModelVersion).where(ModelVersion.model_id == m.id, ModelVersion.version == modelVersionNum))
+    if v is None:
+        raise not_found(f"version {modelVersionNum} of model {modelName!r}")
+    return {"modelVersion": _version_json(db, v, m)}
+
+
+@router.post("/api/v1/experiments/{experimentId}/gc")
+def gc_experiment(experimentId: int, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+                  db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+    exp = db.get(Experiment, experimentId)
+    if exp is None:
+        raise not_found(f"experiment {experimentId}")
+    if not p.admin and exp.owner_id != p.user_id:
+        raise forbidden("only the experiment's owner or an admin can do this")
+    if exp.state not in st.EXP_TERMINAL:
+        raise APIError(409, "checkpoint GC runs on ended experiments only")
+    doomed = gc_hooks.mark_for_gc(db, exp)
+    master.notify()
+    return {"deleting": doomed}
