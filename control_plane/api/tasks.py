@@ -95,6 +95,9 @@ def completed_operation(
 ) -> dict[str, Any]:
     trial = _trial(db, p, trialId)
     _owner_or_allocation(db, p, trial)
+    done = trial.searcher_completed_length
+    if done is not None and body.op.length <= done:
+        return {}  # already completed through its validation metrics: a no-op
     if trial.searcher_target_length is None or body.op.length != trial.searcher_target_length:
         raise bad_request(f"the trial's current operation is length {trial.searcher_target_length}", "op.length")
     lifecycle.complete_operation(db, master, trial, body.op.length, body.searcher_metric)
