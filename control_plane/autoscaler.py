@@ -15,6 +15,7 @@ invalid config), and the pool shows why in `det resource-pool describe`."""
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,8 +191,10 @@ class Autoscaler:
         demand = [PendingDemand(slots, count) for slots, count in sorted(shapes.items())]
         rows = list(s.scalars(select(Instance).where(Instance.pool == pool, Instance.state.in_(INST_LIVE))))
         busy: dict[str, int] = {}
+        running: set[str] = set()  # agents with any task, zero-slot ones included
         for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state.in_(st.ALLOC_ON_AGENT))):
             busy[a.agent_id or ""] = busy.get(a.agent_id or "", 0) + a.slots_needed
+            running.add(a.agent_id or "")
         views = []
         for row in rows:
             agent = self._agent_of(s, row)
@@ -207,7 +210,7 @@ class Autoscaler:
                 agent_first_connected_at=agent.registered_at if agent else None,
                 agent_disconnected_since=None if connected or agent is None else agent.disconnected_at,
                 busy_slots=busy_slots,
-                idle_since=(agent.idle_since or now) if connected and busy_slots == 0 else None,
+                idle_since=(agent.idle_since or now) if connected and agent.id not in running else None,
             ))
         limits = PoolLimits(
             min_instances=settings.min_instances, max_instances=settings.max_instances,
@@ -274,6 +277,13 @@ class Autoscaler:
         try:
             result = pp.provider.launch(specs)
             launched, error = list(result.launched), result.error
+            if os.environ.get("SHIPYARD_FAILPOINT") == "after_launch":
+                # Test-only crash point (tests/e2e/test_elastic_pools.py, the chaos test): the master
+                # dies after the cloud accepted the launch and before the result is recorded.
+                log.warning("event=failpoint name=after_launch launched=%d", len(launched))
+                for handler in logging.getLogger().handlers:
+                    handler.flush()
+                os._exit(137)
         except ProviderError as e:
             launched, error = [], e
         except Exception as e:  # a provider bug must not leave rows dangling forever

@@ -66,7 +66,8 @@ class InstanceView:
 
     `agent_disconnected_since` is when a once-connected agent dropped (None while connected, or if
     unknown: then the disconnection is treated as starting now). `idle_since` is when the agent's
-    last task finished; None means busy.
+    last task finished; None means busy. "Busy" is only meaningful for a connected agent: the work of
+    an agent gone longer than max_disconnected_period is presumed lost, and its instance is replaced.
     """
 
     id: str
@@ -353,11 +354,13 @@ def decide(
             )
             for inst in newest_first(group)
         ]
+        shed: set[str] = set()
         for inst, kind in sheddable[:excess]:
             terminate(inst, f"above max_instances {limits.max_instances}: shedding newest {kind} instance")
-            for group in (census.disconnected, census.booting, census.idle):
-                if inst in group:
-                    group.remove(inst)
+            shed.add(inst.id)
+        census.disconnected = [i for i in census.disconnected if i.id not in shed]
+        census.booting = [i for i in census.booting if i.id not in shed]
+        census.idle = [i for i in census.idle if i.id not in shed]
         still = census.live - limits.max_instances
         if still > 0:
             reasons.append(

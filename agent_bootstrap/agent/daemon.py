@@ -1,0 +1,651 @@
+"""The agent daemon: connection loop, command handling, task supervision and shutdown.
+
+Threads and what each owns:
+  main        waits for a stop (signal, fatal error) and runs the shutdown
+  control     register → long-poll commands (the heartbeat) → dispatch; reconnects with backoff
+  events      delivers task events in order, with whatever session is current (retries forever;
+              the outbox is small: at most three events per allocation)
+  log-shipper batches task output to the master (logship.LogShipper)
+  task-<id>   one per allocation: fetch + unpack the model definition, start, wait/kill, report
+  task-spawner (runtime) forks every task process, see runtime.py
+
+Connection rules (docs/PROTOCOL.md):
+  * a poll or registration that fails with MasterUnavailable starts reconnecting: up to
+    `agent_reconnect_attempts` registrations, each after an exponential, jittered, capped backoff;
+    the count is reset only by a successful poll. When the last attempt fails the agent kills its
+    tasks, runs `on_connection_lost` once and exits with EXIT_CONNECTION_LOST. (Tasks are killed
+    before the hook so that a hook that powers the instance off runs last.)
+  * 409 on a poll: the session was replaced, register again at once (not a failure).
+  * 401/403 (or any other 4xx) at registration or on a poll: one readable line, tasks killed, exit
+    EXIT_REFUSED — retrying with the same credential cannot succeed. At the first registration that
+    is a configuration mistake and nothing else happens; after the agent had been registered it is
+    as cut off as after a lost connection, so `on_connection_lost` runs as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from agent_bootstrap.agent import __version__
+from agent_bootstrap.agent.client import (
+    AuthRefused,
+    KillCommand,
+    MasterClient,
+    MasterUnavailable,
+    RegisterRequest,
+    RequestRefused,
+    StaleSession,
+    StartCommand,
+    TaskEvent,
+    TaskSpec,
+    backoff_delay,
+    parse_command,
+)
+from agent_bootstrap.agent.config import AgentConfig
+from agent_bootstrap.agent.devices import Slot, cuda_visible_devices
+from agent_bootstrap.agent.logship import HttpLogSink, LogLine, LogShipper
+from agent_bootstrap.agent.runtime import LaunchSpec, StartFailed, TaskHandle, TaskRuntime
+
+log = logging.getLogger("shipyard.agent")
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_CONFIG = 2
+EXIT_REFUSED = 3
+EXIT_CONNECTION_LOST = 4
+
+# Exit code reported when the agent could not set the task up (model definition, slots): like
+# docker's 125, "the runtime failed", as opposed to 126/127 from the entrypoint itself.
+SETUP_FAILED = 125
+
+ClientFactory = Callable[[], MasterClient]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _signal_name(code: int) -> str | None:
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(code - 128).name
+    return None
+
+
+def outbound_addresses(master_url: str) -> list[str]:
+    """The local address used to reach the master (a UDP connect sends nothing)."""
+    parts = urlsplit(master_url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return [s.getsockname()[0]]
+    except OSError:
+        return []
+
+
+def task_environment(base: dict[str, str], spec: TaskSpec, slots: list[Slot], agent_id: str) -> dict[str, str]:
+    """The agent's environment without its own settings (DET_AGENT_* may hold the agent token),
+    then the spec's, then what only the agent knows: the visible GPUs and its id."""
+    env = {k: v for k, v in base.items() if not k.startswith("DET_AGENT_")}
+    env.update(spec.env)
+    env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(slots)
+    env["DET_AGENT_ID"] = agent_id
+    env.setdefault("PYTHONUNBUFFERED", "1")  # so a Python trial's prints reach the logs as they happen
+    # The process runtime runs tasks in the agent's own Python environment (there is no container
+    # image): `python3 train.py` must find that interpreter and its packages first.
+    bindir = os.path.dirname(sys.executable)
+    path = env.get("PATH", os.defpath)
+    if bindir and bindir not in path.split(os.pathsep):
+        env["PATH"] = bindir + os.pathsep + path
+    return env
+
+
+@dataclass(eq=False)
+class _Task:
+    allocation_id: str
+    spec: TaskSpec | None
+    state: Literal["starting", "running", "exited"] = "starting"
+    kill_requested: threading.Event = field(default_factory=threading.Event)
+    kill_grace: float = 10.0
+    kill_reason: str = "killed at the master's request"
+    handle: TaskHandle | None = None
+    exit_event: TaskEvent | None = None
+    thread: threading.Thread | None = None
+
+    def request_kill(self, grace: float, reason: str) -> None:
+        if not self.kill_requested.is_set():
+            self.kill_grace = grace
+            self.kill_reason = reason
+            self.kill_requested.set()
+
+
+class _Fatal(Exception):
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.message = message
+
+
+class EventOutbox:
+    """Task events, delivered in order with the current session; kept until the master took them."""
+
+    def __init__(self, agent: Agent, client: MasterClient) -> None:
+        self.agent = agent
+        self.client = client
+        self._cond = threading.Condition()
+        self._pending: list[TaskEvent] = []
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, event: TaskEvent) -> None:
+        with self._cond:
+            self._pending.append(event)
+            self._cond.notify_all()
+
+    def has_pending(self, allocation_id: str, kind: str) -> bool:
+        with self._cond:
+            return any(e.allocation_id == allocation_id and e.type == kind for e in self._pending)
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def _send(self, batch: list[TaskEvent], session: str) -> None:
+        try:
+            self.client.post_events(self.agent.agent_id, session, batch)
+        except RequestRefused as e:
+            if len(batch) == 1:
+                log.warning("event=task_event_dropped allocation=%s type=%s error=%r",
+                            batch[0].allocation_id, batch[0].type, e.message)
+                return
+            for ev in batch:  # find the one the master refuses; deliver the others
+                self._send([ev], session)
+
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch = list(self._pending)
+            session = self.agent.wait_for_session(timeout=1.0)
+            if session is None:
+                if self._closing:
+                    return
+                continue
+            try:
+                self._send(batch, session)
+            except StaleSession:
+                # Our session was replaced (we or the master restarted); the control loop
+                # re-registers, after which the current session differs.
+                self.agent.wait_for_session(timeout=self.agent.config.poll_timeout + 5, not_equal=session)
+                continue
+            except (MasterUnavailable, AuthRefused) as e:
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("event=task_events_undelivered events=%d failures=%d error=%r",
+                                len(batch), failures, e.message)
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closing, timeout=backoff_delay(failures, 0.5, 5.0, random.random()))
+                    if self._closing:
+                        return
+                continue
+            failures = 0
+            with self._cond:
+                del self._pending[: len(batch)]
+                self._cond.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything queued so far has been delivered; then stop the thread."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(timeout=min(left, 0.1))
+            self._closing = True
+            self._cond.notify_all()
+            return not self._pending
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, token: str, slots: list[Slot], runtime: TaskRuntime, *,
+                 client_factory: ClientFactory | None = None, base_env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.agent_id = config.agent_id
+        self.slots = slots
+        self._slots_by_id = {s.id: s for s in slots}
+        self.runtime = runtime
+        self._token = token
+        self._client_factory = client_factory or (
+            lambda: MasterClient(config.master_url, token, timeout=config.http_timeout))
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self.tasks_dir = config.work_dir / "tasks"
+
+        self._stop = threading.Event()
+        self._exit_code: int | None = None
+        self._exit_message: str | None = None
+        self._signal: str | None = None
+        self._session_cond = threading.Condition()
+        self._session_id: str | None = None
+        self._poll_timeout = config.poll_timeout
+        self._tasks_lock = threading.Lock()
+        self._tasks: dict[str, _Task] = {}
+        self._drain_logs = True  # false once the master is gone: do not wait for log delivery
+        self._ever_registered = False
+
+        self.shipper = LogShipper(HttpLogSink(self._client_factory(), self.agent_id),
+                                  flush_interval=config.log_flush_interval, batch_lines=config.log_batch_lines,
+                                  max_buffer_bytes=config.log_buffer_bytes)
+        self.outbox = EventOutbox(self, self._client_factory())
+        self._control = threading.Thread(target=self._control_main, name="control", daemon=True)
+
+    # -- session ---------------------------------------------------------------------------------
+
+    def _set_session(self, session_id: str | None) -> None:
+        with self._session_cond:
+            self._session_id = session_id
+            self._session_cond.notify_all()
+
+    def wait_for_session(self, timeout: float, not_equal: str | None = None) -> str | None:
+        with self._session_cond:
+            self._session_cond.wait_for(
+                lambda: (self._session_id is not None and self._session_id != not_equal) or self._stop.is_set(),
+                timeout=timeout)
+            return self._session_id if self._session_id != not_equal else None
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def on_signal(self, signum: int, _frame: Any = None) -> None:
+        """Signal handler: only records the signal; the main thread acts on it (a handler must not
+        take locks the interrupted code may hold)."""
+        self._signal = signal.Signals(signum).name
+
+    def request_stop(self, exit_code: int, message: str) -> None:
+        if self._exit_code is None:
+            self._exit_code = exit_code
+            self._exit_message = message
+        self._stop.set()
+        with self._session_cond:
+            self._session_cond.notify_all()
+
+    # -- main ------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        log.info("event=agent_starting pool=%s master=%s slots=%d slot_type=%s version=%s",
+                 self.config.resource_pool, self.config.master_url, len(self.slots),
+                 self.slots[0].type if self.slots else "none", __version__)
+        self.tasks_dir.mkdir(parents=True, exist_ok=True)
+        self.shipper.start()
+        self.outbox.start()
+        self._control.start()
+        while not self._stop.is_set():
+            if self._signal is not None:
+                self.request_stop(EXIT_OK, f"received {self._signal}")
+                break
+            time.sleep(0.1)
+        return self._shutdown()
+
+    def _shutdown(self) -> int:
+        code = EXIT_INTERNAL if self._exit_code is None else self._exit_code
+        message = self._exit_message or "stopping"
+        # A refusal after the agent had been registered (e.g. its credential was revoked or expired
+        # while the master was away) leaves it as cut off as a lost connection: the hook runs too.
+        # A refusal at the very first registration is a configuration mistake: one line, no hook.
+        connection_lost = code == EXIT_CONNECTION_LOST or (code == EXIT_REFUSED and self._ever_registered)
+        log.info("event=agent_stopping exit_code=%d reason=%r", code, message)
+        if code != EXIT_OK:
+            self._drain_logs = False
+        with self._tasks_lock:
+            live = [t for t in self._tasks.values() if t.state != "exited"]
+        for t in live:
+            t.request_kill(self._grace(t, None), f"killed: agent stopping ({message})")
+        for t in live:
+            if t.thread is not None:
+                t.thread.join(t.kill_grace + 30)
+        if code == EXIT_OK:
+            # A clean stop: tell the master how the tasks ended and ship their last lines.
+            self.outbox.flush(timeout=5.0)
+            self.shipper.close(timeout=5.0)
+        else:
+            self.outbox.flush(timeout=0)
+            self.shipper.close(timeout=0.5)
+        if connection_lost and self.config.on_connection_lost:
+            self._run_connection_lost_hook(self.config.on_connection_lost)
+        self.runtime.close()
+        log.info("event=agent_stopped exit_code=%d", code)
+        if code not in (EXIT_OK, EXIT_INTERNAL):
+            # The one line a person reads, last on stderr (which also carries the structured log).
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            print(f"det-agent: {message}", file=sys.stderr, flush=True)
+        return code
+
+    def _run_connection_lost_hook(self, command: str) -> None:
+        env = {k: v for k, v in self._base_env.items() if not k.startswith("DET_AGENT_")}
+        env.update({"DET_AGENT_ID": self.agent_id, "DET_AGENT_INSTANCE_ID": self.config.instance_id or "",
+                    "DET_MASTER": self.config.master_url})
+        log.warning("event=on_connection_lost_running command=%r", command)
+        try:
+            proc = subprocess.run(command, shell=True, env=env, timeout=300, check=False,
+                                  stdin=subprocess.DEVNULL)
+            log.warning("event=on_connection_lost_done exit_code=%d", proc.returncode)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.error("event=on_connection_lost_failed error=%r", str(e))
+
+    # -- control loop ----------------------------------------------------------------------------
+
+    def _control_main(self) -> None:
+        client = self._client_factory()
+        try:
+            self._control_loop(client)
+        except _Fatal as f:
+            self.request_stop(f.exit_code, f.message)
+        except Exception as e:
+            log.exception("event=control_loop_crashed")
+            self.request_stop(EXIT_INTERNAL, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            client.close()
+
+    def _control_loop(self, client: MasterClient) -> None:
+        attempts = self.config.agent_reconnect_attempts
+        failed = 0            # consecutive failed (re)connection attempts; reset by a good poll
+        need_register = True
+        wait_first = False    # the initial registration and a 409 re-register go at once
+        while not self._stop.is_set():
+            if need_register:
+                if wait_first:
+                    delay = backoff_delay(failed + 1, self.config.agent_reconnect_backoff,
+                                          self.config.agent_reconnect_backoff_max, random.random())
+                    log.info("event=reconnect_wait attempt=%d of=%d seconds=%.2f",
+                             failed + 1, attempts, delay)
+                    if self._stop.wait(delay):
+                        return
+                try:
+                    self._register(client)
+                except MasterUnavailable as e:
+                    failed += 1
+                    log.warning("event=register_failed attempt=%d of=%d error=%r",
+                                failed, attempts, e.message)
+                    if failed >= attempts:
+                        raise _Fatal(EXIT_CONNECTION_LOST,
+                                     f"lost the master at {self.config.master_url}: {failed} connection "
+                                     f"attempts failed (last: {e.message})") from None
+                    wait_first = True
+                    continue
+                need_register = False
+            assert self._session_id is not None
+            try:
+                raw = client.commands(self.agent_id, self._session_id, self._poll_timeout)
+            except StaleSession:
+                log.info("event=session_stale")
+                self._set_session(None)
+                need_register, wait_first = True, False
+                continue
+            except MasterUnavailable as e:
+                log.warning("event=connection_lost error=%r", e.message)
+                self._set_session(None)
+                need_register, wait_first = True, True
+                continue
+            except AuthRefused as e:
+                raise _Fatal(EXIT_REFUSED, f"the master no longer accepts this agent's credential "
+                                           f"({e.status}): {e.message}") from None
+            except RequestRefused as e:
+                raise _Fatal(EXIT_REFUSED, f"the master refused the command poll: {e.message}") from None
+            failed = 0
+            for item in raw:
+                if self._stop.is_set():
+                    return
+                self._dispatch(item)
+
+    def _register(self, client: MasterClient) -> None:
+        with self._tasks_lock:
+            running = sorted(a for a, t in self._tasks.items() if t.state != "exited")
+        req = RegisterRequest(agent_id=self.agent_id, resource_pool=self.config.resource_pool, version=__version__,
+                              slots=[s.to_wire() for s in self.slots], running_allocations=running,
+                              addresses=outbound_addresses(self.config.master_url),
+                              instance_id=self.config.instance_id)
+        try:
+            resp = client.register(req)
+        except AuthRefused as e:
+            raise _Fatal(EXIT_REFUSED, f"the master refused this agent ({e.status}): {e.message} — check the "
+                                       f"agent token and the resource pool ({self.config.resource_pool!r})") from None
+        except RequestRefused as e:
+            raise _Fatal(EXIT_REFUSED, f"the master refused the registration: {e.message}") from None
+        if resp.heartbeat_interval_s:
+            self._poll_timeout = max(1.0, min(self.config.poll_timeout, resp.heartbeat_interval_s))
+        log.info("event=registered pool=%s running=%d kill=%d", self.config.resource_pool, len(running), len(resp.kill))
+        self._ever_registered = True
+        self._set_session(resp.session_id)
+        for alloc in resp.kill:
+            self._kill(alloc, None, "killed: the master no longer wants it after the agent reconnected")
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def _dispatch(self, raw: dict[str, Any]) -> None:
+        try:
+            cmd = parse_command(raw)
+        except ValueError as e:
+            alloc = raw.get("allocationId")
+            log.warning("event=bad_command allocation=%s error=%r", alloc, str(e))
+            if raw.get("type") == "start" and isinstance(alloc, str) and alloc:
+                self._refuse_start(alloc, f"invalid start command: {e}")
+            return
+        if isinstance(cmd, StartCommand):
+            self._start(cmd)
+        elif isinstance(cmd, KillCommand):
+            self._kill(cmd.allocation_id, cmd.grace_seconds, "killed at the master's request")
+
+    def _refuse_start(self, allocation_id: str, message: str) -> None:
+        with self._tasks_lock:
+            if allocation_id in self._tasks:
+                return
+            task = _Task(allocation_id=allocation_id, spec=None, state="exited")
+            self._tasks[allocation_id] = task
+        self._exited(task, SETUP_FAILED, message)
+
+    def _start(self, cmd: StartCommand) -> None:
+        alloc = cmd.allocation_id
+        with self._tasks_lock:
+            if alloc in self._tasks:
+                log.debug("event=duplicate_start_ignored allocation=%s", alloc)
+                return
+            task = _Task(allocation_id=alloc, spec=cmd.spec)
+            self._tasks[alloc] = task
+            log.info("event=task_start allocation=%s task=%s trial=%s slots=%s", alloc,
+                     cmd.spec.task_id, cmd.spec.trial_id, ",".join(cmd.spec.slot_ids))
+            task.thread = threading.Thread(target=self._supervise, args=(task,), name=f"task-{alloc}", daemon=True)
+            task.thread.start()  # under the lock, so shutdown never sees a task with an unstarted thread
+
+    def _grace(self, task: _Task, grace: float | None) -> float:
+        if grace is not None:
+            return grace
+        if task.spec is not None and task.spec.kill_grace_seconds is not None:
+            return task.spec.kill_grace_seconds
+        return self.config.default_kill_grace
+
+    def _kill(self, alloc: str, grace: float | None, reason: str) -> None:
+        with self._tasks_lock:
+            task = self._tasks.get(alloc)
+            if task is None:
+                # Not ours (e.g. started before this agent restarted): report it gone, or the
+                # master would repeat the kill forever.
+                task = _Task(allocation_id=alloc, spec=None, state="exited")
+                self._tasks[alloc] = task
+                unknown = True
+            else:
+                unknown = False
+        if unknown:
+            log.info("event=kill_unknown_allocation allocation=%s", alloc)
+            self._exited(task, None, "allocation is not running on this agent")
+            return
+        if task.state == "exited":
+            if task.exit_event is not None and not self.outbox.has_pending(alloc, "exited"):
+                self.outbox.add(task.exit_event)
+            return
+        if not task.kill_requested.is_set():
+            log.info("event=task_kill allocation=%s grace=%s", alloc, self._grace(task, grace))
+        task.request_kill(self._grace(task, grace), reason)
+
+    # -- one task ----------------------------------------------------------------------------------
+
+    def _event(self, task: _Task, kind: Literal["starting", "running", "exited"], *, pid: int | None = None,
+               exit_code: int | None = None, message: str | None = None) -> TaskEvent:
+        ev = TaskEvent(allocation_id=task.allocation_id, type=kind, time=_now(), pid=pid, exit_code=exit_code,
+                       message=message)
+        self.outbox.add(ev)
+        return ev
+
+    def _exited(self, task: _Task, exit_code: int | None, message: str | None) -> None:
+        task.state = "exited"
+        task.exit_event = self._event(task, "exited", exit_code=exit_code, message=message)
+        log.info("event=task_exited allocation=%s exit_code=%s message=%r", task.allocation_id, exit_code, message)
+
+    def _agent_line(self, task: _Task, text: str, level: str = "LOG_LEVEL_ERROR") -> None:
+        spec = task.spec
+        self.shipper.add(LogLine(allocation_id=task.allocation_id, task_id=spec.task_id if spec else "",
+                                 token=spec.token if spec else None, text=f"[shipyard-agent] {text}\n",
+                                 stdtype="stderr", source="agent", level=level))
+
+    def _task_dir(self, alloc: str) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", alloc)[:100] or "task"
+        return self.tasks_dir / f"{safe}-{secrets.token_hex(4)}"
+
+    def _fetch_model_definition(self, task: _Task, dest: Path) -> None:
+        from control_plane.model_def import ModelDefInvalid, unpack_model_definition
+
+        spec = task.spec
+        assert spec is not None and spec.model_definition_path
+        client = self._client_factory()
+        try:
+            retrying = Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(multiplier=0.5, max=8),
+                                retry=retry_if_exception_type(MasterUnavailable), reraise=True,
+                                sleep=lambda s: task.kill_requested.wait(s))
+            archive = retrying(client.fetch_model_definition, spec.model_definition_path, spec.token)
+        finally:
+            client.close()
+        try:
+            unpack_model_definition(archive, dest, max_bytes=self.config.model_def_max_bytes)
+        except ModelDefInvalid as e:
+            raise _SetupError(f"model definition refused: {e}") from None
+
+    def _supervise(self, task: _Task) -> None:
+        alloc = task.allocation_id
+        spec = task.spec
+        assert spec is not None
+        workdir: Path | None = None
+        try:
+            self._event(task, "starting")
+            try:
+                slots = [self._slots_by_id[s] for s in spec.slot_ids]
+            except KeyError as e:
+                raise _SetupError(f"slot {e.args[0]!r} is not a slot of agent {self.agent_id}") from None
+            workdir = self._task_dir(alloc)
+            workdir.mkdir(parents=True)
+            if spec.model_definition_path:
+                try:
+                    self._fetch_model_definition(task, workdir)
+                except (MasterUnavailable, AuthRefused, RequestRefused) as e:
+                    raise _SetupError(f"could not fetch the model definition: {e.message}") from None
+            if task.kill_requested.is_set():
+                self._exited(task, None, f"{task.kill_reason} before the process started")
+                return
+            env = task_environment(self._base_env, spec, slots, self.agent_id)
+            try:
+                handle = self.runtime.start(LaunchSpec(allocation_id=alloc, argv=spec.argv), env, workdir,
+                                            self._output_fn(task))
+            except StartFailed as e:
+                self._agent_line(task, e.message)
+                self._drain(alloc)
+                self._exited(task, e.exit_code, e.message)
+                return
+            task.handle = handle
+            task.state = "running"
+            self._event(task, "running", pid=handle.pid)
+            code = self._wait_or_kill(task, handle)
+            message = None
+            if task.kill_requested.is_set():
+                message = task.kill_reason
+            elif code != 0:
+                sig = _signal_name(code)
+                message = f"exited with code {code}" + (f" (killed by {sig})" if sig else "")
+            self.runtime.release(handle)
+            self._drain(alloc)
+            self._exited(task, code, message)
+        except _SetupError as e:
+            self._agent_line(task, e.message)
+            self._drain(alloc)
+            self._exited(task, SETUP_FAILED, e.message)
+        except Exception as e:
+            log.exception("event=task_supervisor_crashed allocation=%s", alloc)
+            if task.handle is not None and self.runtime.poll(task.handle) is None:
+                with contextlib.suppress(Exception):
+                    self.runtime.kill(task.handle, 0)
+            if task.state != "exited":
+                self._exited(task, SETUP_FAILED, f"agent error: {type(e).__name__}: {e}")
+        finally:
+            if workdir is not None and not self.config.keep_task_dirs:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if task.state == "exited":
+                # The record stays (so repeated commands stay idempotent) but small: a spec carries
+                # the whole experiment config.
+                task.spec = None
+                task.handle = None
+
+    def _wait_or_kill(self, task: _Task, handle: TaskHandle) -> int:
+        while True:
+            code = self.runtime.wait(handle, timeout=0.2)
+            if code is not None:
+                return code
+            if task.kill_requested.is_set():
+                return self.runtime.kill(handle, task.kill_grace)
+
+    def _drain(self, alloc: str) -> None:
+        """Ship the task's last lines before reporting it exited: the master may revoke the
+        allocation token when it learns the allocation ended."""
+        if self._drain_logs and not self.shipper.drain(alloc, timeout=10.0):
+            log.warning("event=task_logs_not_drained allocation=%s", alloc)
+
+    def _output_fn(self, task: _Task) -> Callable[[Literal["stdout", "stderr"], str], None]:
+        spec = task.spec
+        assert spec is not None
+
+        def output(stream: Literal["stdout", "stderr"], text: str) -> None:
+            self.shipper.add(LogLine(allocation_id=task.allocation_id, task_id=spec.task_id, token=spec.token,
+                                     text=text, stdtype=stream))
+
+        return output
+
+
+class _SetupError(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
