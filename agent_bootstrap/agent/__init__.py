@@ -1,0 +1,20 @@
+"""The Shipyard agent daemon (`det-agent`): registers a host's slots with the master, long-polls it
+for start/kill commands, runs tasks as process groups and ships their logs.
+
+Modules, top to bottom of the dependency order:
+  config   options, YAML file and DET_AGENT_* environment, merged and validated
+  devices  GPUs from nvidia-smi, else CPU slots
+  client   the HTTP calls of docs/PROTOCOL.md and their error taxonomy
+  runtime  TaskRuntime protocol and ProcessRuntime (process groups, pdeathsig, leftover cleanup)
+  logship  line splitting and the batching, retrying log shipper
+  daemon   the connection loop, command handling, task supervision and shutdown
+"""
+
+from __future__ import annotations
+
+try:  # the version the agent reports when it registers
+    from importlib.metadata import version as _version
+
+    __version__ = _version("shipyard")
+except Exception:  # running from a source tree that is not installed
+    __version__ = "0.1.0"

@@ -1,0 +1,253 @@
+"""The agent's side of docs/PROTOCOL.md over HTTP, with one error taxonomy the daemon acts on:
+
+  MasterUnavailable  connection refused/reset, timeouts, 5xx, 408/429: retry with backoff
+  AuthRefused        401/403: the credential or its scope is wrong; retrying cannot help
+  StaleSession       409 on commands/events: the session was replaced; register again
+  RequestRefused     any other 4xx: this request is wrong; do not repeat it
+
+Wire shapes are parsed into pydantic models at this edge; the rest of the agent never sees dicts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import httpx
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+
+class MasterError(Exception):
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class MasterUnavailable(MasterError):
+    pass
+
+
+class AuthRefused(MasterError):
+    pass
+
+
+class StaleSession(MasterError):
+    pass
+
+
+class RequestRefused(MasterError):
+    pass
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class TaskSpec(_Wire):
+    allocation_id: str = Field(min_length=1)
+    task_id: str = ""
+    trial_id: int | None = None
+    experiment_id: int | None = None
+    run_id: int | None = None
+    entrypoint: list[str] | str
+    env: dict[str, str] = Field(default_factory=dict)
+    slot_ids: list[str] = Field(default_factory=list)
+    token: str | None = Field(default=None, repr=False)
+    model_definition_path: str | None = None
+    kill_grace_seconds: float | None = Field(default=None, ge=0)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: object) -> object:
+        # Environment values are strings; a number or bool from a config is passed as its text.
+        if isinstance(v, dict):
+            return {str(k): ("" if val is None else (str(val).lower() if isinstance(val, bool) else str(val)))
+                    for k, val in v.items()}
+        return v
+
+    @field_validator("slot_ids", mode="before")
+    @classmethod
+    def _slot_strings(cls, v: object) -> object:
+        return [str(s) for s in v] if isinstance(v, list) else v
+
+    @property
+    def argv(self) -> list[str]:
+        """The command to run: an argv list as is, a string through `sh -c`."""
+        if isinstance(self.entrypoint, str):
+            return ["sh", "-c", self.entrypoint]
+        return list(self.entrypoint)
+
+
+class StartCommand(_Wire):
+    type: Literal["start"]
+    allocation_id: str
+    spec: TaskSpec
+
+
+class KillCommand(_Wire):
+    type: Literal["kill"]
+    allocation_id: str
+    grace_seconds: float | None = Field(default=None, ge=0)
+
+
+Command = StartCommand | KillCommand
+
+
+class RegisterResponse(_Wire):
+    session_id: str = Field(min_length=1)
+    heartbeat_interval_s: float | None = Field(default=None, validation_alias=AliasChoices(
+        "heartbeatIntervalS", "heartbeatIntervalSeconds", "heartbeat_interval_s"))
+    kill: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RegisterRequest:
+    agent_id: str
+    resource_pool: str
+    version: str
+    slots: list[dict[str, object]]
+    running_allocations: list[str]
+    addresses: list[str] = field(default_factory=list)
+    instance_id: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"agentId": self.agent_id, "resourcePool": self.resource_pool, "version": self.version,
+                "addresses": self.addresses, "instanceId": self.instance_id, "slots": self.slots,
+                "runningAllocations": self.running_allocations}
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    allocation_id: str
+    type: Literal["starting", "running", "exited"]
+    time: datetime
+    pid: int | None = None
+    exit_code: int | None = None
+    message: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"allocationId": self.allocation_id, "type": self.type, "pid": self.pid,
+                "exitCode": self.exit_code, "message": self.message, "time": rfc3339(self.time)}
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rand: float) -> float:
+    """Wait before reconnect attempt `attempt` (1-based): exponential from `base`, capped at `cap`,
+    with jitter `rand` in [0, 1) taking off up to half, so agents that lost the same master do not
+    all come back in the same instant. Always within [base/2, cap]."""
+    exp = base * (2 ** min(max(attempt - 1, 0), 30))
+    ceiling = min(cap, exp)
+    return max(min(base, cap) / 2, ceiling * (1 - 0.5 * min(max(rand, 0.0), 1.0)))
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text.strip()[:300] or resp.reason_phrase
+    if isinstance(body, dict):
+        if isinstance(body.get("message"), str) and body["message"]:
+            return body["message"]
+        err = body.get("error")
+        if isinstance(err, dict) and isinstance(err.get("error"), str):
+            return err["error"]
+        if isinstance(body.get("detail"), str):
+            return body["detail"]
+    return resp.text.strip()[:300]
+
+
+class MasterClient:
+    """One HTTP client to the master. Not shared between threads: each loop of the agent makes its
+    own (they are cheap), so a long-poll never holds up an event or a log batch."""
+
+    def __init__(self, master_url: str, agent_token: str, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.master_url = master_url.rstrip("/")
+        self._token = agent_token
+        self._timeout = timeout
+        self._http = httpx.Client(base_url=self.master_url, timeout=timeout, transport=transport,
+                                  headers={"User-Agent": "shipyard-agent"})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, *, token: str | None = None, json: Any = None,
+                 params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {token or self._token}"}
+        try:
+            resp = self._http.request(method, path, json=json, params=params, headers=headers,
+                                      timeout=timeout if timeout is not None else self._timeout)
+        except httpx.RequestError as e:
+            # The URL and the reason, never the headers (they hold the token).
+            raise MasterUnavailable(f"{method} {path}: {type(e).__name__}: {e}") from None
+        status = resp.status_code
+        if status < 400:
+            if not resp.content:
+                return {}
+            try:
+                return resp.json()
+            except ValueError:
+                raise MasterUnavailable(f"{method} {path}: answer is not JSON", status) from None
+        message = _error_message(resp)
+        if status in (401, 403):
+            raise AuthRefused(message, status)
+        if status == 409:
+            raise StaleSession(message, status)
+        if status >= 500 or status in (408, 425, 429):
+            raise MasterUnavailable(f"{method} {path}: {status} {message}", status)
+        raise RequestRefused(f"{method} {path}: {status} {message}", status)
+
+    def register(self, req: RegisterRequest) -> RegisterResponse:
+        body = self._request("POST", "/api/v1/agents/register", json=req.to_wire())
+        try:
+            return RegisterResponse.model_validate(body)
+        except ValidationError as e:
+            raise MasterUnavailable(f"register: unexpected answer: {e.errors()[0]['msg']}") from None
+
+    def commands(self, agent_id: str, session_id: str, timeout_s: float) -> list[dict[str, Any]]:
+        """Raw commands; the daemon parses each one so a single bad command is reported, not fatal."""
+        body = self._request("GET", f"/api/v1/agents/{agent_id}/commands",
+                             params={"sessionId": session_id, "timeoutSeconds": timeout_s},
+                             timeout=timeout_s + self._timeout)
+        commands = body.get("commands") if isinstance(body, dict) else None
+        return [c for c in commands if isinstance(c, dict)] if isinstance(commands, list) else []
+
+    def post_events(self, agent_id: str, session_id: str, events: list[TaskEvent]) -> None:
+        self._request("POST", f"/api/v1/agents/{agent_id}/events",
+                      json={"sessionId": session_id, "events": [e.to_wire() for e in events]})
+
+    def post_task_logs(self, entries: list[dict[str, Any]], token: str | None = None) -> None:
+        self._request("POST", "/api/v1/task/logs", json={"logs": entries}, token=token)
+
+    def fetch_model_definition(self, path: str, token: str | None) -> bytes:
+        body = self._request("GET", path if path.startswith("/") else "/" + path, token=token)
+        b64 = body.get("b64Tgz") if isinstance(body, dict) else None
+        if not isinstance(b64, str):
+            raise RequestRefused(f"GET {path}: answer has no b64Tgz")
+        try:
+            return base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestRefused(f"GET {path}: b64Tgz is not base64") from None
+
+
+def parse_command(raw: dict[str, Any]) -> Command:
+    """A command from the long-poll; raises ValueError with a readable reason."""
+    kind = raw.get("type")
+    try:
+        if kind == "start":
+            return StartCommand.model_validate(raw)
+        if kind == "kill":
+            return KillCommand.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ValueError(f"{loc}: {err['msg']}") from None
+    raise ValueError(f"unknown command type {kind!r}")

@@ -1,0 +1,199 @@
+"""Agent configuration: defaults < YAML file (`--config`) < `DET_AGENT_*` environment < command line.
+
+The same names are used everywhere: a YAML key `agent_reconnect_attempts`, the environment variable
+`DET_AGENT_AGENT_RECONNECT_ATTEMPTS` (prefix + upper-cased key) and the option
+`--agent-reconnect-attempts`. The credential is `token` or `token_file`; it is never logged and
+never shown in a repr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "DET_AGENT_"
+DEFAULT_MASTER_URL = "http://127.0.0.1:8080"
+
+
+class ConfigError(Exception):
+    """The agent configuration is unusable; the message names the field."""
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master_url: str = DEFAULT_MASTER_URL
+    resource_pool: str = Field("default", min_length=1)
+    agent_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
+    token: str | None = Field(default=None, repr=False)
+    token_file: Path | None = None
+    work_dir: Path = Field(default_factory=lambda: Path.home() / ".shipyard-agent")
+    # CPU slot count, used whenever the agent offers CPU slots (slot_type cpu, or auto without GPUs).
+    slots: int | None = Field(default=None, ge=1, le=1024)
+    slot_type: Literal["auto", "cpu", "cuda"] = "auto"
+    agent_reconnect_attempts: int = Field(5, ge=1, le=1000)
+    agent_reconnect_backoff: float = Field(5.0, gt=0)
+    # Upper bound of one backoff wait, so many attempts never wait for hours.
+    agent_reconnect_backoff_max: float = Field(60.0, gt=0)
+    on_connection_lost: str | None = None
+    instance_id: str | None = None
+    # Long-poll timeout of GET .../commands; the long-poll is also the heartbeat, so it stays well
+    # under the master's agent_heartbeat_timeout_s (20 s by default).
+    poll_timeout: float = Field(10.0, gt=0, le=60)
+    http_timeout: float = Field(30.0, gt=0)
+    default_kill_grace: float = Field(10.0, ge=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_flush_interval: float = Field(0.25, gt=0)
+    log_batch_lines: int = Field(500, ge=1)
+    # Bound of the log buffer while the master is unreachable; beyond it the oldest lines are
+    # dropped (and the drop is reported) rather than blocking the task's pipes.
+    log_buffer_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+    model_def_max_bytes: int = Field(96 * 1024 * 1024, gt=0)
+    keep_task_dirs: bool = False
+
+    @field_validator("master_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            # Determined's agent takes a bare host; accept that and default to http.
+            v = "http://" + v
+        return v
+
+    @field_validator("work_dir", "token_file", mode="before")
+    @classmethod
+    def _expand(cls, v: Any) -> Any:
+        if v is None or v == "":
+            return None
+        return Path(os.path.expanduser(str(v)))
+
+    @field_validator("on_connection_lost", "instance_id", "token", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and v.strip() == "" else v
+
+    @model_validator(mode="after")
+    def _backoff(self) -> AgentConfig:
+        if self.agent_reconnect_backoff_max < self.agent_reconnect_backoff:
+            raise ValueError("agent_reconnect_backoff_max: must be >= agent_reconnect_backoff")
+        return self
+
+    def resolve_token(self) -> str:
+        """The credential: `token` if given, else the first line of `token_file`."""
+        if self.token:
+            return self.token.strip()
+        if self.token_file is not None:
+            try:
+                text = self.token_file.read_text(encoding="utf-8").strip()
+            except OSError as e:
+                raise ConfigError(f"token_file: cannot read {self.token_file}: {e.strerror}") from None
+            if not text:
+                raise ConfigError(f"token_file: {self.token_file} is empty")
+            return text.splitlines()[0].strip()
+        raise ConfigError("token: no agent token; pass --token, --token-file or set DET_AGENT_TOKEN")
+
+
+# (option, type for argparse, help). Everything here is also a YAML key and a DET_AGENT_* variable.
+_OPTIONS: list[tuple[str, Any, str]] = [
+    ("master_url", str, f"master URL (default {DEFAULT_MASTER_URL})"),
+    ("resource_pool", str, "resource pool to join (default: default)"),
+    ("agent_id", str, "agent id (default: the host name)"),
+    ("token", str, "agent token (prefer --token-file or DET_AGENT_TOKEN: argv is visible to other users)"),
+    ("token_file", str, "file holding the agent token"),
+    ("work_dir", str, "work directory for task directories and the pidfile (default ~/.shipyard-agent)"),
+    ("slots", int, "number of CPU slots to offer when the agent offers CPU slots (default 1)"),
+    ("slot_type", str, "auto (GPUs if nvidia-smi finds any, else CPU), cpu or cuda"),
+    ("agent_reconnect_attempts", int, "reconnect attempts after the master is lost (default 5)"),
+    ("agent_reconnect_backoff", float, "base backoff between reconnect attempts, seconds (default 5)"),
+    ("agent_reconnect_backoff_max", float, "cap of one backoff wait, seconds (default 60)"),
+    ("on_connection_lost", str, "shell command run once when the last reconnect attempt fails"),
+    ("instance_id", str, "cloud instance id (set by the bootstrap)"),
+    ("poll_timeout", float, "long-poll / heartbeat timeout, seconds (default 10)"),
+    ("http_timeout", float, "timeout of ordinary HTTP calls, seconds (default 30)"),
+    ("default_kill_grace", float, "SIGTERM→SIGKILL grace when a command names none (default 10)"),
+    ("log_level", str, "debug, info, warning or error"),
+    ("log_flush_interval", float, "flush task logs at least this often, seconds (default 0.25)"),
+    ("log_batch_lines", int, "flush task logs when this many lines are buffered (default 500)"),
+    ("log_buffer_bytes", int, "bound of buffered task logs while the master is unreachable"),
+    ("model_def_max_bytes", int, "refuse model definitions that unpack to more than this"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="det-agent",
+        description="Shipyard agent: offers this host's slots to a master and runs its tasks.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--config", "-c", help="YAML config file (keys as the long options, with underscores)")
+    for name, typ, help_text in _OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        if name == "slot_type":
+            p.add_argument(flag, choices=["auto", "cpu", "cuda"], help=help_text)
+        elif name == "log_level":
+            p.add_argument(flag, choices=["debug", "info", "warning", "error"], help=help_text)
+        else:
+            p.add_argument(flag, type=typ, help=help_text)
+    p.add_argument("--keep-task-dirs", action="store_true", help="keep task directories after tasks exit")
+    return p
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read agent config {path}: {e.strerror}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: malformed YAML: {e}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    # Accept dashed keys too (`master-url:`), as people copy them from the command line.
+    return {str(k).replace("-", "_"): v for k, v in loaded.items()}
+
+
+def _from_env(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in [*(o[0] for o in _OPTIONS), "keep_task_dirs"]:
+        value = env.get(ENV_PREFIX + name.upper())
+        if value is not None and value != "":
+            out[name] = value
+    return out
+
+
+def load_config(argv: list[str] | None = None, env: dict[str, str] | None = None) -> AgentConfig:
+    """Merge defaults, the YAML file, the environment and the command line (later wins)."""
+    env = dict(os.environ if env is None else env)
+    args = vars(build_parser().parse_args(argv))
+    config_path = args.pop("config", None) or env.get(ENV_PREFIX + "CONFIG")
+    layers = [_read_yaml(Path(config_path).expanduser()) if config_path else {}, _from_env(env), args]
+    raw: dict[str, Any] = {}
+    for layer in layers:
+        raw.update(layer)
+    # The credential given at the highest layer wins, whichever form it takes, so an operator's
+    # --token-file is not shadowed by a stale token in the YAML file (token beats token_file only
+    # within one layer).
+    for layer in reversed(layers):
+        if "token" in layer:
+            break
+        if "token_file" in layer:
+            raw.pop("token", None)
+            break
+    try:
+        return AgentConfig.model_validate(raw)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(msg if msg.startswith(loc + ":") else f"{loc}: {msg}")
+        raise ConfigError("invalid agent config: " + "; ".join(problems)) from None

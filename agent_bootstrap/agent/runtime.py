@@ -1,0 +1,427 @@
+"""How the agent runs a task: the TaskRuntime seam and ProcessRuntime, its plain-process implementation.
+
+A task is one process group. ProcessRuntime starts the entrypoint in a new session (so the task is its
+own process group and a signal to the group reaches its children) with stdin from /dev/null and its
+stdout/stderr drained continuously by two reader threads into an output callback (never blocking the
+child on a full pipe).
+
+No orphans — what is chosen and why:
+  * kill(grace): SIGTERM to the whole group, then SIGKILL to the group once the grace is over; the
+    kill is complete only when the leader has exited *and* the group is empty, so grandchildren get
+    the same grace and are gone afterwards.
+  * when the leader exits on its own, release() SIGKILLs whatever is left in its group, like a
+    container whose main process ends.
+  * every task process carries a random marker in its environment (SHIPYARD_TASK_NONCE); release()
+    also kills processes carrying it that left the group (setsid daemons).
+  * agent SIGKILLed: the direct child has PR_SET_PDEATHSIG=SIGKILL (Linux, set through ctypes in
+    preexec_fn) and dies with the agent. pdeathsig fires when the *thread* that forked the child
+    ends, not the process, so every child is forked by one long-lived spawner thread that lives as
+    long as the runtime. Grandchildren are not covered by pdeathsig; for them the markers of live
+    tasks are recorded in a pidfile in the work dir (`tasks.pids`, with the kernel boot id) and the
+    next agent start kills every process still carrying one of those markers before it registers.
+    A marker is recorded before the fork, so a crash between fork and bookkeeping leaves no hole;
+    markers are random, so a reused pid is never killed by mistake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import logging
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from agent_bootstrap.agent.logship import LineAssembler
+
+log = logging.getLogger("shipyard.agent.runtime")
+
+MARKER_ENV = "SHIPYARD_TASK_NONCE"
+IS_LINUX = sys.platform.startswith("linux")
+
+Stream = Literal["stdout", "stderr"]
+OutputFn = Callable[[Stream, str], None]
+
+
+class StartFailed(Exception):
+    """The entrypoint could not be started; `exit_code` follows the shell (127 not found, 126 not
+    executable) so the master sees the same code a shell would have given."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    allocation_id: str
+    argv: list[str]
+
+
+@dataclass(eq=False)
+class TaskHandle:
+    allocation_id: str
+    pid: int
+    pgid: int
+    nonce: str
+    proc: subprocess.Popen[bytes] = field(repr=False)
+    readers: list[threading.Thread] = field(default_factory=list, repr=False)
+    released: bool = False
+
+
+class TaskRuntime(Protocol):
+    """start / signal / poll / wait / kill / release. A DockerRuntime would implement the same."""
+
+    def start(self, spec: LaunchSpec, env: dict[str, str], workdir: Path, output: OutputFn) -> TaskHandle: ...
+
+    def signal(self, handle: TaskHandle, sig: int) -> None: ...
+
+    def poll(self, handle: TaskHandle) -> int | None: ...
+
+    def wait(self, handle: TaskHandle, timeout: float | None = None) -> int | None: ...
+
+    def kill(self, handle: TaskHandle, grace: float) -> int: ...
+
+    def release(self, handle: TaskHandle, output_timeout: float = 5.0) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen's -N (killed by signal N) as the shell and containers report it: 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# ---------------------------------------------------------------------------------------------
+# Linux process plumbing
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not IS_LINUX:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+# Resolved once in the parent: the child between fork and exec must do as little as possible.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = int(signal.SIGKILL)
+
+
+def _child_setup(parent_pid: int) -> None:  # runs in the forked child, before exec
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    # The agent may have died between fork and prctl; then no signal will ever come.
+    if os.getppid() != parent_pid:
+        os._exit(125)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def processes_with_marker(nonce: str) -> list[int]:
+    """Pids (other than ours) whose environment carries SHIPYARD_TASK_NONCE=<nonce>."""
+    if not IS_LINUX:
+        return []
+    needle = f"\0{MARKER_ENV}={nonce}\0".encode()
+    me = os.getpid()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                data = f.read()
+        except OSError:  # gone, or another user's process
+            continue
+        if needle in b"\0" + data + b"\0":
+            found.append(int(name))
+    return found
+
+
+def kill_marked(nonce: str, rounds: int = 5) -> int:
+    """SIGKILL every process carrying the marker; a few rounds, as one may fork while we scan."""
+    killed = 0
+    for _ in range(rounds):
+        pids = processes_with_marker(nonce)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        time.sleep(0.02)
+    return killed
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+class TaskPidfile:
+    """`tasks.pids` in the work dir: the markers (and pids) of the tasks this agent has running, so
+    that the next agent on this host can kill what a SIGKILLed agent left behind. This is cleanup of
+    the agent's own leftovers, not state: nothing in it is reported to the master."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._tasks: dict[str, dict[str, Any]] = {}
+        self._boot = boot_id()
+
+    def _write_locked(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"bootId": self._boot, "agentPid": os.getpid(), "tasks": self._tasks}))
+        os.replace(tmp, self.path)
+
+    def add(self, allocation_id: str, nonce: str) -> None:
+        with self._lock:
+            self._tasks[allocation_id] = {"nonce": nonce, "pid": None}
+            self._write_locked()
+
+    def set_pid(self, allocation_id: str, pid: int) -> None:
+        with self._lock:
+            if allocation_id in self._tasks:
+                self._tasks[allocation_id]["pid"] = pid
+                self._write_locked()
+
+    def remove(self, allocation_id: str) -> None:
+        with self._lock:
+            if self._tasks.pop(allocation_id, None) is not None:
+                self._write_locked()
+
+    def kill_leftovers(self) -> int:
+        """Kill processes of tasks recorded by a previous agent (same boot only); reset the file."""
+        killed = 0
+        try:
+            previous = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            previous = None
+        except (OSError, ValueError) as e:
+            log.warning("event=pidfile_unreadable path=%s error=%r", self.path, str(e))
+            previous = None
+        if isinstance(previous, dict) and previous.get("bootId") == self._boot:
+            for alloc, entry in (previous.get("tasks") or {}).items():
+                nonce = entry.get("nonce") if isinstance(entry, dict) else None
+                if isinstance(nonce, str) and nonce:
+                    n = kill_marked(nonce)
+                    if n:
+                        log.warning("event=leftover_task_killed allocation=%s processes=%d", alloc, n)
+                    killed += n
+        with self._lock:
+            self._tasks = {}
+            self._write_locked()
+        return killed
+
+
+# ---------------------------------------------------------------------------------------------
+# The runtime
+
+
+class _Spawner:
+    """One long-lived thread that forks every task (see the module docstring: pdeathsig follows the
+    forking thread)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="task-spawner", daemon=True)
+        self._thread.start()
+        self.closed = False
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the caller as is
+                fut.set_exception(e)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        if self.closed:
+            raise RuntimeError("the task runtime is closed")
+        fut: Future[Any] = Future()
+        self._queue.put((fn, fut))
+        return fut.result()
+
+    def close(self) -> None:
+        self.closed = True
+        self._queue.put(None)
+        self._thread.join(5)
+
+
+def _pump(stream: Stream, pipe: Any, output: OutputFn, allocation_id: str) -> None:
+    assembler = LineAssembler()
+    fd = pipe.fileno()
+
+    def deliver(lines: list[str]) -> None:
+        for line in lines:
+            try:
+                output(stream, line)
+            except Exception:  # a broken sink must not stop the draining, or the child blocks
+                log.exception("event=output_callback_failed allocation=%s", allocation_id)
+
+    try:
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno == errno.EBADF:
+                    break
+                raise
+            if not data:
+                break
+            deliver(assembler.feed(data))
+        deliver(assembler.finish())
+    finally:
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+
+class ProcessRuntime:
+    def __init__(self, pidfile: TaskPidfile | None = None, poll_interval: float = 0.05) -> None:
+        self.pidfile = pidfile
+        self.poll_interval = poll_interval
+        self._spawner = _Spawner()
+
+    def start(self, spec: LaunchSpec, env: dict[str, str], workdir: Path, output: OutputFn) -> TaskHandle:
+        argv = list(spec.argv)
+        if not argv or not argv[0]:
+            raise StartFailed(127, "entrypoint is empty")
+        nonce = secrets.token_hex(16)
+        child_env = dict(env)
+        child_env[MARKER_ENV] = nonce
+        if self.pidfile is not None:
+            self.pidfile.add(spec.allocation_id, nonce)
+        parent = os.getpid()
+
+        def spawn() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                argv, cwd=str(workdir), env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                preexec_fn=(lambda: _child_setup(parent)) if IS_LINUX else None,
+            )
+
+        try:
+            proc: subprocess.Popen[bytes] = self._spawner.call(spawn)
+        except BaseException as e:
+            if self.pidfile is not None:
+                self.pidfile.remove(spec.allocation_id)
+            if isinstance(e, FileNotFoundError):
+                if e.filename and str(e.filename) == str(workdir):
+                    raise StartFailed(125, f"task directory {workdir} does not exist") from None
+                raise StartFailed(127, f"entrypoint not found: {argv[0]!r} (no such file or command)") from None
+            if isinstance(e, PermissionError):
+                raise StartFailed(126, f"entrypoint is not executable: {argv[0]!r} (permission denied)") from None
+            if isinstance(e, OSError):
+                raise StartFailed(126, f"entrypoint cannot be executed: {argv[0]!r}: {e.strerror or e}") from None
+            raise
+        if self.pidfile is not None:
+            self.pidfile.set_pid(spec.allocation_id, proc.pid)
+        handle = TaskHandle(allocation_id=spec.allocation_id, pid=proc.pid, pgid=proc.pid, nonce=nonce, proc=proc)
+        for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            t = threading.Thread(target=_pump, args=(stream, pipe, output, spec.allocation_id),
+                                 name=f"task-{stream}-{spec.allocation_id}", daemon=True)
+            t.start()
+            handle.readers.append(t)
+        log.info("event=task_process_started allocation=%s pid=%d argv0=%r", spec.allocation_id, proc.pid, argv[0])
+        return handle
+
+    def signal(self, handle: TaskHandle, sig: int) -> None:
+        """Signal the task's whole process group."""
+        if handle.released:
+            return  # the group id may have been reused since
+        _signal_group(handle.pgid, sig)
+
+    def poll(self, handle: TaskHandle) -> int | None:
+        rc = handle.proc.poll()
+        return None if rc is None else exit_code_of(rc)
+
+    def wait(self, handle: TaskHandle, timeout: float | None = None) -> int | None:
+        try:
+            return exit_code_of(handle.proc.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self, handle: TaskHandle, grace: float) -> int:
+        """SIGTERM to the group; SIGKILL to the group after `grace` seconds unless the leader has
+        exited and the group is empty by then. Returns the leader's exit code."""
+        if self.poll(handle) is None or group_alive(handle.pgid):
+            self.signal(handle, signal.SIGTERM)
+            log.info("event=task_sigterm allocation=%s pgid=%d grace=%s", handle.allocation_id, handle.pgid, grace)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if self.poll(handle) is not None and not group_alive(handle.pgid):
+                break
+            time.sleep(self.poll_interval)
+        else:
+            log.info("event=task_sigkill allocation=%s pgid=%d", handle.allocation_id, handle.pgid)
+            self.signal(handle, signal.SIGKILL)
+        code = self.wait(handle)
+        assert code is not None
+        return code
+
+    def release(self, handle: TaskHandle, output_timeout: float = 5.0) -> None:
+        """After the leader has exited: kill what is left of the task (its group, and processes that
+        left the group but carry its marker), let the readers finish, forget the pidfile entry."""
+        if handle.released:
+            return
+        if handle.proc.poll() is None:
+            raise RuntimeError("release() before the task's process exited")
+        self.signal(handle, signal.SIGKILL)
+        handle.released = True
+        kill_marked(handle.nonce)
+        for t in handle.readers:
+            t.join(output_timeout)
+            if t.is_alive():
+                log.warning("event=task_output_still_open allocation=%s thread=%s", handle.allocation_id, t.name)
+        if self.pidfile is not None:
+            self.pidfile.remove(handle.allocation_id)
+
+    def close(self) -> None:
+        """Stop the spawner thread. Children still running get their pdeathsig when it ends, so call
+        this only after the tasks were killed."""
+        self._spawner.close()

@@ -1,0 +1,73 @@
+"""det agent list, det slot list"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from cli.main import group
+
+    g = group(sub, "agent", "the agents of the cluster", aliases=("a",))
+    p = g.add_parser("list", help="list agents")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=list_agents)
+
+    g = group(sub, "slot", "the slots (GPUs, CPUs) of the agents", aliases=("s",))
+    p = g.add_parser("list", help="list slots")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=list_slots)
+
+
+def _agents(args: Any) -> list[dict[str, Any]]:
+    from cli.session import authed
+
+    return authed(args).get("/api/v1/agents")["agents"]
+
+
+def _slot_list(agent: dict[str, Any]) -> list[dict[str, Any]]:
+    slots = agent.get("slots") or {}
+    values = list(slots.values()) if isinstance(slots, dict) else list(slots)
+    return sorted(values, key=lambda sl: (len(str(sl.get("id"))), str(sl.get("id"))))
+
+
+def list_agents(args: Any) -> int:
+    from cli.commands.experiment import fmt_time
+    from cli.output import print_json, table
+
+    agents = _agents(args)
+    if args.json:
+        print_json(agents)
+        return 0
+    rows = []
+    for a in agents:
+        slots = _slot_list(a)
+        busy = sum(1 for sl in slots if sl.get("container"))
+        rows.append([a["id"], ", ".join(a.get("resourcePools") or []), a.get("state"), len(slots), busy,
+                     a.get("enabled"), a.get("draining"), fmt_time(a.get("lastSeen")),
+                     ", ".join(a.get("addresses") or []), a.get("version"), a.get("instanceId") or ""])
+    table(["Agent ID", "Resource Pool", "State", "Slots", "Busy", "Enabled", "Draining", "Last Seen", "Addresses",
+           "Version", "Instance"], rows)
+    return 0
+
+
+def list_slots(args: Any) -> int:
+    from cli.output import print_json, table
+
+    slots = []
+    for a in _agents(args):
+        for sl in _slot_list(a):
+            slots.append({"agentId": a["id"], "resourcePools": a.get("resourcePools") or [], **sl})
+    if args.json:
+        print_json(slots)
+        return 0
+    rows = []
+    for sl in slots:
+        device = sl.get("device") or {}
+        container = sl.get("container") or {}
+        rows.append([sl["agentId"], ", ".join(sl["resourcePools"]), sl.get("id"),
+                     str(device.get("type") or "").removeprefix("TYPE_").lower(), device.get("brand"),
+                     device.get("uuid") or "", sl.get("enabled"), container.get("id") or ""])
+    table(["Agent ID", "Resource Pool", "Slot ID", "Type", "Brand", "UUID", "Enabled", "Allocation"], rows)
+    return 0

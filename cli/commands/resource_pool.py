@@ -1,0 +1,112 @@
+"""det resource-pool list|describe"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from cli.main import group
+
+    g = group(sub, "resource-pool", "resource pools: capacity, queue and autoscaling", aliases=("rp",))
+    p = g.add_parser("list", help="list resource pools")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=list_pools)
+
+    p = g.add_parser("describe", help="a pool: state, last scaling decision, instances")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=describe)
+
+
+def _kind(pool: dict[str, Any]) -> str:
+    return pool.get("provider") or str(pool.get("type") or "").removeprefix("RESOURCE_POOL_TYPE_").lower()
+
+
+def _state(pool: dict[str, Any]) -> str:
+    from cli.commands.experiment import fmt_time
+
+    state = pool.get("state") or ""
+    if pool.get("backoffUntil"):
+        state += f" (backoff until {fmt_time(pool['backoffUntil'])})"
+    return state
+
+
+def list_pools(args: Any) -> int:
+    from cli.output import print_json, table
+    from cli.session import authed
+
+    pools = authed(args).get("/api/v1/resource-pools")["resourcePools"]
+    if args.json:
+        print_json(pools)
+        return 0
+    rows = [[p["name"] + (" (default)" if p.get("defaultComputePool") else ""), _kind(p), p.get("numAgents"),
+             f"{p.get('slotsUsed', 0)}/{p.get('slotsAvailable', 0)}", p.get("queuedAllocations"),
+             p.get("runningAllocations"), f"{p.get('minAgents', 0)}-{p.get('maxAgents', 0)}",
+             len(p.get("instances") or []), _state(p), p.get("error") or ""] for p in pools]
+    table(["Name", "Provider", "Agents", "Slots Used", "Queued", "Running", "Min-Max", "Instances", "State", "Error"],
+          rows)
+    return 0
+
+
+def decision_lines(decision: Any) -> list[str]:
+    """The scale decider's last decision, whatever shape the master stored: a headline then reasons."""
+    if decision in (None, {}, ""):
+        return []
+    if isinstance(decision, str):
+        return decision.splitlines()
+    if isinstance(decision, list):
+        return [str(x) for x in decision]
+    if not isinstance(decision, dict):
+        return [str(decision)]
+    lines = []
+    terminate = decision.get("terminate") or decision.get("terminateIds") or []
+    if "launch" in decision or terminate:
+        lines.append(f"launch {decision.get('launch', 0)}, terminate {len(terminate)}")
+    for t in terminate:
+        if isinstance(t, dict):
+            lines.append(f"  terminate {t.get('id')}: {t.get('reason', '')}")
+    for r in decision.get("reasons") or []:
+        lines.append(f"  {r}")
+    for k, v in decision.items():
+        if k not in ("launch", "terminate", "terminateIds", "reasons"):
+            lines.append(f"  {k}: {v}")
+    return lines
+
+
+def describe(args: Any) -> int:
+    from cli.commands.experiment import fmt_time
+    from cli.output import kv, print_json, table
+    from cli.session import authed
+
+    p = authed(args).get(f"/api/v1/resource-pools/{args.name}")["resourcePool"]
+    if args.json:
+        print_json(p)
+        return 0
+    kv([
+        ("Name", p["name"]),
+        ("Description", p.get("description") or ""),
+        ("Provider", _kind(p)),
+        ("Default", "yes" if p.get("defaultComputePool") else "no"),
+        ("Scheduler", str(p.get("schedulerType") or "").removeprefix("SCHEDULER_TYPE_").lower()
+         + (" (preemptive)" if p.get("preemptible") else "")),
+        ("Agents", f"{p.get('numAgents', 0)} (min {p.get('minAgents', 0)}, max {p.get('maxAgents', 0)})"),
+        ("Slots", f"{p.get('slotsUsed', 0)} used of {p.get('slotsAvailable', 0)} "
+                  f"({str(p.get('slotType') or '').removeprefix('TYPE_').lower()})"),
+        ("Allocations", f"{p.get('runningAllocations', 0)} running, {p.get('queuedAllocations', 0)} queued"),
+        ("State", _state(p)),
+        ("Error", p.get("error") or ""),
+    ])
+    lines = decision_lines(p.get("lastDecision"))
+    if lines:
+        print(f"\nLast scaling decision ({fmt_time(p.get('lastDecisionAt')) or 'time unknown'}):")
+        for line in lines:
+            print(f"  {line}")
+    instances = p.get("instances") or []
+    print()
+    table(["Launch ID", "Instance ID", "State", "Agent", "Type", "Location", "Launched"],
+          [[i.get("launchId"), i.get("instanceId") or "", i.get("state"), i.get("agentId") or "",
+            i.get("instanceType") or "", i.get("location") or "", fmt_time(i.get("launchedAt"))] for i in instances],
+          title="Instances")
+    return 0
