@@ -308,7 +308,7 @@ class AshaBracket:
         added_work = False
         if rung == self.top:
             self.rung_metrics[rung].append([metric, rid, False])
-            if rid not in self.early_exit:
+            if rid not in self.closed:  # not exited, nor closed out before it was ranked here
                 ops.append(self._close(rid))
         else:
             for promoted in self._promotions(rung, rid, metric):
@@ -398,7 +398,7 @@ class AshaStoppingBracket(AshaBracket):
         added_work = False
         if rung == self.top:
             self.rung_metrics[rung].append([metric, rid, False])
-            if rid not in self.early_exit:
+            if rid not in self.closed:  # not exited, nor closed out before it was ranked here
                 ops.append(self._close(rid))
         else:
             # Rank even an exited trial, so the rung's cutoff accounts for it; but an exited trial

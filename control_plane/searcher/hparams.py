@@ -74,11 +74,25 @@ def sample_value(spec: Any, rng: random.Random) -> Any:
     raise ValueError(f"unknown hyperparameter type {kind!r}")
 
 
+class HParamSpace:
+    """A hyperparameter config walked once, so that sampling a trial does not re-walk it."""
+
+    def __init__(self, hparams_cfg: Mapping[str, Any]) -> None:
+        self._hparams_cfg = hparams_cfg
+        self._leaves = _leaves(hparams_cfg)
+        self._flat = all(len(path) == 1 for path, _ in self._leaves) and not _skeleton(hparams_cfg)
+
+    def sample(self, rng: random.Random) -> dict[str, Any]:
+        if self._flat:
+            return {path[0]: sample_value(spec, rng) for path, spec in self._leaves}
+        out = _skeleton(self._hparams_cfg)
+        for path, spec in self._leaves:
+            _set_path(out, path, sample_value(spec, rng))
+        return out
+
+
 def sample_hparams(hparams_cfg: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
-    out = _skeleton(hparams_cfg)
-    for path, spec in _leaves(hparams_cfg):
-        _set_path(out, path, sample_value(spec, rng))
-    return out
+    return HParamSpace(hparams_cfg).sample(rng)
 
 
 def _round_half_away(x: float) -> int:
@@ -163,7 +177,7 @@ class TrialFactory:
     """
 
     def __init__(self, hparams_cfg: Mapping[str, Any], experiment_seed: int, creates: int = 0) -> None:
-        self._hparams_cfg = hparams_cfg
+        self._space = HParamSpace(hparams_cfg)
         self._experiment_seed = int(experiment_seed)
         self.creates = creates
 
@@ -178,5 +192,5 @@ class TrialFactory:
         # 31 bits: fits the signed 32-bit seed column and every framework's seed argument.
         trial_seed = rng.getrandbits(31)
         if hparams is None:
-            hparams = sample_hparams(self._hparams_cfg, rng)
+            hparams = self._space.sample(rng)
         return Create(request_id=request_id, hparams=hparams, trial_seed=trial_seed)

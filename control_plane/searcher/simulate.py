@@ -75,6 +75,9 @@ class SearchSimulation:
         self._alive: set[str] = set()
         self._closing: set[str] = set()
         self._unreported: set[str] = set()
+        # FIFO order for run(): creates and closes in the order the searcher sent them.
+        self._create_queue: deque[str] = deque()
+        self._close_queue: deque[str] = deque()
 
     # ---- applying operations -----------------------------------------------------------------
 
@@ -98,6 +101,7 @@ class SearchSimulation:
                 self.order.append(op.request_id)
                 self._alive.add(op.request_id)
                 self._unreported.add(op.request_id)
+                self._create_queue.append(op.request_id)
             elif isinstance(op, ValidateAfter):
                 trial = self._trial(op.request_id)
                 if trial.ended or trial.close_requested:
@@ -116,6 +120,7 @@ class SearchSimulation:
                 self._running.discard(op.request_id)
                 if not trial.ended:
                     self._closing.add(op.request_id)
+                    self._close_queue.append(op.request_id)
             elif isinstance(op, Shutdown):
                 if self._alive:
                     raise ProtocolViolation(f"Shutdown while trials {self.alive()} are alive")
@@ -210,11 +215,15 @@ class SearchSimulation:
         if not self.log:
             self.start()
         while self.shutdown is None and self.events < max_events:
-            if self._unreported:
-                self.report_created(self.unreported_creates()[0])
+            while self._create_queue and self._create_queue[0] not in self._unreported:
+                self._create_queue.popleft()
+            if self._create_queue:
+                self.report_created(self._create_queue.popleft())
                 continue
-            if self._closing:
-                self.report_closed(self.closing()[0])
+            while self._close_queue and self._close_queue[0] not in self._closing:
+                self._close_queue.popleft()
+            if self._close_queue:
+                self.report_closed(self._close_queue.popleft())
                 continue
             while self._work and not self.trials[self._work[0]].running:
                 self._work.popleft()
