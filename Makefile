@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests

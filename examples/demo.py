@@ -38,7 +38,7 @@ def files_of(folder: Path) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="adaptive.yaml", help="experiment config in examples/spirals")
-    ap.add_argument("--agents", type=int, default=2)
+    ap.add_argument("--max-agents", type=int, default=2, help="the elastic local pool's max_instances")
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args()
@@ -47,9 +47,25 @@ def main() -> int:
     os.environ.setdefault("SHIPYARD_CLI_DIR", str(state / "cli"))
     deploy_local.down(state, quiet=True)
     port = free_port()
-    print(f"==> Starting a local cluster (master on 127.0.0.1:{port}, {args.agents} agents, SQLite) in {state}")
+    state.mkdir(parents=True, exist_ok=True)
+    master_yaml = state / "master.yaml"
+    # An elastic local pool: agents are launched as processes when trials wait, and terminated
+    # after 15 s idle, so the pool goes 0 -> N -> 0 with the demand.
+    master_yaml.write_text(
+        "resource_pools:\n"
+        "  - name: default\n"
+        "    description: elastic local pool (agents as processes)\n"
+        "    provider:\n"
+        "      type: local\n"
+        "      min_instances: 0\n"
+        f"      max_instances: {args.max_agents}\n"
+        "      max_idle_agent_period: 15s\n"
+        "      slots_per_instance: 1\n"
+    )
+    print(f"==> Starting a local cluster in {state}: master on 127.0.0.1:{port} (SQLite), "
+          f"elastic local pool of 0..{args.max_agents} agents")
     t0 = time.monotonic()
-    cluster = deploy_local.up(state, agents=args.agents, port=port, db=None, slots=1, pool_config=None)
+    cluster = deploy_local.up(state, agents=0, port=port, db=None, slots=1, pool_config=master_yaml)
     url = cluster["master_url"]
     print(f"    up in {time.monotonic() - t0:.1f}s")
     try:
@@ -61,21 +77,30 @@ def main() -> int:
         print(f"==> Experiment {exp['id']} ({exp['name']}) submitted: {args.config}")
         last = ""
         deadline = time.monotonic() + args.timeout
+        ended = False
         while time.monotonic() < deadline:
             e = s.get(f"/api/v1/experiments/{exp['id']}")["experiment"]
             trials = s.get(f"/api/v1/experiments/{exp['id']}/trials", params={"limit": 1000})["trials"]
+            pool = s.get("/api/v1/resource-pools")["resourcePools"][0]
             counts: dict[str, int] = {}
             for t in trials:
                 counts[t["state"].removeprefix("STATE_")] = counts.get(t["state"].removeprefix("STATE_"), 0) + 1
-            line = f"    {e['state'].removeprefix('STATE_'):<10} progress {e.get('progress') or 0:.0%}  trials {counts}"
-            if line != last:
+            agents = pool["numAgents"]
+            line = (f"    [{time.monotonic() - t0:5.0f}s] experiment {e['state'].removeprefix('STATE_'):<10} "
+                    f"progress {e.get('progress') or 0:4.0%}  trials {counts}  pool: {agents} agents, "
+                    f"{len(pool['instances'])} instances")
+            if line.split("] ", 1)[1] != last:
                 print(line, flush=True)
-                last = line
-            if e["state"] in ("STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"):
-                break
+                reasons = (pool.get("lastDecision") or {}).get("reasons") or []
+                if reasons and not reasons[0].startswith("steady"):
+                    print(f"             autoscaler: {'; '.join(reasons)}", flush=True)
+                last = line.split("] ", 1)[1]
+            ended = e["state"] in ("STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED")
+            if ended and not pool["instances"]:
+                break  # the experiment is over and the pool has scaled back to zero
             time.sleep(1)
         else:
-            print("!!  timed out waiting for the experiment")
+            print("!!  timed out waiting for the experiment" if not ended else "!!  the pool did not scale to zero")
             return 1
         summarize(s, exp["id"], url)
         return 0 if e["state"] == "STATE_COMPLETED" else 1
@@ -90,25 +115,31 @@ def main() -> int:
 def summarize(s: Session, exp_id: int, url: str) -> None:
     trials = s.get(f"/api/v1/experiments/{exp_id}/trials", params={"limit": 1000})["trials"]
     print(f"\n==> Experiment {exp_id}: {len(trials)} trials")
-    print(f"    {'trial':>5}  {'state':<10} {'steps':>6} {'best val loss':>14}  hparams")
+    print(f"    {'trial':>5}  {'state':<10} {'rung':>4} {'steps':>6} {'best val loss':>14}  hparams")
     best = None
     for t in trials:
-        bv = (t.get("bestValidation") or {}).get("metrics", {}).get("validation_loss") if isinstance(t.get("bestValidation"), dict) else None
-        steps = t.get("totalBatchesProcessed")
-        print(f"    {t['id']:>5}  {t['state'].removeprefix('STATE_'):<10} {steps!s:>6} {bv if bv is None else f'{bv:.4f}':>14}  {t['hparams']}")
-        if isinstance(bv, float) and (best is None or bv < best[0]):
+        bv = t.get("searcherMetricValue")
+        bv = float(bv) if isinstance(bv, int | float) else None
+        shown = "-" if bv is None else f"{bv:.4f}"
+        hp = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in t["hparams"].items()}
+        print(f"    {t['id']:>5}  {t['state'].removeprefix('STATE_'):<10} {t.get('rung', 0):>4} "
+              f"{t.get('totalBatchesProcessed', 0):>6} {shown:>14}  {hp}")
+        if bv is not None and (best is None or bv < best[0]):
             best = (bv, t)
     ckpts = s.get(f"/api/v1/experiments/{exp_id}/checkpoints")["checkpoints"]
     if best:
-        print(f"\n    best validation_loss {best[0]:.4f} from trial {best[1]['id']}")
-    if ckpts:
-        c = ckpts[0]
-        print(f"    {len(ckpts)} checkpoints kept; e.g. {c['uuid']} (steps {c.get('metadata', {}).get('steps_completed')})")
+        ck = (best[1].get("bestCheckpoint") or {}).get("uuid")
+        print(f"\n    best validation_loss {best[0]:.4f} from trial {best[1]['id']}"
+              + (f", checkpoint {ck}" if ck else ""))
+    live = [c for c in ckpts if c.get("state") != "STATE_DELETED"]
+    print(f"    {len(live)} checkpoints kept after GC (policy: best and latest per trial)")
     print("\n==> Where to look next")
     print(f"    det -m {url} experiment describe {exp_id}")
-    print(f"    det -m {url} trial logs {trials[0]['id'] if trials else 1}")
+    print(f"    det -m {url} trial logs {best[1]['id'] if best else (trials[0]['id'] if trials else 1)}")
     print(f"    det -m {url} checkpoint list {exp_id}")
-    print(f"    API docs: {url}/docs   (while the cluster runs: make demo DEMO_ARGS=--keep)")
+    print(f"    det -m {url} resource-pool describe default")
+    print(f"    API docs: {url}/docs   (keep the cluster running with: make demo DEMO_ARGS=--keep)")
+    print(f"    logs: {ROOT / '.state' / 'demo'} (master.log, local-instances/)")
 
 
 if __name__ == "__main__":
