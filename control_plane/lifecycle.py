@@ -324,20 +324,21 @@ def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
 
 def _steer_live(master: Master, exp: Experiment, trial: Trial, alloc: Allocation) -> None:
     trial.state = _ALLOC_TO_TRIAL.get(alloc.state, trial.state)
-    if exp.state == st.EXP_STOPPING_KILLED:
+    stop = exp.state != st.EXP_ACTIVE or not _wants_slot(exp, trial)
+    if stop and alloc.state == st.ALLOC_PENDING:
+        # Not started anywhere yet: simply withdraw it.
+        alloc.state = st.ALLOC_TERMINATED
+        alloc.end_cause = st.CAUSE_KILLED
+        alloc.ended_at = master.clock()
+        log.info("event=allocation_withdrawn allocation_id=%s trial_id=%s", alloc.id, trial.id)
+    elif exp.state == st.EXP_STOPPING_KILLED:
         if not alloc.kill_requested:
             alloc.kill_requested = True
             log.info("event=kill_requested allocation_id=%s trial_id=%s", alloc.id, trial.id)
-    elif exp.state != st.EXP_ACTIVE or not _wants_slot(exp, trial):
-        if alloc.state == st.ALLOC_PENDING:
-            # Not started anywhere yet: simply withdraw it.
-            alloc.state = st.ALLOC_TERMINATED
-            alloc.end_cause = st.CAUSE_KILLED
-            alloc.ended_at = master.clock()
-        elif not alloc.preempt_requested:
-            alloc.preempt_requested = True
-            log.info("event=preempt_requested allocation_id=%s trial_id=%s reason=%s", alloc.id, trial.id,
-                     "searcher" if exp.state == st.EXP_ACTIVE else exp.state)
+    elif stop and not alloc.preempt_requested:
+        alloc.preempt_requested = True
+        log.info("event=preempt_requested allocation_id=%s trial_id=%s reason=%s", alloc.id, trial.id,
+                 "searcher" if exp.state == st.EXP_ACTIVE else exp.state)
 
 
 def _allocate(s: Session, master: Master, exp: Experiment, trial: Trial) -> None:

@@ -197,3 +197,7 @@ def kill9(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+# Checkpoint storages reached over real HTTP: a moto server (S3) and gcp-storage-emulator (GCS).
+from tests.harness.conftest import gcs_bucket, gcs_emulator_host, moto_endpoint, s3_bucket  # noqa: E402,F401

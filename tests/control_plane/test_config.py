@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+
+from control_plane.config import ConfigError, load_config
+
+
+def test_defaults() -> None:
+    cfg = load_config(env={})
+    assert cfg.port == 8080 and cfg.database_url.startswith("sqlite:///")
+    assert cfg.database_url.endswith("shipyard.db")
+    assert [p.name for p in cfg.resource_pools] == ["default"]
+    assert cfg.default_checkpoint_storage["type"] == "shared_fs"
+
+
+def test_yaml_then_env_then_flags(tmp_path) -> None:
+    path = tmp_path / "master.yaml"
+    path.write_text("port: 9000\nlog_level: debug\nresource_pools:\n  - name: gpu\n    description: A100s\n"
+                    "default_resource_pool: gpu\n")
+    cfg = load_config(path, env={"SHIPYARD_PORT": "9100", "SHIPYARD_DB_URL": "postgresql://x/y"})
+    assert cfg.port == 9100 and cfg.log_level == "debug" and cfg.db_url == "postgresql://x/y"
+    assert cfg.pool("gpu") is not None and cfg.pool("gpu").description == "A100s"
+    assert load_config(path, env={"SHIPYARD_PORT": "9100"}, port=9200).port == 9200
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("port: [", "malformed YAML"),
+    ("- 1\n- 2", "top level must be a mapping"),
+    ("port: -1", "port"),
+    ("bogus: 1", "bogus"),
+    ("resource_pools: []", "at least one pool"),
+    ("resource_pools:\n  - name: a\n  - name: a\n", "duplicate pool"),
+    ("default_resource_pool: nope", "default_resource_pool"),
+])
+def test_bad_config_is_one_clear_error(tmp_path, text: str, needle: str) -> None:
+    path = tmp_path / "master.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env={})
+    assert needle in str(e.value)
+
+
+def test_missing_file(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="cannot read master config"):
+        load_config(tmp_path / "nope.yaml", env={})
