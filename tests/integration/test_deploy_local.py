@@ -1,0 +1,44 @@
+"""`det deploy local up|status|down` as a user runs it: separate processes, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import pid_alive
+from tests.pg import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def det(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
+    env = dict(os.environ, SHIPYARD_CLI_DIR=str(tmp_path / "cli"))
+    state = tmp_path / "local"
+    port = free_port()
+    up = det("deploy", "local", "up", "--agents", "2", "--port", str(port), "--state-dir", str(state), env=env)
+    assert up.returncode == 0, up.stderr
+    assert f"http://127.0.0.1:{port}" in up.stdout and "Admin password" in up.stdout
+    assert oct((state / "admin-password").stat().st_mode & 0o777) == "0o600"
+    status = json.loads(det("deploy", "local", "status", "--json", "--state-dir", str(state), env=env).stdout)
+    pids = [status["master_pid"]] + [a["pid"] for a in status["agents"]]
+    assert status["master_alive"] and all(a["alive"] for a in status["agents"])
+    # the CLI is logged in as admin against that master and sees both agents
+    agents = det("-m", f"http://127.0.0.1:{port}", "agent", "list", "--json", env=env)
+    assert agents.returncode == 0, agents.stderr
+    assert {a["id"] for a in json.loads(agents.stdout)} == {"local-0", "local-1"}
+    again = det("deploy", "local", "up", "--port", str(port), "--state-dir", str(state), env=env)
+    assert again.returncode != 0 and "already running" in again.stderr and "Traceback" not in again.stderr
+    down = det("deploy", "local", "down", "--state-dir", str(state), env=env)
+    assert down.returncode == 0, down.stderr
+    assert not any(pid_alive(p) for p in pids)
+    assert det("deploy", "local", "status", "--state-dir", str(state), env=env).returncode == 1
