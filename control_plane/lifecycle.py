@@ -283,11 +283,14 @@ _ALLOC_TO_TRIAL = {
 
 
 def reconcile_all(s: Session, master: Master) -> None:
-    for exp in s.scalars(select(Experiment).where(Experiment.state.not_in(st.EXP_TERMINAL))):
+    for exp in s.scalars(select(Experiment).where(Experiment.state.not_in(st.EXP_TERMINAL)).order_by(Experiment.id)).all():
         reconcile_experiment(s, master, exp)
 
 
 def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
+    # Experiment row first, then its trials: the same lock order as every other writer
+    # (validation reports, state changes), so PostgreSQL never deadlocks between them.
+    exp = _lock(s, exp)
     trials = list(s.scalars(select(Trial).where(Trial.experiment_id == exp.id)))
     live = {
         a.trial_id: a
@@ -313,12 +316,11 @@ def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
         else:
             trial.state = st.TRIAL_PAUSED if exp.state == st.EXP_PAUSED else st.TRIAL_QUEUED
     if closed_now:
-        locked = _lock(s, exp)
-        method = _method(locked)
+        method = _method(exp)
         ops: list[Operation] = []
         for t in closed_now:
             ops.extend(method.trial_closed(t.request_id))
-        _apply(s, master, locked, method, ops)
+        _apply(s, master, exp, method, ops)
     _finish_experiment_if_done(s, master, exp, trials, live)
 
 

@@ -180,6 +180,14 @@ def clean_text(value: str) -> str:
     return _SURROGATES.sub("\ufffd", value)
 
 
+def reject_nul(**fields: str | Sequence[str] | None) -> None:
+    """PostgreSQL refuses NUL in any text parameter (a 500 if it got that far); say no first."""
+    for name, value in fields.items():
+        values = [value] if isinstance(value, str) else list(value or [])
+        if any("\x00" in v for v in values):
+            raise bad_request("must not contain NUL characters", name)
+
+
 def parse_time(value: str | None, field_name: str) -> datetime | None:
     """RFC 3339 (Go's nanoseconds and Python's isoformat both); naive means UTC."""
     if value is None or value == "":
@@ -193,14 +201,16 @@ def parse_time(value: str | None, field_name: str) -> datetime | None:
 
 # -- loading and access ----------------------------------------------------------------------------
 def get_experiment(s: Session, experiment_id: int, *, for_update: bool = False) -> Experiment:
-    exp = s.get(Experiment, experiment_id, with_for_update=for_update or None)
+    """With for_update, the row is locked (PostgreSQL; SQLite transactions already are) and
+    re-read, so values loaded before the lock cannot be stale."""
+    exp = s.get(Experiment, experiment_id, with_for_update=for_update or None, populate_existing=for_update)
     if exp is None:
         raise not_found(f"experiment {experiment_id}")
     return exp
 
 
 def get_trial(s: Session, trial_id: int, *, for_update: bool = False) -> Trial:
-    trial = s.get(Trial, trial_id, with_for_update=for_update or None)
+    trial = s.get(Trial, trial_id, with_for_update=for_update or None, populate_existing=for_update)
     if trial is None:
         raise not_found(f"trial {trial_id}")
     return trial

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import threading
 import time
@@ -33,7 +34,7 @@ import requests
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
 from google.auth import exceptions as auth_exc
-from google.auth.credentials import Credentials
+from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -553,6 +554,10 @@ class GcpProvider:
 
     def _build_clients(self) -> tuple[compute_v1.InstancesClient, compute_v1.ZoneOperationsClient]:
         creds = self._credentials
+        if creds is None and os.environ.get("SHIPYARD_GCP_ANONYMOUS") == "1":
+            # Test-only switch: a master process pointed at the local GCE fake (tests/fakes/gce.py,
+            # via api_endpoint) has no credentials to give; never set it against the real API.
+            creds = AnonymousCredentials()
         if creds is None and self.cfg.credentials_file:
             creds, _ = google.auth.load_credentials_from_file(
                 self.cfg.credentials_file, scopes=[CLOUD_PLATFORM_SCOPE]

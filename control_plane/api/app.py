@@ -80,7 +80,7 @@ def _routers() -> list[Any]:
     import importlib
 
     found = []
-    for name in ("experiments", "trials", "checkpoints", "agents", "pools", "models", "tasks"):
+    for name in ("experiments", "trials", "checkpoints", "agents", "pools", "models", "tasks", "agent_package"):
         try:
             module = importlib.import_module(f"control_plane.api.{name}")
         except ModuleNotFoundError as e:

@@ -126,6 +126,7 @@ def report_checkpoint(
     db: Session = Depends(deps.get_db),
 ) -> dict[str, Any]:
     ckpt_uuid = _canonical_uuid(body.uuid, "uuid")
+    records.reject_nul(taskId=body.task_id, allocationId=body.allocation_id)
     state = records.state_name(body.state)
     if state not in _REPORTABLE_STATES:
         raise bad_request(f"must be one of {list(_REPORTABLE_STATES)} (got {body.state!r})", "state")

@@ -96,6 +96,9 @@ def create_experiment(
             default_resource_pool=master.config.default_resource_pool,
             experiment_seed=seed,
             max_grid_trials=master.config.max_grid_trials,
+            # Like Determined, an ASHA max_length too short for max_rungs lowers the rung count,
+            # with a warning on the experiment, rather than refusing the config.
+            refuse_short_asha_rungs=False,
         )
     except ConfigInvalid as e:
         raise _config_problems(e) from None
@@ -236,6 +239,7 @@ def list_experiments(
     id_not_in: Annotated[list[int], Query(alias="experimentIdFilter.notIn")] = [],  # noqa: B006
 ) -> dict[str, Any]:
     """Determined's limit semantics: 0 → 100, -1 → all, -2 → only the pagination."""
+    records.reject_nul(name=name, description=description, labels=labels, users=users)
     sort_by = records.parse_choice(sortBy, _SORTS, "sortBy", "SORT_BY_ID")
     desc = records.parse_order(orderBy)
     wanted_states = records.parse_states(states, records.EXPERIMENT_STATES, "states")
@@ -463,6 +467,7 @@ def delete_label(
     experimentId: int, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
+    records.reject_nul(label=label)
     exp.labels = [x for x in (exp.labels or []) if x != label]
     return {"labels": list(exp.labels)}
 

@@ -24,6 +24,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -31,7 +32,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import Field
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -163,20 +164,21 @@ class BatchReportRequest(StrictWire):
     reports: list[ReportMetricsRequest] = Field(min_length=1, max_length=10_000)
 
 
-def _upsert(db: Session, values: dict[str, Any]) -> None:
-    """Insert the report, or replace the stored one when this run is newer; never duplicate."""
+def _upsert_statement(db: Session) -> Any:
+    """Insert a report, or replace the stored one when it comes from a newer run; never a duplicate.
+    Core (not ORM) so a batch is one executemany."""
     dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(Metric).values(**values)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[Metric.trial_id, Metric.group_name, Metric.steps_completed],
+    table = Metric.__table__
+    stmt = dialect.insert(table)
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c.trial_id, table.c.group_name, table.c.steps_completed],
         set_={
             "trial_run_id": stmt.excluded.trial_run_id,
             "metrics": stmt.excluded.metrics,
             "report_time": stmt.excluded.report_time,
         },
-        where=Metric.trial_run_id < stmt.excluded.trial_run_id,
+        where=table.c.trial_run_id < stmt.excluded.trial_run_id,
     )
-    db.execute(stmt)
 
 
 def _validation_snapshot(
@@ -229,50 +231,87 @@ def _note_validation(trial: Trial, exp: Experiment, snap: dict[str, Any]) -> Non
     trial.latest_validation = {**latest, "best": best}
 
 
-def store_report(
-    db: Session, master: Master, trial: Trial, exp: Experiment, group: str, body: TrialMetricsBody, where: str
-) -> bool:
-    """Store one report; False when it was a duplicate (or from an older run) and changed nothing."""
-    if body.trial_id != trial.id:
-        raise bad_request(f"trial {body.trial_id} does not match the trial in the path ({trial.id})",
-                          f"{where}.trialId")
-    report_time = records.parse_time(body.report_time, f"{where}.reportTime") or master.clock()
-    steps = body.steps_completed
-    existing = db.scalar(
-        select(Metric).where(Metric.trial_id == trial.id, Metric.group_name == group, Metric.steps_completed == steps)
-    )
-    if existing is not None and existing.trial_run_id >= body.trial_run_id:
-        return False
-    avg = records.json_safe(body.metrics.avg_metrics)
-    if group == "validation":
-        doc: dict[str, Any] = {"validation_metrics": avg}
-    else:
-        doc = {"avg_metrics": avg}
-        if body.metrics.batch_metrics is not None:
+@dataclass
+class _Report:
+    group: str
+    steps: int
+    run_id: int
+    report_time: datetime
+    avg: dict[str, Any]  # json-safe
+    doc: dict[str, Any]  # what the metrics row stores
+
+
+def store_reports(
+    db: Session, master: Master, trial: Trial, exp: Experiment, reports: list[tuple[str, TrialMetricsBody, str]]
+) -> int:
+    """Store (group, report, field path) items of one trial; returns how many changed anything
+    (a duplicate, or a report from an older run than the stored one, changes nothing). The
+    caller holds the experiment and trial row locks."""
+    now = master.clock()
+    parsed: list[_Report] = []
+    for group, body, where in reports:
+        if body.trial_id != trial.id:
+            raise bad_request(f"trial {body.trial_id} does not match the trial in the path ({trial.id})",
+                              f"{where}.trialId")
+        avg = records.json_safe(body.metrics.avg_metrics)
+        doc: dict[str, Any] = {"validation_metrics": avg} if group == "validation" else {"avg_metrics": avg}
+        if group != "validation" and body.metrics.batch_metrics is not None:
             doc["batch_metrics"] = records.json_safe(body.metrics.batch_metrics)
-    _upsert(db, {"trial_id": trial.id, "group_name": group, "steps_completed": steps,
-                 "trial_run_id": body.trial_run_id, "metrics": doc, "report_time": report_time})
-    if existing is not None:
-        db.expire(existing)
-    trial.steps_completed = max(int(trial.steps_completed or 0), steps)
-    if group == "validation":
-        if existing is not None:
-            db.flush()
-            _recompute_validations(db, trial, exp)
-        else:
-            metric_name, _ = records.searcher_settings(exp.config)
-            _note_validation(trial, exp, _validation_snapshot(steps, body.trial_run_id, ts(report_time), avg, metric_name))
+        report_time = records.parse_time(body.report_time, f"{where}.reportTime") or now
+        parsed.append(_Report(group, body.steps_completed, body.trial_run_id, report_time, avg, doc))
+
+    # What is stored already, and what earlier items of this same batch will have stored.
+    stored_run: dict[tuple[str, int], int] = {}
+    steps = sorted({r.steps for r in parsed})
+    for i in range(0, len(steps), 500):
+        for group, step, run in db.execute(
+            select(Metric.group_name, Metric.steps_completed, Metric.trial_run_id)
+            .where(Metric.trial_id == trial.id, Metric.steps_completed.in_(steps[i : i + 500]))
+        ):
+            stored_run[(group, step)] = run
+    accepted: list[_Report] = []
+    replaced_validation = False
+    for r in parsed:
+        key = (r.group, r.steps)
+        if key in stored_run:
+            if stored_run[key] >= r.run_id:
+                continue
+            replaced_validation |= r.group == "validation"
+        stored_run[key] = r.run_id
+        accepted.append(r)
+    if not accepted:
+        return 0
+
+    db.execute(
+        _upsert_statement(db),
+        [{"trial_id": trial.id, "group_name": r.group, "steps_completed": r.steps, "trial_run_id": r.run_id,
+          "metrics": r.doc, "report_time": r.report_time} for r in accepted],
+    )
+    trial.steps_completed = max(int(trial.steps_completed or 0), *(r.steps for r in accepted))
+    if replaced_validation:
+        _recompute_validations(db, trial, exp)
+    else:
+        metric_name, _ = records.searcher_settings(exp.config)
+        for r in accepted:
+            if r.group == "validation":
+                _note_validation(trial, exp, _validation_snapshot(r.steps, r.run_id, ts(r.report_time), r.avg,
+                                                                  metric_name))
     db.flush()
-    lifecycle.on_metrics_reported(db, master, trial, group, steps, records.decode_nonfinite(avg))
-    return True
+    for r in accepted:
+        lifecycle.on_metrics_reported(db, master, trial, r.group, r.steps, records.decode_nonfinite(r.avg))
+    return len(accepted)
 
 
-def _writable_trial(db: Session, p: Principal, trial_id: int) -> tuple[Trial, Experiment]:
+def _writable_trial(db: Session, p: Principal, trial_id: int, groups: set[str]) -> tuple[Trial, Experiment]:
+    """Load and lock the trial (its row serialises reports of one trial: steps, best validation).
+
+    Validation reports can move the searcher, which locks the experiment row: for those, lock the
+    experiment first (the lifecycle's order, experiment → trial) so the two never deadlock on
+    PostgreSQL. Training and custom groups lock only the trial, so the trials of one experiment
+    report in parallel."""
     deps.require_trial_access(p, trial_id)
     trial = records.get_trial(db, trial_id)
-    # Lock order experiment → trial, the same as the lifecycle's, so concurrent reports and
-    # searcher updates queue instead of deadlocking on PostgreSQL.
-    exp = records.get_experiment(db, trial.experiment_id, for_update=True)
+    exp = records.get_experiment(db, trial.experiment_id, for_update="validation" in groups)
     records.require_trial_writer(p, trial, exp)
     trial = records.get_trial(db, trial_id, for_update=True)
     return trial, exp
@@ -286,8 +325,8 @@ def report_metrics(
     master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db),
 ) -> dict[str, Any]:
-    trial, exp = _writable_trial(db, p, trialId)
-    store_report(db, master, trial, exp, body.group, body.metrics, "metrics")
+    trial, exp = _writable_trial(db, p, trialId, {body.group})
+    store_reports(db, master, trial, exp, [(body.group, body.metrics, "metrics")])
     return {}
 
 
@@ -300,10 +339,9 @@ def report_metrics_batch(
     db: Session = Depends(deps.get_db),
 ) -> dict[str, Any]:
     """Shipyard: many reports of one trial in one transaction (all or nothing)."""
-    trial, exp = _writable_trial(db, p, trialId)
-    stored = 0
-    for i, report in enumerate(body.reports):
-        stored += store_report(db, master, trial, exp, report.group, report.metrics, f"reports[{i}].metrics")
+    trial, exp = _writable_trial(db, p, trialId, {r.group for r in body.reports})
+    items = [(r.group, r.metrics, f"reports[{i}].metrics") for i, r in enumerate(body.reports)]
+    stored = store_reports(db, master, trial, exp, items)
     return {"stored": stored, "duplicates": len(body.reports) - stored}
 
 
@@ -315,8 +353,8 @@ def _legacy(group: str) -> Callable[..., dict[str, Any]]:
         master: Master = Depends(deps.get_master),
         db: Session = Depends(deps.get_db),
     ) -> dict[str, Any]:
-        trial, exp = _writable_trial(db, p, trialId)
-        store_report(db, master, trial, exp, group, body, "(body)")
+        trial, exp = _writable_trial(db, p, trialId, {group})
+        store_reports(db, master, trial, exp, [(group, body, "(body)")])
         return {}
 
     handler.__name__ = f"report_{group}_metrics"
@@ -415,6 +453,7 @@ def _metrics_stream_endpoint(fixed_group: str | None) -> Callable[..., Streaming
         limit: Annotated[int, Query(ge=0)] = 0,
     ) -> StreamingResponse:
         chosen = fixed_group or group
+        records.reject_nul(group=chosen)
         if not chosen:
             raise bad_request("a metric group is required (e.g. training, validation)", "group")
         with master.sessions() as db:
@@ -454,6 +493,7 @@ def list_trial_metrics(
     limit: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
     """Shipyard: a trial's reports in step order, `startStep` ≤ step ≤ `endStep`; limit 0 = all."""
+    records.reject_nul(group=group)
     trial = records.get_trial(db, trialId)
     records.require_read_trial(p, trial)
     q = select(Metric).where(Metric.trial_id == trial.id)
@@ -517,6 +557,8 @@ def _level(value: str | None, where: str) -> str:
 def _check_log_writer(db: Session, p: Principal, entries: list[TaskLogIn]) -> None:
     """Admin: any task. Allocation token: its own task (and allocation). Agent token: tasks with
     an allocation in its pool (on its own agent when the token is bound to one)."""
+    for i, e in enumerate(entries):
+        records.reject_nul(**{f"logs[{i}].taskId": e.task_id})
     tasks = {e.task_id for e in entries}
     known = set(db.scalars(select(Trial.task_id).where(Trial.task_id.in_(tasks))))
     known |= set(db.scalars(select(Allocation.task_id).where(Allocation.task_id.in_(tasks))))
@@ -566,23 +608,22 @@ def post_task_logs(
         return {}
     _check_log_writer(db, p, body.logs)
     now = master.clock()
-    rows = []
-    for i, e in enumerate(body.logs):
-        clean = records.clean_text
-        rows.append(
-            TaskLog(
-                task_id=e.task_id,
-                allocation_id=clean(e.allocation_id) if e.allocation_id else None,
-                agent_id=clean(e.agent_id) if e.agent_id else None,
-                rank=e.rank_id,
-                timestamp=records.parse_time(e.timestamp, f"logs[{i}].timestamp") or now,
-                level=_level(e.level, f"logs[{i}].level"),
-                stdtype=clean(e.stdtype or "stdout"),
-                source=clean(e.source or "task"),
-                log=_truncate_line(clean(e.log)),
-            )
-        )
-    db.add_all(rows)
+    clean = records.clean_text
+    rows = [
+        {
+            "task_id": e.task_id,
+            "allocation_id": clean(e.allocation_id) if e.allocation_id else None,
+            "agent_id": clean(e.agent_id) if e.agent_id else None,
+            "rank": e.rank_id,
+            "timestamp": records.parse_time(e.timestamp, f"logs[{i}].timestamp") or now,
+            "level": _level(e.level, f"logs[{i}].level"),
+            "stdtype": clean(e.stdtype or "stdout"),
+            "source": clean(e.source or "task"),
+            "log": _truncate_line(clean(e.log)),
+        }
+        for i, e in enumerate(body.logs)
+    ]
+    db.execute(insert(TaskLog), rows)  # one executemany, not an ORM object per line
     return {}
 
 
@@ -673,7 +714,8 @@ class LogFilter:
         if self.before is not None:
             q = q.where(TaskLog.timestamp < self.before)
         if self.search_text and self.regex is None:
-            q = q.where(TaskLog.log.contains(self.search_text, autoescape=True))
+            # Case-insensitive on both databases (SQLite's LIKE already is, PostgreSQL's is not).
+            q = q.where(func.lower(TaskLog.log).contains(self.search_text.lower(), autoescape=True))
         return q
 
     def keep(self, row: TaskLog) -> bool:
@@ -751,6 +793,8 @@ def _log_params(
     timestampAfter: str | None = None,
     timestampBefore: str | None = None,
 ) -> tuple[LogFilter, bool, int, bool]:
+    records.reject_nul(stdtypes=stdtypes, sources=sources, agentIds=agentIds, allocationIds=allocationIds,
+                       searchText=searchText)
     desc = records.parse_order(orderBy)
     if follow and desc:
         raise bad_request("follow cannot be combined with ORDER_BY_DESC", "orderBy")
@@ -789,6 +833,7 @@ def task_logs(
     master: Master = Depends(deps.get_master),
     params: tuple[LogFilter, bool, int, bool] = Depends(_log_params),
 ) -> StreamingResponse:
+    records.reject_nul(taskId=taskId)
     with master.sessions() as db:
         trial = db.scalar(select(Trial).where(Trial.task_id == taskId))
         if trial is not None:

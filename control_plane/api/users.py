@@ -15,7 +15,7 @@ import control_plane
 from control_plane import auth
 from control_plane.api import deps
 from control_plane.api.errors import APIError, bad_request, conflict, forbidden, not_found
-from control_plane.api.wire import StrictWire, Wire, pagination, ts
+from control_plane.api.wire import StrictWire, pagination, ts
 from control_plane.auth import Principal, TokenKind
 from control_plane.db.models import Token, User
 from control_plane.master import Master

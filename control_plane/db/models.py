@@ -190,7 +190,7 @@ class Checkpoint(Base):
     experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     task_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     allocation_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    state: Mapped[str] = mapped_column(String(32), default="COMPLETED")
+    state: Mapped[str] = mapped_column(String(32), default="STATE_COMPLETED")
     report_time: Mapped[datetime] = mapped_column(default=utcnow)
     steps_completed: Mapped[int] = mapped_column(BigInteger, default=0)
     resources: Mapped[dict[str, Any]] = mapped_column(default=dict)  # relative path -> size

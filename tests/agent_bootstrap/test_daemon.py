@@ -1,0 +1,138 @@
+"""The agent's command handling and task supervision, with a real ProcessRuntime and in-test sinks in
+place of the master (events are read from the outbox, log lines from a list sink)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_bootstrap.agent.client import StartCommand, TaskSpec
+from agent_bootstrap.agent.config import AgentConfig
+from agent_bootstrap.agent.daemon import SETUP_FAILED, Agent, task_environment
+from agent_bootstrap.agent.devices import Slot
+from agent_bootstrap.agent.logship import LogLine, LogShipper
+from agent_bootstrap.agent.runtime import ProcessRuntime
+
+GPUS = [Slot(id="0", type="cuda", brand="A10G", uuid="GPU-aaa", index=0),
+        Slot(id="1", type="cuda", brand="A10G", uuid="GPU-bbb", index=1)]
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.lines: list[LogLine] = []
+
+    def send(self, batch: list[LogLine]) -> None:
+        self.lines.extend(batch)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    config = AgentConfig(master_url="http://127.0.0.1:9", agent_id="agent-1", work_dir=tmp_path / "work",
+                         default_kill_grace=5)
+    base_env = dict(os.environ, DET_AGENT_TOKEN="agent-secret", DET_AGENT_MASTER_URL="x")
+    a = Agent(config, "agent-secret", GPUS, ProcessRuntime(poll_interval=0.02), base_env=base_env)
+    a.tasks_dir.mkdir(parents=True)
+    a.shipper = LogShipper(ListSink(), flush_interval=0.01).start()
+    yield a
+    a.shipper.close(timeout=5)
+    a.runtime.close()
+
+
+def events(agent: Agent, alloc: str) -> list[dict[str, Any]]:
+    return [e.to_wire() for e in agent.outbox._pending if e.allocation_id == alloc]
+
+
+def shipped(agent: Agent, alloc: str) -> str:
+    sink = agent.shipper.sink
+    assert isinstance(sink, ListSink)
+    return "".join(ln.text for ln in sink.lines if ln.allocation_id == alloc)
+
+
+def start(agent: Agent, alloc: str, entrypoint: list[str] | str, slot_ids: list[str] | None = None,
+          **spec: Any) -> None:
+    cmd = StartCommand(type="start", allocation_id=alloc, spec=TaskSpec(
+        allocation_id=alloc, task_id=f"task-{alloc}", entrypoint=entrypoint, slot_ids=slot_ids or ["1"],
+        env={"DET_ALLOCATION_ID": alloc}, token="alloc-token", **spec))
+    agent._start(cmd)
+
+
+def join(agent: Agent, alloc: str) -> None:
+    thread = agent._tasks[alloc].thread
+    assert thread is not None
+    thread.join(60)
+    assert not thread.is_alive()
+
+
+def test_missing_entrypoint_reports_127_and_ships_a_line(agent: Agent) -> None:
+    start(agent, "a1", ["definitely-not-a-command", "train.py"])
+    join(agent, "a1")
+    evs = events(agent, "a1")
+    assert [e["type"] for e in evs] == ["starting", "exited"]
+    assert evs[1]["exitCode"] == 127 and "entrypoint not found" in evs[1]["message"]
+    assert "[shipyard-agent] entrypoint not found: 'definitely-not-a-command'" in shipped(agent, "a1")
+
+
+def test_task_runs_with_its_environment_and_reports_running_then_exited(agent: Agent) -> None:
+    start(agent, "a2", 'echo "cuda=$CUDA_VISIBLE_DEVICES agent=$DET_AGENT_ID alloc=$DET_ALLOCATION_ID '
+                       'token=${DET_AGENT_TOKEN:-none} cwd=$(basename $(pwd))"')
+    start(agent, "a2", ["false"])  # the master repeats starts until it hears back: ignored
+    join(agent, "a2")
+    evs = events(agent, "a2")
+    assert [e["type"] for e in evs] == ["starting", "running", "exited"]
+    assert isinstance(evs[1]["pid"], int) and evs[2]["exitCode"] == 0 and evs[2]["message"] is None
+    out = shipped(agent, "a2")
+    assert out.startswith("cuda=GPU-bbb agent=agent-1 alloc=a2 token=none cwd=a2-")
+    assert list(agent.tasks_dir.iterdir()) == []  # the task directory is removed afterwards
+
+
+def test_kill_command_stops_a_running_task(agent: Agent) -> None:
+    start(agent, "a3", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"])
+    # Wait until the process runs (its line is shipped), then kill it.
+    deadline = time.monotonic() + 30
+    while "up" not in shipped(agent, "a3") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    agent._kill("a3", 5, "killed at the master's request")
+    join(agent, "a3")
+    exited = events(agent, "a3")[-1]
+    assert exited["type"] == "exited" and exited["exitCode"] == 143
+    assert exited["message"] == "killed at the master's request"
+    # A repeated kill while the exited event is still pending adds nothing.
+    agent._kill("a3", 5, "again")
+    assert [e["type"] for e in events(agent, "a3")].count("exited") == 1
+
+
+def test_kill_for_an_unknown_allocation_reports_it_exited(agent: Agent) -> None:
+    agent._kill("ghost", None, "killed")
+    assert [(e["type"], e["exitCode"]) for e in events(agent, "ghost")] == [("exited", None)]
+    start(agent, "ghost", ["true"])  # a late start for it is ignored
+    assert agent._tasks["ghost"].thread is None
+
+
+def test_unknown_slot_is_a_setup_failure(agent: Agent) -> None:
+    start(agent, "a4", ["true"], slot_ids=["7"])
+    join(agent, "a4")
+    exited = events(agent, "a4")[-1]
+    assert exited["exitCode"] == SETUP_FAILED and "slot '7'" in exited["message"]
+
+
+def test_invalid_start_command_is_reported_not_fatal(agent: Agent) -> None:
+    agent._dispatch({"type": "start", "allocationId": "bad", "spec": {"allocationId": "bad"}})
+    agent._dispatch({"type": "reboot"})
+    evs = events(agent, "bad")
+    assert len(evs) == 1 and evs[0]["exitCode"] == SETUP_FAILED and "entrypoint" in evs[0]["message"]
+
+
+def test_task_environment_cpu_slots_hide_gpus() -> None:
+    spec = TaskSpec(allocation_id="x", entrypoint=["true"], env={"A": 1, "CUDA_VISIBLE_DEVICES": "0"})  # type: ignore[dict-item]
+    env = task_environment({"PATH": "/bin", "DET_AGENT_TOKEN": "secret"}, spec,
+                           [Slot(id="0", type="cpu", brand="cpu")], "agent-1")
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["DET_AGENT_ID"] == "agent-1"
+    assert env["A"] == "1" and "DET_AGENT_TOKEN" not in env
+    # The agent's own interpreter comes first (tasks run in its environment), then the inherited PATH.
+    assert env["PATH"] == os.path.dirname(sys.executable) + ":/bin"

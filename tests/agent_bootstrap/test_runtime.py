@@ -1,0 +1,270 @@
+"""ProcessRuntime with real child processes: output shipping, kill with grace, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_bootstrap.agent.logship import MAX_LINE_BYTES, LogLine, LogShipper
+from agent_bootstrap.agent.runtime import (
+    MARKER_ENV,
+    LaunchSpec,
+    ProcessRuntime,
+    StartFailed,
+    TaskPidfile,
+    exit_code_of,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and prctl")
+
+
+def alive(pid: int) -> bool:
+    """A pid that exists and is not a zombie (an orphan's zombie may wait for a lazy reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(pred, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+class Collector:
+    """The output callback: every (stream, text) in arrival order; `seen` fires on a given line."""
+
+    def __init__(self, wait_for: str | None = None) -> None:
+        self.items: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.wait_for = wait_for
+        self.seen = threading.Event()
+
+    def __call__(self, stream: str, text: str) -> None:
+        with self.lock:
+            self.items.append((stream, text))
+        if self.wait_for is not None and text.strip() == self.wait_for:
+            self.seen.set()
+
+    def text(self, stream: str) -> str:
+        with self.lock:
+            return "".join(t for s, t in self.items if s == stream)
+
+
+@pytest.fixture
+def runtime() -> Iterator[ProcessRuntime]:
+    rt = ProcessRuntime(poll_interval=0.02)
+    yield rt
+    rt.close()
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    p = tmp_path / name
+    p.write_text(body)
+    return p
+
+
+def start(rt: ProcessRuntime, argv: list[str], cwd: Path, out: Collector, alloc: str = "alloc-1"):  # type: ignore[no-untyped-def]
+    return rt.start(LaunchSpec(allocation_id=alloc, argv=argv), dict(os.environ), cwd, out)
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.lines: list[LogLine] = []
+
+    def send(self, batch: list[LogLine]) -> None:
+        self.lines.extend(batch)
+
+
+def test_output_binary_garbage_and_a_1mb_line_are_shipped_in_chunks(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    child = script(tmp_path, "child.py", (
+        "import sys\n"
+        "out = sys.stdout.buffer\n"
+        "out.write(b'first line\\n')\n"
+        "out.write(b'binary \\xff\\xfe\\x80 garbage\\n')\n"
+        "out.write(b'y' * (1024 * 1024 + 123) + b'\\n')\n"
+        "out.write(b'last without newline')\n"
+        "out.flush()\n"
+        "sys.stderr.write('to stderr\\n')\n"
+    ))
+    sink = ListSink()
+    shipper = LogShipper(sink, batch_lines=7)
+
+    def output(stream: str, text: str) -> None:
+        shipper.add(LogLine(allocation_id="alloc-1", task_id="t", text=text, stdtype=stream))  # type: ignore[arg-type]
+
+    handle = runtime.start(LaunchSpec("alloc-1", [sys.executable, str(child)]), dict(os.environ), tmp_path, output)
+    assert runtime.wait(handle) == 0
+    runtime.release(handle)
+    assert shipper.flush()
+    stdout = [ln.text for ln in sink.lines if ln.stdtype == "stdout"]
+    assert "".join(stdout) == ("first line\nbinary \ufffd\ufffd\ufffd garbage\n" + "y" * (1024 * 1024 + 123) + "\n"
+                               "last without newline")
+    assert all(len(t.encode()) <= MAX_LINE_BYTES for t in stdout)
+    assert len(stdout) >= 2 + (1024 * 1024 + 123) // MAX_LINE_BYTES + 1
+    assert [ln.text for ln in sink.lines if ln.stdtype == "stderr"] == ["to stderr\n"]
+
+
+def test_environment_cwd_and_marker(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    out = Collector()
+    env = {"PATH": os.environ["PATH"], "FOO": "bar"}
+    handle = runtime.start(LaunchSpec("a", ["sh", "-c", f'echo "$FOO $(pwd) ${{{MARKER_ENV}:+marked}}"']),
+                           env, tmp_path, out)
+    assert runtime.wait(handle) == 0
+    runtime.release(handle)
+    assert out.text("stdout") == f"bar {tmp_path} marked\n"
+
+
+def test_kill_sends_sigterm_then_sigkill_after_grace(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    flag = tmp_path / "got-term"
+    child = script(tmp_path, "stubborn.py", (
+        "import pathlib, signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: pathlib.Path({str(flag)!r}).write_text('TERM'))\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.05)\n"
+    ))
+    out = Collector(wait_for="ready")
+    handle = start(runtime, [sys.executable, str(child)], tmp_path, out)
+    assert out.seen.wait(20)
+    assert runtime.kill(handle, grace=0.5) == 128 + signal.SIGKILL
+    assert flag.read_text() == "TERM"  # it was asked first
+    runtime.release(handle)
+
+
+def test_kill_of_a_cooperative_child_ends_with_sigterm(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    out = Collector(wait_for="ready")
+    handle = start(runtime, [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
+                   tmp_path, out)
+    assert out.seen.wait(20)
+    assert runtime.kill(handle, grace=30) == 128 + signal.SIGTERM
+    runtime.release(handle)
+
+
+def test_missing_entrypoint_is_127_with_a_message(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    with pytest.raises(StartFailed) as e:
+        start(runtime, ["no-such-command-xyz", "arg"], tmp_path, Collector())
+    assert e.value.exit_code == 127
+    assert "entrypoint not found" in e.value.message and "no-such-command-xyz" in e.value.message
+    with pytest.raises(StartFailed) as e:
+        start(runtime, [], tmp_path, Collector())
+    assert e.value.exit_code == 127
+
+
+def test_non_executable_entrypoint_is_126(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    f = script(tmp_path, "train.sh", "echo hi\n")
+    f.chmod(0o644)
+    with pytest.raises(StartFailed) as e:
+        start(runtime, ["./train.sh"], tmp_path, Collector())
+    assert e.value.exit_code == 126
+
+
+GRANDCHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+
+
+@linux_only
+def test_no_orphan_after_kill_even_if_the_grandchild_ignores_sigterm(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    child = script(tmp_path, "parent.py", (
+        "import subprocess, sys, time\n"
+        f"gc = subprocess.Popen([sys.executable, '-c', {GRANDCHILD!r}])\n"
+        "print(gc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    ))
+    out = Collector()
+    handle = start(runtime, [sys.executable, str(child)], tmp_path, out)
+    assert wait_until(lambda: out.text("stdout").strip() != "")
+    grandchild = int(out.text("stdout").strip())
+    assert alive(grandchild)
+    runtime.kill(handle, grace=0.3)
+    runtime.release(handle)
+    assert wait_until(lambda: not alive(grandchild))
+
+
+@linux_only
+def test_leftovers_of_a_finished_task_are_killed_also_outside_its_group(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    child = script(tmp_path, "leaver.py", (
+        "import subprocess, sys\n"
+        f"a = subprocess.Popen([sys.executable, '-c', {GRANDCHILD!r}])\n"
+        # This one leaves the process group (a daemon would): only the marker finds it.
+        f"b = subprocess.Popen([sys.executable, '-c', {GRANDCHILD!r}], start_new_session=True,\n"
+        "                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(a.pid, b.pid, flush=True)\n"
+    ))
+    out = Collector()
+    handle = start(runtime, [sys.executable, str(child)], tmp_path, out)
+    assert runtime.wait(handle) == 0
+    assert wait_until(lambda: len(out.text("stdout").split()) == 2)
+    pids = [int(x) for x in out.text("stdout").split()]
+    runtime.release(handle)
+    assert wait_until(lambda: not any(alive(p) for p in pids))
+
+
+AGENT_STANDIN = """
+import os, sys, time
+from pathlib import Path
+from agent_bootstrap.agent.runtime import LaunchSpec, ProcessRuntime, TaskPidfile
+rt = ProcessRuntime(TaskPidfile(Path(sys.argv[1])))
+h = rt.start(LaunchSpec("alloc-1", [sys.executable, sys.argv[2]]), dict(os.environ), Path(sys.argv[3]),
+             lambda stream, text: print(text, end="", flush=True))
+time.sleep(600)
+"""
+
+
+@linux_only
+def test_sigkilled_agent_child_dies_and_the_next_agent_kills_grandchildren(tmp_path: Path) -> None:
+    """The direct child dies through PR_SET_PDEATHSIG; the grandchild is found again through the
+    pidfile's marker by the next agent start."""
+    pidfile = tmp_path / "tasks.pids"
+    task = script(tmp_path, "task.py", (
+        "import os, subprocess, sys, time\n"
+        f"gc = subprocess.Popen([sys.executable, '-c', {GRANDCHILD!r}])\n"
+        "print(os.getpid(), gc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    ))
+    agent = subprocess.Popen([sys.executable, "-c", AGENT_STANDIN, str(pidfile), str(task), str(tmp_path)],
+                             stdout=subprocess.PIPE, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert agent.stdout is not None
+        child, grandchild = (int(x) for x in agent.stdout.readline().split())
+        assert alive(child) and alive(grandchild)
+        assert '"nonce"' in pidfile.read_text()
+        agent.kill()
+        agent.wait()
+        assert wait_until(lambda: not alive(child)), "pdeathsig did not kill the direct child"
+        assert alive(grandchild)  # what pdeathsig cannot reach ...
+        assert TaskPidfile(pidfile).kill_leftovers() >= 1  # ... the next agent start does
+        assert wait_until(lambda: not alive(grandchild))
+        assert '"tasks": {}' in pidfile.read_text()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        if agent.stdout is not None:
+            agent.stdout.close()
+
+
+def test_pidfile_of_another_boot_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.pids"
+    path.write_text('{"bootId": "some-other-boot", "tasks": {"a": {"nonce": "x"}}}')
+    assert TaskPidfile(path).kill_leftovers() == 0
+    path.write_text("not json")
+    assert TaskPidfile(path).kill_leftovers() == 0
+
+
+def test_exit_code_of() -> None:
+    assert exit_code_of(0) == 0 and exit_code_of(3) == 3
+    assert exit_code_of(-9) == 137 and exit_code_of(-15) == 143
