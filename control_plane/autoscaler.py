@@ -64,7 +64,7 @@ class Autoscaler:
     # -- set-up ---------------------------------------------------------------------------------
     def elastic_pools(self) -> list[str]:
         return [p.name for p in self.master.config.resource_pools
-                if p.provider and p.provider.get("type") in ("aws", "gcp", "local")]
+                if p.provider and p.provider.get("type") in ("aws", "gcp", "local", "static")]
 
     def _pool(self, name: str) -> _PoolState:
         state = self.pools.get(name)
@@ -345,8 +345,8 @@ class Autoscaler:
             log.info("event=orphans_terminated pool=%s ids=%s", pool, instance_ids)
 
     def default_user_data(self, pool: str, launch_id: str, token: str, pp: PoolProvider) -> str:
-        if pp.settings.type == "local":
-            return token  # a local "instance" just needs its credential
+        if pp.settings.type in ("local", "static"):
+            return token  # local processes and SSH-bootstrapped hosts just need their credential
         from agent_bootstrap.cloud_init import BootstrapParams, render_user_data
 
         return render_user_data(BootstrapParams(

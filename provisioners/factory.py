@@ -14,8 +14,10 @@ from provisioners.base import Provider
 COMMON_KEYS = {
     "type", "min_instances", "max_instances", "max_idle_agent_period", "max_agent_starting_period",
     "max_disconnected_period", "launch_error_backoff", "launch_error_backoff_max", "master_url",
-    "startup_script", "agent", "max_launch_per_decision", "bootstrap_token_ttl",
+    "startup_script", "agent", "max_launch_per_decision", "bootstrap_token_ttl", "slots_per_host",
 }
+# AWS refuses user-data over 16 KiB (before base64); GCE metadata values allow 256 KiB.
+USER_DATA_LIMITS = {"aws": 16 * 1024, "gcp": 256 * 1024}
 
 
 class PoolConfigError(ValueError):
@@ -102,7 +104,21 @@ def build_provider(provider_cfg: dict[str, Any], *, pool: str, cluster_id: str, 
                    state_dir: Path) -> PoolProvider:
     """Raises PoolConfigError (bad config) or provisioners.base.ProviderError (e.g. AWS auth while
     resolving the instance type's GPUs)."""
+    if provider_cfg.get("type") == "static":
+        # A static pool keeps all its hosts unless told otherwise.
+        hosts = provider_cfg.get("hosts")
+        n = len(hosts) if isinstance(hosts, list) else 0
+        provider_cfg = {"min_instances": n, "max_instances": n, **provider_cfg}
     settings = elastic_settings(provider_cfg)
+    if settings.agent and settings.type in ("aws", "gcp", "static"):
+        from agent_bootstrap.cloud_init import validate_agent_options
+
+        try:
+            validate_agent_options(settings.agent)
+        except ValueError as e:
+            raise PoolConfigError(f"agent: {e}") from None
+    if settings.type in USER_DATA_LIMITS:
+        _check_user_data_size(settings, pool, master_url)
     own = {k: v for k, v in provider_cfg.items() if k not in COMMON_KEYS}
     url = settings.master_url or master_url
     try:
@@ -124,8 +140,29 @@ def build_provider(provider_cfg: dict[str, Any], *, pool: str, cluster_id: str, 
             gcfg = GcpPoolConfig.from_dict(own)
             slots = gcfg.instance_slots if gcfg.instance_slots is not None else gcfg.gpu_num
             return PoolProvider(settings, GcpProvider(gcfg, cluster_id=cluster_id, pool=pool, master_url=url), slots)
+        if settings.type == "static":
+            from provisioners.static import StaticPoolConfig, StaticProvider
+
+            scfg = StaticPoolConfig.from_dict({**own, "agent": settings.agent or None})
+            slots = _int(provider_cfg, "slots_per_host", 1, 1)
+            assert slots is not None
+            return PoolProvider(settings, StaticProvider(scfg, cluster_id=cluster_id, pool=pool, master_url=url), slots)
     except PoolConfigError:
         raise
     except ValueError as e:  # the provider's own config errors name their field
         raise PoolConfigError(str(e)) from None
-    raise PoolConfigError(f"type: {settings.type!r} pools are not elastic (no provider to build)")
+    raise PoolConfigError(f"type: {settings.type!r} has no provider")
+
+
+def _check_user_data_size(settings: ElasticSettings, pool: str, master_url: str) -> None:
+    """Refuse a pool whose user-data (mostly its startup_script) the cloud would refuse anyway."""
+    from agent_bootstrap.cloud_init import BootstrapParams, render_user_data
+
+    sample = render_user_data(BootstrapParams(
+        master_url=settings.master_url or master_url, pool=pool, bootstrap_token="x" * 43,
+        provider=settings.type, launch_id="0" * 32, startup_script=settings.startup_script,  # type: ignore[arg-type]
+        agent_options=dict(settings.agent)))
+    size, limit = len(sample.encode()), USER_DATA_LIMITS[settings.type]
+    if size > limit:
+        raise PoolConfigError(f"startup_script: the rendered user-data would be {size} bytes, over the "
+                              f"{settings.type} limit of {limit} bytes; shorten the startup script")
