@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from control_plane.api import users
+from control_plane.api import (
+    agent_package,
+    agents,
+    checkpoints,
+    experiments,
+    models,
+    pools,
+    tasks,
+    trials,
+    users,
+)
 from control_plane.api.errors import error_body, install_error_handlers
 from control_plane.master import Master
 
@@ -46,8 +57,6 @@ class BodySizeLimit:
             await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
-        import json
-
         body = json.dumps(error_body(413, f"request body larger than {self.max_bytes} bytes", [])).encode()
         await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
@@ -66,26 +75,9 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     )
     app.state.master = master
     install_error_handlers(app)
-    app.include_router(users.router)
-    for router in _routers():
-        app.include_router(router)
+    for module in (users, experiments, trials, checkpoints, agents, tasks, pools, models, agent_package):
+        app.include_router(module.router)
     for router in extra_routers or []:
         app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=master.config.max_request_bytes)
     return app
-
-
-def _routers() -> list[Any]:
-    """Routers of the other API modules, imported lazily so each can be developed on its own."""
-    import importlib
-
-    found = []
-    for name in ("experiments", "trials", "checkpoints", "agents", "pools", "models", "tasks", "agent_package"):
-        try:
-            module = importlib.import_module(f"control_plane.api.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"control_plane.api.{name}":
-                raise
-            continue
-        found.append(module.router)
-    return found
