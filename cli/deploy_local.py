@@ -178,7 +178,11 @@ def down(state_dir: Path, quiet: bool = False) -> int:
             print("No local cluster found in", state_dir)
         return 0
     stopped = 0
-    # Agents first (they stop their trials), then the master.
+    # Instances of elastic pools first (through the master, which knows them by their tags),
+    # then agents (they stop their trials), then the master.
+    if alive(data.get("master_pid")):
+        _teardown_pools(data["master_url"], state_dir)
+    stopped += _stop_local_instances(state_dir)
     for a in data.get("agents", []):
         if alive(a.get("pid")):
             _stop(a["pid"], grace=20)
@@ -190,6 +194,36 @@ def down(state_dir: Path, quiet: bool = False) -> int:
     if not quiet:
         print(f"Stopped the local cluster ({stopped} processes)")
     return 0
+
+
+def _teardown_pools(url: str, state_dir: Path) -> None:
+    import httpx
+
+    try:
+        password = (state_dir / "admin-password").read_text().strip()
+        token = httpx.post(url + "/api/v1/auth/login", json={"username": "admin", "password": password},
+                           timeout=10).json()["token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        for pool in httpx.get(url + "/api/v1/resource-pools", headers=headers, timeout=10).json()["resourcePools"]:
+            if pool.get("provider") in ("local", "aws", "gcp", "static"):
+                httpx.post(f"{url}/api/v1/resource-pools/{pool['name']}/teardown", headers=headers, timeout=120)
+    except (OSError, httpx.HTTPError, KeyError, ValueError):
+        pass  # the master is not answering: the local fallback below still stops local instances
+
+
+def _stop_local_instances(state_dir: Path) -> int:
+    """Agents a local pool launched are process groups recorded under the master's state dir."""
+    stopped = 0
+    for rec in (state_dir / "master" / "local-instances").glob("*/local-*.json"):
+        try:
+            pid = int(json.loads(rec.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            continue
+        if alive(pid):
+            _stop(pid, grace=20)
+            stopped += 1
+        rec.unlink(missing_ok=True)
+    return stopped
 
 
 def status(state_dir: Path) -> dict[str, Any]:

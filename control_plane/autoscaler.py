@@ -41,6 +41,7 @@ INST_RUNNING = "running"
 INST_STOPPING = "stopping"
 INST_TERMINATED = "terminated"
 INST_LIVE = (INST_REQUESTED, INST_STARTING, INST_RUNNING)
+POOL_DISABLED = "disabled"
 
 # A `requested` row with no cloud instance after this long never launched (the master died
 # before the call, or the call failed without an answer): it is closed, never re-sent.
@@ -228,8 +229,8 @@ class Autoscaler:
             reasons.append(f"not launching: backing off after launch errors until {prow.backoff_until.isoformat()}"
                            f" ({prow.error})")
             launch = 0
-        if launch and prow.state == "error":
-            reasons.append(f"not launching: {prow.error}")
+        if launch and prow.state == POOL_DISABLED:
+            reasons.append("not launching: the pool was torn down (enable it to launch again)")
             launch = 0
         by_launch = {r.launch_id: r for r in rows}
         terminate_ids: list[str] = []
@@ -259,9 +260,8 @@ class Autoscaler:
             "reasons": reasons, "pending": {str(k): v for k, v in shapes.items()}, "instances": len(rows),
         }
         prow.last_decision_at = now
-        if prow.state != "backoff" or prow.backoff_until is None or prow.backoff_until <= now:
-            if prow.state != "error":
-                prow.state = "ok"
+        if prow.state in ("backoff", "error") and (prow.backoff_until is None or prow.backoff_until <= now):
+            prow.state = "ok"  # the backoff is over: the next launch tries again
         return decision, launch_ids, terminate_ids
 
     # -- act -------------------------------------------------------------------------------------
@@ -361,9 +361,14 @@ class Autoscaler:
 
     # -- cluster teardown -------------------------------------------------------------------------
     def terminate_all(self, pool: str | None = None) -> int:
-        """Terminate every instance with this cluster's tags in one pool (or all elastic pools)."""
+        """Disable launching and terminate every instance with this cluster's tags in one pool (or
+        all elastic pools): what `det deploy local down` and deleting a pool do."""
         count = 0
         for name in [pool] if pool else self.elastic_pools():
+            with transaction(self.master.sessions) as s:
+                row = s.get(ResourcePool, name)
+                if row is not None:
+                    row.state = POOL_DISABLED
             state = self._pool(name)
             if state.provider is None:
                 continue
@@ -375,7 +380,14 @@ class Autoscaler:
                 now = self.master.clock()
                 for row in s.scalars(select(Instance).where(Instance.pool == name, Instance.state != INST_TERMINATED)):
                     self._close_row(s, row, now, "cluster or pool taken down")
+        log.info("event=teardown pools=%s instances_terminated=%d", pool or "all", count)
         return count
+
+    def enable(self, pool: str) -> None:
+        with transaction(self.master.sessions) as s:
+            row = s.get(ResourcePool, pool)
+            if row is not None and row.state == POOL_DISABLED:
+                row.state = "ok"
 
 
 def register(master: Master, autoscaler: Autoscaler | None = None, interval_s: float = 3.0) -> Autoscaler:

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from control_plane import states as st
 from control_plane.api import deps
-from control_plane.api.errors import not_found
+from control_plane.api.errors import bad_request, not_found
 from control_plane.api.wire import ts
 from control_plane.auth import Principal
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
@@ -77,3 +77,27 @@ def get_pool(
     if row is None or master.config.pool(name) is None:
         raise not_found(f"resource pool {name}")
     return {"resourcePool": pool_json(master, db, row)}
+
+
+def _elastic(master: Master, name: str) -> Any:
+    if master.config.pool(name) is None:
+        raise not_found(f"resource pool {name}")
+    if master.autoscaler is None or name not in master.autoscaler.elastic_pools():
+        raise bad_request(f"resource pool {name!r} has no provider to tear down", "name")
+    return master.autoscaler
+
+
+@router.post("/api/v1/resource-pools/{name}/teardown")
+def teardown_pool(name: str, _p: Principal = Depends(deps.admin), master: Master = Depends(deps.get_master)) -> dict[str, Any]:
+    """Stop launching in this pool and terminate all its instances (before deleting the pool, or
+    taking the cluster down). Trials on them are requeued as infrastructure failures."""
+    count = _elastic(master, name).terminate_all(name)
+    master.notify()
+    return {"terminated": count}
+
+
+@router.post("/api/v1/resource-pools/{name}/enable")
+def enable_pool(name: str, _p: Principal = Depends(deps.admin), master: Master = Depends(deps.get_master)) -> dict[str, Any]:
+    _elastic(master, name).enable(name)
+    master.notify()
+    return {}

@@ -42,3 +42,34 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(p) for p in pids)
     assert det("deploy", "local", "status", "--state-dir", str(state), env=env).returncode == 1
+
+
+def test_down_terminates_the_instances_of_an_elastic_pool(tmp_path: Path) -> None:
+    env = dict(os.environ, SHIPYARD_CLI_DIR=str(tmp_path / "cli"))
+    state = tmp_path / "local"
+    cfg = tmp_path / "master.yaml"
+    cfg.write_text("resource_pools:\n  - name: default\n    provider:\n      type: local\n"
+                   "      min_instances: 2\n      max_instances: 2\n")
+    port = free_port()
+    up = det("deploy", "local", "up", "--agents", "0", "--port", str(port), "--state-dir", str(state),
+             "--master-config", str(cfg), env=env)
+    assert up.returncode == 0, up.stderr
+    url = f"http://127.0.0.1:{port}"
+
+    def instance_pids() -> list[int]:
+        recs = list((state / "master" / "local-instances" / "default").glob("local-*.json"))
+        return [json.loads(r.read_text())["pid"] for r in recs]
+
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(instance_pids()) < 2:
+        time.sleep(0.5)
+    pids = instance_pids()
+    assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+    pools = json.loads(det("-m", url, "resource-pool", "list", "--json", env=env).stdout)
+    assert pools[0]["provider"] == "local"
+    down = det("deploy", "local", "down", "--state-dir", str(state), env=env)
+    assert down.returncode == 0, down.stderr
+    assert not any(pid_alive(p) for p in pids)
+    assert instance_pids() == []
