@@ -342,7 +342,7 @@ class Agent:
             self._run_connection_lost_hook(self.config.on_connection_lost)
         self.runtime.close()
         log.info("event=agent_stopped exit_code=%d", code)
-        if code not in (EXIT_OK, EXIT_INTERNAL):
+        if code != EXIT_OK:
             # The one line a person reads, last on stderr (which also carries the structured log).
             for handler in logging.getLogger().handlers:
                 handler.flush()
@@ -475,6 +475,8 @@ class Agent:
     def _start(self, cmd: StartCommand) -> None:
         alloc = cmd.allocation_id
         with self._tasks_lock:
+            if self._stop.is_set():
+                return  # shutting down: the task would be killed at once; the master will reschedule
             if alloc in self._tasks:
                 log.debug("event=duplicate_start_ignored allocation=%s", alloc)
                 return

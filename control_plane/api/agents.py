@@ -256,15 +256,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> di
     cfg = exp.config
     entrypoint = cfg.get("entrypoint")
     argv = entrypoint if isinstance(entrypoint, list) else ["sh", "-c", str(entrypoint)]
-    env: dict[str, str] = {}
-    env_cfg = (cfg.get("environment") or {}).get("environment_variables") or []
-    if isinstance(env_cfg, dict):
-        env.update({str(k): str(v) for k, v in env_cfg.items()})
-    else:
-        for item in env_cfg:
-            if isinstance(item, str) and "=" in item:
-                k, v = item.split("=", 1)
-                env[k] = v
+    env = environment_variables(cfg, agent)
     env.update({
         "DET_MASTER": master.config.advertised_url,
         "DET_CLUSTER_ID": master.cluster_id,
@@ -295,6 +287,26 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> di
         "modelDefinitionPath": f"/api/v1/experiments/{exp.id}/model_def",
         "killGraceSeconds": master.config.task_kill_grace_s,
     }
+
+
+def environment_variables(cfg: dict[str, Any], agent: Agent) -> dict[str, str]:
+    """The config's environment variables for this agent's device type. Stored per device
+    (`{cpu: [...], cuda: [...], rocm: [...]}`, Determined's form); a plain list or mapping applies
+    to every device."""
+    raw = (cfg.get("environment") or {}).get("environment_variables") or []
+    if isinstance(raw, dict) and set(raw) <= {"cpu", "cuda", "rocm"}:
+        device = "cuda" if any(sl.get("type") == "cuda" for sl in agent.slots) else (
+            "rocm" if any(sl.get("type") == "rocm" for sl in agent.slots) else "cpu")
+        raw = raw.get(device) or []
+    env: dict[str, str] = {}
+    if isinstance(raw, dict):
+        env.update({str(k): str(v) for k, v in raw.items()})
+    else:
+        for item in raw:
+            if isinstance(item, str) and "=" in item:
+                k, v = item.split("=", 1)
+                env[k] = v
+    return env
 
 
 def agent_json(agent: Agent, allocs: list[Allocation]) -> dict[str, Any]:

@@ -157,7 +157,8 @@ def test_on_connection_lost_runs_after_the_master_dies(live_master: LiveMaster, 
 def test_agent_reregisters_after_a_master_restart_and_keeps_its_task(
         live_master: LiveMaster, tmp_path: Path, agents: list[AgentProcess]) -> None:
     token = agent_token(live_master)
-    a = AgentProcess(live_master.url, token, tmp_path / "work", "--agent-reconnect-attempts", "30",
+    # Enough attempts (about 1 s apart) to outlast a master restart on a busy machine.
+    a = AgentProcess(live_master.url, token, tmp_path / "work", "--agent-reconnect-attempts", "300",
                      "--agent-reconnect-backoff", "0.2", "--agent-reconnect-backoff-max", "1")
     agents.append(a)
     pid_file = tmp_path / "work" / "trial.pid"

@@ -167,3 +167,13 @@ def test_priority_preemption(client, master, admin_headers) -> None:
     assert nxt["spec"]["experimentId"] != low
     trials = client.get(f"/api/v1/experiments/{low}/trials", headers=admin_headers).json()["trials"]
     assert trials[0]["state"] == "STATE_QUEUED" and trials[0]["restarts"] == 0
+
+
+def test_environment_variables_reach_the_task(client, master, admin_headers) -> None:
+    submit(client, admin_headers, {**CONFIG, "environment": {"environment_variables": ["A=1", "B=x=y"]}})
+    tok = agent_token(master)
+    session = register(client, tok)
+    pools.tick(master)
+    (cmd,) = commands(client, tok, session)
+    env = cmd["spec"]["env"]
+    assert env["A"] == "1" and env["B"] == "x=y" and "cpu" not in env and "cuda" not in env
