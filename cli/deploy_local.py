@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.errors import CliError
+from provisioners.local import pid_alive, stop_process_group
 
 
 def default_state_dir() -> Path:
@@ -41,20 +41,7 @@ class LocalCluster:
 
 
 def alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+    return bool(pid) and pid_alive(int(pid))  # type: ignore[arg-type]
 
 
 def _spawn(cmd: list[str], log: Path, env: dict[str, str]) -> int:
@@ -156,18 +143,7 @@ def _wait_agents(s: Any, ids: list[str], timeout: float, data: dict[str, Any]) -
 
 
 def _stop(pid: int, grace: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            os.kill(pid, sig)
-        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5)
-        while time.monotonic() < deadline:
-            if not alive(pid):
-                return
-            time.sleep(0.1)
+    stop_process_group(pid, grace)
 
 
 def down(state_dir: Path, quiet: bool = False) -> int:

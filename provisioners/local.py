@@ -59,7 +59,8 @@ class LocalPoolConfig:
         return cls(slots, data.get("slot_type", "cpu"), data.get("work_dir"), data.get("python"))
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -135,7 +136,7 @@ class LocalProvider:
         if tags.get(TAG_CLUSTER) != self.cluster_id or tags.get(TAG_POOL) != self.pool:
             return None
         self._reap()
-        if not _alive(int(data["pid"])):
+        if not pid_alive(int(data["pid"])):
             rec.unlink(missing_ok=True)
             return None
         return CloudInstance(id=data["id"], state=InstanceState.RUNNING,
@@ -158,7 +159,7 @@ class LocalProvider:
                 pid = int(json.loads(rec.read_text())["pid"])
             except (OSError, ValueError, KeyError):
                 continue
-            _stop_group(pid)
+            stop_process_group(pid)
             rec.unlink(missing_ok=True)
             log.info("event=local_instance_terminated pool=%s instance_id=%s", self.pool, instance_id)
         self._reap()
@@ -174,7 +175,8 @@ def _agent_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SHIPYARD_ADMIN")}
 
 
-def _stop_group(pid: int, grace: float = 15.0) -> None:
+def stop_process_group(pid: int, grace: float = 15.0) -> None:
+    """SIGTERM the group, SIGKILL it after `grace` seconds."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pid, sig)
@@ -182,6 +184,6 @@ def _stop_group(pid: int, grace: float = 15.0) -> None:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not pid_alive(pid):
                 return
             time.sleep(0.1)

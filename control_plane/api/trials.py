@@ -635,10 +635,9 @@ def _log_message(row: TaskLog) -> str:
     return f"[{stamp}] {' ' * 8}{rank} || {row.level}: {row.log}"
 
 
-def _trial_log_json(row: TaskLog, trial_id: int) -> dict[str, Any]:
+def _log_fields(row: TaskLog) -> dict[str, Any]:
     return {
         "id": str(row.id),
-        "trialId": trial_id,
         "timestamp": ts(row.timestamp),
         "message": _log_message(row),
         "log": row.log,
@@ -649,23 +648,14 @@ def _trial_log_json(row: TaskLog, trial_id: int) -> dict[str, Any]:
         "stdtype": row.stdtype,
         "source": row.source,
     }
+
+
+def _trial_log_json(row: TaskLog, trial_id: int) -> dict[str, Any]:
+    return {"trialId": trial_id, **_log_fields(row)}
 
 
 def _task_log_json(row: TaskLog) -> dict[str, Any]:
-    return {
-        "id": str(row.id),
-        "taskId": row.task_id,
-        "allocationId": row.allocation_id,
-        "timestamp": ts(row.timestamp),
-        "message": _log_message(row),
-        "log": row.log,
-        "level": f"LOG_LEVEL_{row.level}",
-        "agentId": row.agent_id,
-        "containerId": None,
-        "rankId": row.rank,
-        "stdtype": row.stdtype,
-        "source": row.source,
-    }
+    return {"taskId": row.task_id, "allocationId": row.allocation_id, **_log_fields(row)}
 
 
 class LogFilter:
