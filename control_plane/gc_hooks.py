@@ -59,7 +59,7 @@ def mark_for_gc(s: Session, exp: Experiment) -> list[str]:
 
 def on_experiment_ended(s: Session, master: Master, exp: Experiment) -> None:
     mark_for_gc(s, exp)
-    master.notify()
+    master.notify(s)
 
 
 def delete_pending(master: Master, limit: int = 100) -> int:

@@ -108,7 +108,7 @@ def _apply(s: Session, master: Master, exp: Experiment, method: BaseSearchMethod
             shutdown = {"failure": op.failure, "reason": op.reason}
             log.info("event=searcher_shutdown experiment_id=%s failure=%s", exp.id, op.failure)
     _save(exp, method, shutdown)
-    master.notify()
+    master.notify(s)
 
 
 def _rung_of(exp: Experiment, length: int) -> int:
@@ -169,7 +169,7 @@ def set_experiment_state(s: Session, master: Master, exp: Experiment, target: st
         log.info("event=experiment_state experiment_id=%s from=%s to=%s", exp.id, exp.state, new_state)
         exp.state = new_state
     reconcile_experiment(s, master, exp)
-    master.notify()
+    master.notify(s)
 
 
 def on_metrics_reported(
@@ -366,7 +366,7 @@ def _allocate(s: Session, master: Master, exp: Experiment, trial: Trial) -> None
     trial.state = st.TRIAL_QUEUED
     log.info("event=allocation_requested allocation_id=%s trial_id=%s pool=%s slots=%s",
              alloc.id, trial.id, alloc.pool, alloc.slots_needed)
-    master.notify()
+    master.notify(s)
 
 
 def _finish_experiment_if_done(

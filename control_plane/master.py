@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane import auth
@@ -45,6 +45,8 @@ class Master:
         self.clock = clock
         self.engine = make_engine(config.database_url)
         self.sessions: sessionmaker[Session] = make_session_factory(self.engine)
+        event.listen(self.sessions, "after_commit", self._after_commit)
+        event.listen(self.sessions, "after_rollback", lambda s: s.info.pop("shipyard_wake", None))
         self.cluster_id = ""
         self.master_id = uuid.uuid4().hex
         # Set whenever something a loop should react to happens (new allocation, agent event...),
@@ -109,7 +111,20 @@ class Master:
             row.config = pool.model_dump(mode="json")
 
     # -- loops ------------------------------------------------------------------------------
-    def notify(self) -> None:
+    def notify(self, session: Session | None = None) -> None:
+        """Wake the loops and long-polls. Inside a transaction pass its session: the wake-up then
+        happens after the commit, so whoever wakes sees the change (a wake-up before the commit
+        would read the old state on PostgreSQL and go back to sleep)."""
+        if session is not None:
+            session.info["shipyard_wake"] = True
+            return
+        self._wake()
+
+    def _after_commit(self, session: Session) -> None:
+        if session.info.pop("shipyard_wake", False):
+            self._wake()
+
+    def _wake(self) -> None:
         with self.wakeup:
             self._wake_seq += 1
             self.wakeup.notify_all()

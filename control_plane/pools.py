@@ -76,7 +76,7 @@ def end_allocation(s: Session, master: Master, alloc: Allocation, *, cause: str,
     log.info("event=allocation_ended allocation_id=%s trial_id=%s cause=%s exit_code=%s",
              alloc.id, alloc.trial_id, cause, exit_code)
     lifecycle.on_allocation_exited(s, master, alloc)
-    master.notify()
+    master.notify(s)
 
 
 def escalate_preemptions(s: Session, master: Master) -> None:
@@ -152,7 +152,7 @@ def place(s: Session, master: Master, pool: str) -> None:
             alloc.preempt_requested = True
             log.info("event=preempted_for_priority allocation_id=%s", alloc.id)
     if decision.assignments or decision.preemptions:
-        master.notify()
+        master.notify(s)
 
 
 def allocation_token(master: Master, alloc: Allocation) -> str:

@@ -150,7 +150,7 @@ def register(
     pools.end_agent_allocations(db, master, agent.id, st.CAUSE_AGENT_LOST, "agent restarted without it", keep=keep)
     log.info("event=agent_registered agent_id=%s pool=%s slots=%d keep=%d kill=%d",
              agent.id, agent.pool, len(slots), len(keep), len(kill))
-    master.notify()
+    master.notify(db)
     return {"sessionId": session_id, "heartbeatIntervalS": 5, "kill": kill,
             "clusterId": master.cluster_id}
 
@@ -243,7 +243,7 @@ def events(
             if trial is not None and trial.state not in st.TRIAL_TERMINAL:
                 trial.state = {st.ALLOC_PULLING: st.TRIAL_PULLING, st.ALLOC_STARTING: st.TRIAL_STARTING,
                                st.ALLOC_RUNNING: st.TRIAL_RUNNING}[new_state]
-    master.notify()
+    master.notify(db)
     return {}
 
 

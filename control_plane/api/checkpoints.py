@@ -359,7 +359,7 @@ def delete_checkpoints(
                 .order_by(Checkpoint.steps_completed.desc(), Checkpoint.report_time.desc())
                 .limit(1)
             )
-    master.notify()
+    master.notify(db)
     log.info("event=checkpoints_delete_requested count=%s marked=%s by=%s", len(ckpts), marked, p.username)
     return {}
 

@@ -528,7 +528,7 @@ def delete_experiment(
     db.flush()
     if db.scalar(select(func.count()).where(Experiment.model_definition_id == md_id)) == 0:
         db.execute(delete(ModelDefinition).where(ModelDefinition.id == md_id))
-    master.notify()
+    master.notify(db)
     log.info("event=experiment_deleted experiment_id=%s trials=%s by=%s", experimentId, len(trial_ids), p.username)
     return {}
 

@@ -166,5 +166,5 @@ def gc_experiment(experimentId: int, p: Principal = Depends(deps.user), master: 
     if exp.state not in st.EXP_TERMINAL:
         raise APIError(409, "checkpoint GC runs on ended experiments only")
     doomed = gc_hooks.mark_for_gc(db, exp)
-    master.notify()
+    master.notify(db)
     return {"deleting": doomed}
