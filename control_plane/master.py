@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from control_plane import auth
 from control_plane.config import MasterConfig
 from control_plane.db import migrate
-from control_plane.db.engine import make_engine, make_session_factory, transaction
+from control_plane.db.engine import make_engine, make_session_factory, read_only, transaction
 from control_plane.db.models import ClusterInfo, ResourcePool, User
 
 log = logging.getLogger("shipyard.master")
@@ -45,6 +45,8 @@ class Master:
         self.clock = clock
         self.engine = make_engine(config.database_url)
         self.sessions: sessionmaker[Session] = make_session_factory(self.engine)
+        # Reads (token checks, GETs, long-poll checks) that never wait behind a writer on SQLite.
+        self.read_sessions: sessionmaker[Session] = make_session_factory(read_only(self.engine))
         event.listen(self.sessions, "after_commit", self._after_commit)
         event.listen(self.sessions, "after_rollback", lambda s: s.info.pop("shipyard_wake", None))
         self.cluster_id = ""

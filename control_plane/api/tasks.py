@@ -158,7 +158,7 @@ def _allocation(db: Session, p: Principal, allocation_id: str) -> Allocation:
 
 
 def _preempt_state(master: Master, p: Principal, allocation_id: str) -> bool:
-    with master.sessions() as s:
+    with master.read_sessions() as s:
         alloc = _allocation(s, p, allocation_id)
         return bool(alloc.preempt_requested or alloc.kill_requested or alloc.state == st.ALLOC_TERMINATED)
 

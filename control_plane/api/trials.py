@@ -417,7 +417,7 @@ def _metrics_stream(
                     return
 
                 def fetch(tid: int = tid, after: int = after, batch: int = batch) -> list[dict[str, Any]]:
-                    with master.sessions() as s:
+                    with master.read_sessions() as s:
                         q = select(Metric).where(
                             Metric.trial_id == tid, Metric.group_name == group, Metric.steps_completed > after
                         )
@@ -458,7 +458,7 @@ def _metrics_stream_endpoint(fixed_group: str | None) -> Callable[..., Streaming
         records.reject_nul(group=chosen)
         if not chosen:
             raise bad_request("a metric group is required (e.g. training, validation)", "group")
-        with master.sessions() as db:
+        with master.read_sessions() as db:
             _readable_trials(db, p, trialIds)
         return _metrics_stream(master, trialIds, chosen, startBatches, endBatches, limit)
 
@@ -735,7 +735,7 @@ def _log_stream(
         while True:
 
             def fetch(cursor: int | None = cursor) -> tuple[list[dict[str, Any]], int | None, int, bool]:
-                with master.sessions() as s:
+                with master.read_sessions() as s:
                     over = is_over(s) if follow else False
                     q = flt.apply(select(TaskLog).where(TaskLog.task_id == task_id))
                     if cursor is not None:
@@ -805,7 +805,7 @@ def trial_logs(
     master: Master = Depends(deps.get_master),
     params: tuple[LogFilter, bool, int, bool] = Depends(_log_params),
 ) -> StreamingResponse:
-    with master.sessions() as db:
+    with master.read_sessions() as db:
         trial = records.get_trial(db, trialId)
         records.require_read_trial(p, trial)
     flt, follow, limit, desc = params
@@ -826,7 +826,7 @@ def task_logs(
     params: tuple[LogFilter, bool, int, bool] = Depends(_log_params),
 ) -> StreamingResponse:
     records.reject_nul(taskId=taskId)
-    with master.sessions() as db:
+    with master.read_sessions() as db:
         trial = db.scalar(select(Trial).where(Trial.task_id == taskId))
         if trial is not None:
             records.require_read_trial(p, trial)

@@ -29,10 +29,12 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         # pysqlite's own transaction handling defers BEGIN; make writes take the lock up front
-        # so concurrent writers queue on busy_timeout instead of failing on upgrade.
+        # so concurrent writers queue on busy_timeout instead of failing on upgrade. Read-only
+        # sessions (see `read_only`) begin deferred: in WAL mode they never wait for a writer.
         @event.listens_for(engine, "begin")
         def _begin(conn) -> None:  # type: ignore[no-untyped-def]
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            read_only = conn.get_execution_options().get(READ_ONLY)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         @event.listens_for(engine, "connect")
         def _no_autobegin(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -44,6 +46,14 @@ def make_engine(url: str) -> Engine:
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+READ_ONLY = "shipyard_read_only"
+
+
+def read_only(engine: Engine) -> Engine:
+    """The same engine and connection pool, for transactions that only read."""
+    return engine.execution_options(**{READ_ONLY: True})
 
 
 @contextlib.contextmanager
