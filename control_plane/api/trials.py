@@ -167,12 +167,15 @@ class BatchReportRequest(StrictWire):
 _UPSERT_CHUNK = 500  # rows per INSERT: 6 bound values each, well under SQLite's variable limit
 
 
-def _upsert_statement(db: Session, rows: list[dict[str, Any]]) -> Any:
+def _upsert_statement(db: Session, rows: list[dict[str, Any]] | None) -> Any:
     """Insert reports, or replace a stored one when it comes from a newer run; never a duplicate.
-    One multi-row INSERT per chunk (not an executemany, which psycopg2 sends row by row)."""
+    With `rows`, one multi-row INSERT (PostgreSQL: psycopg2 would send an executemany row by
+    row); without, a statement for an executemany (SQLite: one cached, prepared statement)."""
     dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
     table = Metric.__table__
-    stmt = dialect.insert(table).values(rows)
+    stmt = dialect.insert(table)
+    if rows is not None:
+        stmt = stmt.values(rows)
     return stmt.on_conflict_do_update(
         index_elements=[table.c.trial_id, table.c.group_name, table.c.steps_completed],
         set_={
@@ -287,8 +290,11 @@ def store_reports(
 
     rows = [{"trial_id": trial.id, "group_name": r.group, "steps_completed": r.steps, "trial_run_id": r.run_id,
              "metrics": r.doc, "report_time": r.report_time} for r in accepted]
-    for i in range(0, len(rows), _UPSERT_CHUNK):
-        db.execute(_upsert_statement(db, rows[i : i + _UPSERT_CHUNK]))
+    if db.get_bind().dialect.name == "postgresql":
+        for i in range(0, len(rows), _UPSERT_CHUNK):
+            db.execute(_upsert_statement(db, rows[i : i + _UPSERT_CHUNK]))
+    else:
+        db.execute(_upsert_statement(db, None), rows)
     trial.steps_completed = max(int(trial.steps_completed or 0), *(r.steps for r in accepted))
     if replaced_validation:
         _recompute_validations(db, trial, exp)
