@@ -13,7 +13,7 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane import lifecycle
+from control_plane import lifecycle, records
 from control_plane import states as st
 from control_plane.api import deps
 from control_plane.api.errors import bad_request, forbidden, not_found
@@ -27,33 +27,22 @@ router = APIRouter()
 
 
 def _trial(db: Session, p: Principal, trial_id: int) -> Trial:
-    deps.require_trial_access(p, trial_id)
-    trial = db.get(Trial, trial_id)
-    if trial is None:
-        raise not_found(f"trial {trial_id}")
+    trial = records.get_trial(db, trial_id)
+    records.require_read_trial(p, trial)
     return trial
 
 
 def _owner_or_allocation(db: Session, p: Principal, trial: Trial) -> None:
     """Writes: the trial's own allocation, the experiment's owner, or an admin."""
-    if p.kind is TokenKind.ALLOCATION:
-        return  # require_trial_access already pinned it to this trial
-    exp = db.get(Experiment, trial.experiment_id)
-    if not p.admin and (exp is None or exp.owner_id != p.user_id):
-        raise forbidden("only the experiment's owner or an admin can do this")
+    records.require_trial_writer(p, trial, records.get_experiment(db, trial.experiment_id))
 
 
 @router.get("/api/v1/experiments/{experimentId}/model_def")
 def model_def(
     experimentId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db)
 ) -> dict[str, Any]:
-    exp = db.get(Experiment, experimentId)
-    if exp is None:
-        raise not_found(f"experiment {experimentId}")
-    if p.kind is TokenKind.ALLOCATION:
-        trial = db.get(Trial, p.trial_id) if p.trial_id else None
-        if trial is None or trial.experiment_id != experimentId:
-            raise forbidden("this token belongs to another experiment")
+    exp = records.get_experiment(db, experimentId)
+    records.require_read_experiment(db, p, exp)
     md = db.get(ModelDefinition, exp.model_definition_id)
     if md is None:
         raise not_found("model definition")
