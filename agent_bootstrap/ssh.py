@@ -30,6 +30,7 @@ import io
 import json
 import logging
 import posixpath
+import random
 import shlex
 import time
 from collections.abc import Callable
@@ -171,8 +172,25 @@ def _host_key_name(host: StaticHost) -> str:
     return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
 
 
+CONNECT_ATTEMPTS = 3
+
+
 def connect(host: StaticHost, timeout: float = 20.0) -> paramiko.SSHClient:
-    """An SSH connection whose host key was checked against what the config trusts."""
+    """An SSH connection whose host key was checked against what the config trusts. A transient
+    failure (reset, refused, no banner yet: sshd's MaxStartups, a host still booting) is retried
+    a bounded number of times with jitter; a key or auth problem is final at once."""
+    for attempt in range(CONNECT_ATTEMPTS):
+        try:
+            return _connect_once(host, timeout)
+        except SshBootstrapError as e:
+            if e.kind != "unreachable" or attempt == CONNECT_ATTEMPTS - 1:
+                raise
+            log.info("event=ssh_connect_retry host=%s attempt=%d error=%s", host.address, attempt + 1, e)
+            time.sleep(min(5.0, 0.5 * 2**attempt) + random.random() * 0.5)
+    raise AssertionError("unreachable")
+
+
+def _connect_once(host: StaticHost, timeout: float) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     if host.host_key:
         kind, b64 = host.host_key.split()[:2]

@@ -41,7 +41,7 @@ def create_agent_token(
     body: AgentTokenRequest,
     _p: Principal = Depends(deps.admin),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     if master.config.pool(body.resource_pool) is None:
         raise bad_request(f"no resource pool named {body.resource_pool!r}", "resourcePool")
@@ -99,7 +99,7 @@ def register(
     body: RegisterRequest,
     p: Principal = Depends(deps.agent),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     pool_cfg = master.config.pool(body.resource_pool)
     if pool_cfg is None:
@@ -223,7 +223,7 @@ def events(
     body: EventsRequest,
     p: Principal = Depends(deps.agent),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     agent = _touch_agent(db, master, p, agentId, body.session_id)
     for ev in body.events:
@@ -342,7 +342,7 @@ def agent_json(agent: Agent, allocs: list[Allocation]) -> dict[str, Any]:
 
 @router.get("/api/v1/agents")
 def list_agents(
-    _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db), resourcePool: str | None = None
+    _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"), resourcePool: str | None = None
 ) -> dict[str, Any]:
     q = select(Agent).order_by(Agent.id)
     if resourcePool:
@@ -356,7 +356,7 @@ def list_agents(
 
 
 @router.get("/api/v1/agents/{agentId}")
-def get_agent(agentId: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+def get_agent(agentId: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     agent = db.get(Agent, agentId)
     if agent is None:
         raise not_found(f"agent {agentId}")

@@ -123,7 +123,7 @@ def report_checkpoint(
     body: CheckpointIn,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     ckpt_uuid = _canonical_uuid(body.uuid, "uuid")
     records.reject_nul(taskId=body.task_id, allocationId=body.allocation_id)
@@ -196,7 +196,7 @@ def _require_read(p: Principal, ckpt: Checkpoint) -> None:
 
 @router.get("/api/v1/checkpoints/{checkpointUuid}")
 def get_checkpoint(
-    checkpointUuid: str, p: Principal = Depends(deps.principal), db: Session = Depends(deps.get_db)
+    checkpointUuid: str, p: Principal = Depends(deps.principal), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     ckpt = _get_checkpoint(db, checkpointUuid)
     _require_read(p, ckpt)
@@ -268,7 +268,7 @@ def _list(
 def list_experiment_checkpoints(
     id: int,
     p: Principal = Depends(deps.principal),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
     states: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
     sortByAttr: str | None = None,
     sortByMetric: str | None = None,
@@ -287,7 +287,7 @@ def list_experiment_checkpoints(
 def list_trial_checkpoints(
     id: int,
     p: Principal = Depends(deps.principal),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
     states: Annotated[list[str], Query()] = [],  # noqa: B006
     sortByAttr: str | None = None,
     sortByMetric: str | None = None,
@@ -332,7 +332,7 @@ def delete_checkpoints(
     body: DeleteCheckpointsRequest,
     p: Principal = Depends(deps.user),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     ckpts = _owned_checkpoints(db, p, body.checkpoint_uuids, "checkpointUuids")
     registered = sorted(set(db.scalars(
@@ -379,7 +379,7 @@ class PatchCheckpointsRequest(StrictWire):
 
 @router.patch("/api/v1/checkpoints")
 def patch_checkpoints(
-    body: PatchCheckpointsRequest, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)
+    body: PatchCheckpointsRequest, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     """Determined's semantics: empty resources → the checkpoint is deleted; otherwise its file list
     (and size) shrink to what is left."""
@@ -420,7 +420,7 @@ def post_checkpoint_metadata(
     checkpointUuid: str,
     body: PostMetadataRequest,
     p: Principal = Depends(deps.user_or_allocation),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     """Replaces the checkpoint's user metadata (Determined's PostCheckpointMetadata)."""
     ckpt = _get_checkpoint(db, checkpointUuid)

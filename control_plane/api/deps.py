@@ -19,7 +19,8 @@ def get_master(request: Request) -> Master:
 def get_db(request: Request, master: Master = Depends(get_master)) -> Iterator[Session]:
     """A session whose transaction commits when the handler returns normally and rolls back on
     any error, so a failed request leaves nothing half-written. GETs read without taking
-    SQLite's write lock."""
+    SQLite's write lock. Use it with `Depends(get_db, scope="function")`: the commit must happen
+    before the response is sent, or a client could act on a change not yet committed (or lost)."""
     factory = master.read_sessions if request.method in ("GET", "HEAD") else master.sessions
     with factory() as session, session.begin():
         yield session

@@ -74,7 +74,7 @@ def create_experiment(
     body: CreateExperimentRequest,
     p: Principal = Depends(deps.user),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     if body.unmanaged:
         raise bad_request("unmanaged experiments are not supported by Shipyard", "unmanaged")
@@ -217,7 +217,7 @@ def _sort_column(sort_by: str) -> Any:
 @router.get("/api/v1/experiments")
 def list_experiments(
     p: Principal = Depends(deps.user),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
     archived: bool | None = None,
     states: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
     labels: Annotated[list[str], Query()] = [],  # noqa: B006
@@ -338,7 +338,7 @@ def job_summary(db: Session, exp: Experiment) -> dict[str, Any] | None:
 def get_experiment(
     experimentId: int,
     p: Principal = Depends(deps.principal),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     exp = records.get_experiment(db, experimentId)
     records.require_read_experiment(db, p, exp)
@@ -361,7 +361,7 @@ def _state_action(action: str) -> Any:
         experimentId: int,
         p: Principal = Depends(deps.user),
         master: Master = Depends(deps.get_master),
-        db: Session = Depends(deps.get_db),
+        db: Session = Depends(deps.get_db, scope="function"),
     ) -> dict[str, Any]:
         exp = _owned(db, p, experimentId)
         lifecycle.set_experiment_state(db, master, exp, action)
@@ -378,7 +378,7 @@ for _action in ("activate", "pause", "cancel", "kill"):
 
 @router.post("/api/v1/experiments/{experimentId}/archive")
 def archive_experiment(
-    experimentId: int, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)
+    experimentId: int, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
     if exp.state not in st.EXP_TERMINAL:
@@ -389,7 +389,7 @@ def archive_experiment(
 
 @router.post("/api/v1/experiments/{experimentId}/unarchive")
 def unarchive_experiment(
-    experimentId: int, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)
+    experimentId: int, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
     exp.archived = False
@@ -427,7 +427,7 @@ def patch_experiment(
     experimentId: int,
     body: PatchExperimentRequest,
     p: Principal = Depends(deps.user),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
     if body.id is not None and body.id != experimentId:
@@ -453,7 +453,7 @@ def patch_experiment(
 
 @router.put("/api/v1/experiments/{experimentId}/labels/{label}")
 def put_label(
-    experimentId: int, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)
+    experimentId: int, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
     _check_label(label, "label")
@@ -464,7 +464,7 @@ def put_label(
 
 @router.delete("/api/v1/experiments/{experimentId}/labels/{label}")
 def delete_label(
-    experimentId: int, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)
+    experimentId: int, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
     records.reject_nul(label=label)
@@ -477,7 +477,7 @@ def delete_experiment(
     experimentId: int,
     p: Principal = Depends(deps.user),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     """Removes the experiment, its trials, metrics, logs and model definition. Its checkpoints
     stay as rows in state STATE_DELETING for the checkpoint GC worker, which deletes the files

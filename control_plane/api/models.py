@@ -59,7 +59,7 @@ def _model_out(db: Session, m: Model) -> dict[str, Any]:
 
 @router.post("/api/v1/models")
 def post_model(body: PostModel, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
-               db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+               db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     if db.scalar(select(Model).where(Model.name == body.name)) is not None:
         raise conflict(f"model {body.name!r} already exists")
     now = master.clock()
@@ -71,7 +71,7 @@ def post_model(body: PostModel, p: Principal = Depends(deps.user), master: Maste
 
 
 @router.get("/api/v1/models")
-def get_models(_p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db), name: str | None = None,
+def get_models(_p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"), name: str | None = None,
                archived: bool | None = None, offset: int = 0, limit: int = 0) -> dict[str, Any]:
     q = select(Model).order_by(Model.id)
     if name:
@@ -85,7 +85,7 @@ def get_models(_p: Principal = Depends(deps.user), db: Session = Depends(deps.ge
 
 
 @router.get("/api/v1/models/{modelName}")
-def get_model(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+def get_model(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     return {"model": _model_out(db, _model(db, modelName))}
 
 
@@ -114,7 +114,7 @@ def _version_json(db: Session, v: ModelVersion, m: Model) -> dict[str, Any]:
 
 @router.post("/api/v1/models/{modelName}/versions")
 def post_model_version(modelName: str, body: PostModelVersion, p: Principal = Depends(deps.user),
-                       master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+                       master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     if body.model_name is not None and body.model_name != modelName:
         raise bad_request("does not match the model in the path", "modelName")
     m = _model(db, modelName)
@@ -136,7 +136,7 @@ def post_model_version(modelName: str, body: PostModelVersion, p: Principal = De
 
 
 @router.get("/api/v1/models/{modelName}/versions")
-def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db),
+def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"),
                        offset: int = 0, limit: int = 0) -> dict[str, Any]:
     m = _model(db, modelName)
     versions = list(db.scalars(select(ModelVersion).where(ModelVersion.model_id == m.id).order_by(ModelVersion.version)))
@@ -147,7 +147,7 @@ def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: S
 
 @router.get("/api/v1/models/{modelName}/versions/{modelVersionNum}")
 def get_model_version(modelName: str, modelVersionNum: int, _p: Principal = Depends(deps.user),
-                      db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+                      db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     m = _model(db, modelName)
     v = db.scalar(select(ModelVersion).where(ModelVersion.model_id == m.id, ModelVersion.version == modelVersionNum))
     if v is None:
@@ -157,7 +157,7 @@ def get_model_version(modelName: str, modelVersionNum: int, _p: Principal = Depe
 
 @router.post("/api/v1/experiments/{experimentId}/gc")
 def gc_experiment(experimentId: int, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
-                  db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+                  db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     exp = db.get(Experiment, experimentId)
     if exp is None:
         raise not_found(f"experiment {experimentId}")

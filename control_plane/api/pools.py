@@ -61,7 +61,7 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
 
 @router.get("/api/v1/resource-pools")
 def list_pools(
-    _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db)
+    _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     rows = list(db.scalars(select(ResourcePool).order_by(ResourcePool.name)))
     names = {p.name for p in master.config.resource_pools}
@@ -71,7 +71,7 @@ def list_pools(
 @router.get("/api/v1/resource-pools/{name}")
 def get_pool(
     name: str, _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     row = db.get(ResourcePool, name)
     if row is None or master.config.pool(name) is None:

@@ -39,7 +39,7 @@ def _owner_or_allocation(db: Session, p: Principal, trial: Trial) -> None:
 
 @router.get("/api/v1/experiments/{experimentId}/model_def")
 def model_def(
-    experimentId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db)
+    experimentId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     exp = records.get_experiment(db, experimentId)
     records.require_read_experiment(db, p, exp)
@@ -51,7 +51,7 @@ def model_def(
 
 @router.get("/api/v1/trials/{trialId}/searcher/operation")
 def searcher_operation(
-    trialId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db)
+    trialId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     trial = _trial(db, p, trialId)
     exp = db.get(Experiment, trial.experiment_id)
@@ -80,7 +80,7 @@ def completed_operation(
     body: CompleteOperationRequest,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     trial = _trial(db, p, trialId)
     _owner_or_allocation(db, p, trial)
@@ -110,7 +110,7 @@ def early_exit(
     body: EarlyExit,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     trial = _trial(db, p, trialId)
     _owner_or_allocation(db, p, trial)
@@ -129,7 +129,7 @@ class ProgressRequest(StrictWire):
 @router.post("/api/v1/trials/{trialId}/progress")
 def progress(
     trialId: int, body: ProgressRequest, p: Principal = Depends(deps.user_or_allocation),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     trial = _trial(db, p, trialId)
     _owner_or_allocation(db, p, trial)
@@ -175,7 +175,7 @@ class AckPreemption(Wire):
 @router.post("/api/v1/allocations/{allocationId}/signals/ack_preemption")
 def ack_preemption(
     allocationId: str, body: AckPreemption | None = None, p: Principal = Depends(deps.user_or_allocation),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     _allocation(db, p, allocationId)
     return {}
@@ -205,7 +205,7 @@ def allocation_json(a: Allocation) -> dict[str, Any]:
 
 
 @router.get("/api/v1/tasks")
-def list_tasks(_p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db),
+def list_tasks(_p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"),
                includeEnded: bool = False) -> dict[str, Any]:
     q = select(Allocation).order_by(Allocation.created_at)
     if not includeEnded:

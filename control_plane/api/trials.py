@@ -91,7 +91,7 @@ def list_trials(
     experimentId: int,
     p: Principal = Depends(deps.principal),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
     states: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
     sortBy: str | None = None,
     orderBy: str | None = None,
@@ -130,7 +130,7 @@ def get_trial(
     trialId: int,
     p: Principal = Depends(deps.principal),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     trial = records.get_trial(db, trialId)
     records.require_read_trial(p, trial)
@@ -331,7 +331,7 @@ def report_metrics(
     body: ReportMetricsRequest,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     trial, exp = _writable_trial(db, p, trialId, {body.group})
     store_reports(db, master, trial, exp, [(body.group, body.metrics, "metrics")])
@@ -344,7 +344,7 @@ def report_metrics_batch(
     body: BatchReportRequest,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     """Shipyard: many reports of one trial in one transaction (all or nothing)."""
     trial, exp = _writable_trial(db, p, trialId, {r.group for r in body.reports})
@@ -359,7 +359,7 @@ def _legacy(group: str) -> Callable[..., dict[str, Any]]:
         body: TrialMetricsBody,
         p: Principal = Depends(deps.user_or_allocation),
         master: Master = Depends(deps.get_master),
-        db: Session = Depends(deps.get_db),
+        db: Session = Depends(deps.get_db, scope="function"),
     ) -> dict[str, Any]:
         trial, exp = _writable_trial(db, p, trialId, {group})
         store_reports(db, master, trial, exp, [(group, body, "(body)")])
@@ -493,7 +493,7 @@ def metric_row_json(m: Metric) -> dict[str, Any]:
 def list_trial_metrics(
     trialId: int,
     p: Principal = Depends(deps.principal),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
     group: str | None = None,
     startStep: int | None = None,
     endStep: int | None = None,
@@ -610,7 +610,7 @@ def post_task_logs(
     body: PostTaskLogsRequest,
     p: Principal = Depends(deps.principal),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     if not body.logs:
         return {}

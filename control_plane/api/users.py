@@ -68,7 +68,7 @@ class LoginRequest(StrictWire):
 
 @router.post("/api/v1/auth/login")
 def login(
-    body: LoginRequest, master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db)
+    body: LoginRequest, master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     u = db.scalar(select(User).where(User.username == body.username))
     # The same answer for an unknown user and a wrong password: no user enumeration.
@@ -88,14 +88,14 @@ def login(
 
 @router.post("/api/v1/auth/logout")
 def logout(
-    p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db)
+    p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     auth.revoke_token(db, p.token_id, now=master.clock())
     return {}
 
 
 @router.get("/api/v1/me")
-def me(p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+def me(p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     u = db.get(User, p.user_id)
     if u is None:
         raise not_found("user")
@@ -137,7 +137,7 @@ def create_user(
     body: PostUserRequest,
     _p: Principal = Depends(deps.admin),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     pw_hash = _check_new_password(body.password, body.is_hashed, "password")
     if db.scalar(select(User).where(User.username == body.user.username)) is not None:
@@ -161,7 +161,7 @@ def create_user(
 @router.get("/api/v1/users")
 def list_users(
     _p: Principal = Depends(deps.user),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=0, le=10_000)] = 0,
     name: str | None = None,
@@ -191,12 +191,12 @@ def _get_user(db: Session, user_id: int) -> User:
 
 
 @router.get("/api/v1/users/{userId}")
-def get_user(userId: int, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+def get_user(userId: int, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     return {"user": user_json(_get_user(db, userId))}
 
 
 @router.get("/api/v1/users/{username}/by-username")
-def get_user_by_username(username: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db)) -> dict[str, Any]:
+def get_user_by_username(username: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     u = db.scalar(select(User).where(User.username == username))
     if u is None:
         raise not_found(f"user {username!r}")
@@ -209,7 +209,7 @@ def set_password(
     password: Annotated[str, Body(max_length=1024)],
     p: Principal = Depends(deps.user),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
     isHashed: bool = False,
 ) -> dict[str, Any]:
     """Determined sends the (client-hashed) password as the bare JSON string body."""
@@ -246,7 +246,7 @@ def patch_user(
     body: PatchUser,
     p: Principal = Depends(deps.user),
     master: Master = Depends(deps.get_master),
-    db: Session = Depends(deps.get_db),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     u = _get_user(db, userId)
     own = p.user_id == userId
