@@ -39,7 +39,7 @@ class Cluster:
 
         cfg = self.state / "master.yaml"
         self.state.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(yaml.safe_dump({"agent_heartbeat_timeout_s": 4, "task_kill_grace_s": 3, **self.master_yaml}))
+        cfg.write_text(yaml.safe_dump({"agent_heartbeat_timeout_s": 8, "task_kill_grace_s": 3, **self.master_yaml}))
         self.data = deploy_local.up(self.state, agents=self.agents, port=free_port(), db=self.db_url, slots=1,
                                     pool_config=cfg)
         self.url = self.data["master_url"]

@@ -74,7 +74,7 @@ def test_agent_sigkill_frees_slots_and_the_trial_restarts_elsewhere(cluster_fact
     kill9(agent["pid"])
     # the agent's trial process does not outlive it
     c.wait(lambda: not pid_alive(pid), 15, "orphaned trial process gone")
-    # the master notices (heartbeat timeout 4 s), ends the allocation and frees the slot
+    # the master notices (heartbeat timeout 8 s), ends the allocation and frees the slot
     tasks = c.wait(lambda: (lambda ts: ts if ts and all(t["endCause"] == "agent_lost" for t in ts) else None)(
         [t for t in c.get("/api/v1/tasks", includeEnded=True)["allocationIdToSummary"].values()
          if t["trialId"] == trial_id and t["state"] == "terminated"]), 30, "allocation ended as agent_lost")
