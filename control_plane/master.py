@@ -51,6 +51,7 @@ class Master:
         event.listen(self.sessions, "after_rollback", lambda s: s.info.pop("shipyard_wake", None))
         self.cluster_id = ""
         self.master_id = uuid.uuid4().hex
+        self.started_at = clock()
         # Set whenever something a loop should react to happens (new allocation, agent event...),
         # so loops act at once instead of waiting for their next tick.
         self.wakeup = threading.Condition()

@@ -36,9 +36,17 @@ def tick(master: Master) -> None:
             place(s, master, pool.name)
 
 
+# After the master (re)starts, agents get this long to reconnect before they count as lost: the
+# master was away, not them, and their reconnect backoff may be a few seconds long.
+RESTART_GRACE = timedelta(seconds=30)
+
+
 def expire_agents(s: Session, master: Master) -> None:
     now = master.clock()
-    cutoff = now - timedelta(seconds=master.config.agent_heartbeat_timeout_s)
+    timeout = timedelta(seconds=master.config.agent_heartbeat_timeout_s)
+    if now - master.started_at < max(timeout, RESTART_GRACE):
+        return
+    cutoff = now - timeout
     for agent in s.scalars(select(Agent).where(Agent.state == st.AGENT_CONNECTED, Agent.last_seen < cutoff)):
         agent.state = st.AGENT_DISCONNECTED
         agent.disconnected_at = now

@@ -386,10 +386,14 @@ def test_unknown_or_wrong_host_key_is_refused(sshd: InProcessSshd, key_file: Pat
     assert [(r.step, r.status) for r in e.value.results] == [("connect", "failed")]
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    with pytest.raises(SshBootstrapError, match="is not known") as e2:
-        bootstrap_host(sshd.host(key_file, host_key=None, known_hosts=str(empty)), "http://127.0.0.1:1", POOL,
-                       "t" * 32)
-    assert e2.value.kind == "host_key"
+    # The in-process server can drop a handshake under heavy load; only a host-key refusal counts.
+    for _ in range(3):
+        with pytest.raises(SshBootstrapError) as e2:
+            bootstrap_host(sshd.host(key_file, host_key=None, known_hosts=str(empty)), "http://127.0.0.1:1",
+                           POOL, "t" * 32)
+        if e2.value.kind != "unreachable":
+            break
+    assert e2.value.kind == "host_key" and "is not known" in str(e2.value)
     # The same host listed in a known_hosts file is accepted.
     empty.write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_key_line}\n")
     assert stop_agent(sshd.host(key_file, host_key=None, known_hosts=str(empty)))[0].status == "ok"

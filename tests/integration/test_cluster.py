@@ -77,7 +77,7 @@ def test_agent_sigkill_frees_slots_and_the_trial_restarts_elsewhere(cluster_fact
     # the master notices (heartbeat timeout 8 s), ends the allocation and frees the slot
     tasks = c.wait(lambda: (lambda ts: ts if ts and all(t["endCause"] == "agent_lost" for t in ts) else None)(
         [t for t in c.get("/api/v1/tasks", includeEnded=True)["allocationIdToSummary"].values()
-         if t["trialId"] == trial_id and t["state"] == "terminated"]), 30, "allocation ended as agent_lost")
+         if t["trialId"] == trial_id and t["state"] == "terminated"]), 75, "allocation ended as agent_lost")
     assert tasks
     assert c.wait(lambda: [a for a in c.get("/api/v1/agents")["agents"] if not a["connected"]], 10, "agent disconnected")
     trial = c.get(f"/api/v1/trials/{trial_id}")["trial"]
