@@ -355,7 +355,7 @@ def bootstrap_host(
     if not agent_token or any(c.isspace() for c in agent_token):
         raise SshBootstrapError("invalid", "agent_token: empty or contains whitespace")
     if package is None:
-        from control_plane.api.agent_package import agent_package
+        from agent_bootstrap.package import agent_package
 
         package = agent_package().data
     digest = hashlib.sha256(package).hexdigest()

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from control_plane.searcher import (  # noqa: E402
+from control_plane.core.searcher import (  # noqa: E402
     Close,
     Create,
     ExitedReason,
@@ -49,7 +49,7 @@ from control_plane.searcher import (  # noqa: E402
     adaptive_asha_plan,
     new_search_method,
 )
-from control_plane.searcher.simulate import SearchSimulation  # noqa: E402
+from control_plane.core.searcher.simulate import SearchSimulation  # noqa: E402
 
 try:
     import optuna

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from control_plane.scaling import (  # noqa: E402
+from control_plane.core.scaling import (  # noqa: E402
     DEFAULT_MAX_IDLE_AGENT_PERIOD,
     InstanceView,
     PendingDemand,

@@ -6,7 +6,7 @@ For 1,000 and 10,000 pending trials of mixed GPU shapes (1, 2, 4, 8) and three i
 and 8 GPUs per instance), each decider is asked how many instances of that type to launch from an
 empty pool:
 
-* ours: `control_plane.scaling.decide` (demand given as counts per shape, as the scheduler reports
+* ours: `control_plane.core.scaling.decide` (demand given as counts per shape, as the scheduler reports
   it; "ours/trial" passes one PendingDemand per trial to show the aggregation cost too),
 * Ray autoscaler v1: `ResourceDemandScheduler.get_nodes_to_launch` (upscaling_speed raised so the
   concurrency limit does not cut the answer; the head node it adds is not counted),
@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from control_plane.scaling import PendingDemand, PoolLimits, decide, lower_bound_instances  # noqa: E402
+from control_plane.core.scaling import PendingDemand, PoolLimits, decide, lower_bound_instances  # noqa: E402
 
 SHAPES = (1, 2, 4, 8)
 SHAPE_WEIGHTS = (0.4, 0.3, 0.2, 0.1)

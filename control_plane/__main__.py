@@ -52,8 +52,8 @@ def serve(config) -> int:  # type: ignore[no-untyped-def]
     import uvicorn
 
     from control_plane.api.app import create_app
+    from control_plane.loops import start_background
     from control_plane.master import Master
-    from control_plane.runtime import start_background
 
     master = Master(config)
     try:

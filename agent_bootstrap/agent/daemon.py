@@ -542,7 +542,7 @@ class Agent:
         return self.tasks_dir / f"{safe}-{secrets.token_hex(4)}"
 
     def _fetch_model_definition(self, task: _Task, dest: Path) -> None:
-        from control_plane.model_def import ModelDefInvalid, unpack_model_definition
+        from shipyard_common.model_def import ModelDefInvalid, unpack_model_definition
 
         spec = task.spec
         assert spec is not None and spec.model_definition_path

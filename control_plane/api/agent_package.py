@@ -1,110 +1,15 @@
-"""`GET /api/v1/agent/package`: the master serves the agent's own code to the hosts it boots.
-
-A cloud instance's user-data (agent_bootstrap/cloud_init.py) and the SSH bootstrap of static hosts
-(agent_bootstrap/ssh.py) fetch the agent from the master that launched them, so agent and master
-always run the same code and no package index is needed for Shipyard itself. The archive holds the
-`agent_bootstrap` package (its `__init__` and the `agent` daemon package) plus the two modules of
-`control_plane` the agent imports (`control_plane/__init__.py`, `control_plane/model_def.py`);
-unpacked into a directory, `PYTHONPATH=dir python3 -m agent_bootstrap.agent` runs it. Its only
-third-party imports are httpx, pyyaml, pydantic and tenacity.
-
-The archive is built once per process from the installed source files, byte-for-byte
-deterministic (sorted entries, fixed mtimes and owners, gzip without a timestamp), so its digest
-identifies the code version.
-"""
+"""`GET /api/v1/agent/package`: the agent's own code, for the hosts the master boots (see
+agent_bootstrap/package.py)."""
 
 from __future__ import annotations
 
-import functools
-import gzip
-import hashlib
-import io
-import tarfile
-from dataclasses import dataclass
-from pathlib import Path
-
 from fastapi import APIRouter, Depends, Request, Response
 
+from agent_bootstrap.package import MEDIA_TYPE, agent_package
 from control_plane.api import deps
 from control_plane.auth import Principal
 
 router = APIRouter()
-
-MEDIA_TYPE = "application/gzip"
-# A fixed, non-zero mtime: some tar tools warn about entries dated 1970.
-FIXED_MTIME = 946_684_800  # 2000-01-01T00:00:00Z
-_SKIP_DIRS = {"__pycache__"}
-_SKIP_SUFFIXES = (".pyc", ".pyo")
-
-
-@dataclass(frozen=True)
-class AgentPackage:
-    data: bytes
-    sha256: str
-    files: tuple[str, ...]  # archive member names of the regular files, in order
-
-
-def _source_files() -> list[tuple[str, Path]]:
-    """(archive name, source path) of every file that goes into the package, sorted by name."""
-    import agent_bootstrap
-    import control_plane
-
-    bootstrap_dir = Path(agent_bootstrap.__file__).resolve().parent
-    control_dir = Path(control_plane.__file__).resolve().parent
-    found: list[tuple[str, Path]] = [("agent_bootstrap/__init__.py", bootstrap_dir / "__init__.py")]
-    agent_dir = bootstrap_dir / "agent"
-    for path in agent_dir.rglob("*"):
-        rel = path.relative_to(bootstrap_dir)
-        if path.is_dir() or any(part in _SKIP_DIRS for part in rel.parts) or path.suffix in _SKIP_SUFFIXES:
-            continue
-        found.append((f"agent_bootstrap/{rel.as_posix()}", path))
-    found.append(("control_plane/__init__.py", control_dir / "__init__.py"))
-    found.append(("control_plane/model_def.py", control_dir / "model_def.py"))
-    return sorted(found)
-
-
-def _dirs_of(names: list[str]) -> list[str]:
-    dirs: set[str] = set()
-    for name in names:
-        parts = name.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            dirs.add("/".join(parts[:i]))
-    return sorted(dirs)
-
-
-def _info(name: str, *, is_dir: bool, size: int = 0) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = tarfile.DIRTYPE if is_dir else tarfile.REGTYPE
-    info.mode = 0o755 if is_dir else 0o644
-    info.size = size
-    info.mtime = FIXED_MTIME
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    return info
-
-
-def build_agent_package() -> AgentPackage:
-    """Build the archive from the source files (no caching; see `agent_package`)."""
-    files = _source_files()
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for d in _dirs_of([name for name, _ in files]):
-            tar.addfile(_info(d, is_dir=True))
-        for name, path in files:
-            data = path.read_bytes()
-            tar.addfile(_info(name, is_dir=False, size=len(data)), io.BytesIO(data))
-    out = io.BytesIO()
-    # mtime=0 and no file name in the gzip header: the same sources give the same bytes.
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz:
-        gz.write(raw.getvalue())
-    data = out.getvalue()
-    return AgentPackage(data, hashlib.sha256(data).hexdigest(), tuple(name for name, _ in files))
-
-
-@functools.cache
-def agent_package() -> AgentPackage:
-    """The archive of this process's agent code, built on first use."""
-    return build_agent_package()
 
 
 @router.get("/api/v1/agent/package")

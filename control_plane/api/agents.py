@@ -16,14 +16,15 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane import auth, pools
-from control_plane import states as st
+from control_plane import auth
 from control_plane.api import deps
-from control_plane.api.errors import APIError, bad_request, forbidden, not_found
 from control_plane.api.wire import StrictWire, Wire, ts
 from control_plane.auth import Principal, TokenKind
+from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Experiment, Instance, Token, Trial
+from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
+from control_plane.loops import placement as pools
 from control_plane.master import Master
 
 log = logging.getLogger("shipyard.api.agents")
@@ -162,7 +163,7 @@ def _touch_agent(s: Session, master: Master, p: Principal, agent_id: str, sessio
     if p.pool != agent.pool or (p.agent_id is not None and p.agent_id != agent_id):
         raise forbidden("this credential does not belong to that agent")
     if agent.session_id != session_id or agent.state != st.AGENT_CONNECTED:
-        raise APIError(409, "stale agent session: register again")
+        raise Conflict("stale agent session: register again")
     agent.last_seen = master.clock()
     return agent
 
@@ -251,7 +252,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> di
     trial = s.get(Trial, alloc.trial_id) if alloc.trial_id else None
     exp = s.get(Experiment, alloc.experiment_id) if alloc.experiment_id else None
     if trial is None or exp is None:
-        raise APIError(500, f"allocation {alloc.id} has no trial")
+        raise Internal(f"allocation {alloc.id} has no trial")
     token = pools.ensure_allocation_token(s, master, alloc)
     cfg = exp.config
     entrypoint = cfg.get("entrypoint")

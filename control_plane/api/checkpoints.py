@@ -17,13 +17,15 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane import lifecycle, records
-from control_plane.api import deps
-from control_plane.api.errors import APIError, FieldProblem, bad_request, conflict, forbidden, not_found
+from control_plane.api import deps, serializers
 from control_plane.api.wire import StrictWire
 from control_plane.auth import Principal, TokenKind
+from control_plane.core import metrics as metric_values
+from control_plane.core import states as st
 from control_plane.db.models import Allocation, Checkpoint, Experiment, ModelVersion, Trial
+from control_plane.errors import FieldProblem, Invalid, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
+from control_plane.services import access, lifecycle
 
 log = logging.getLogger("shipyard.api.checkpoints")
 router = APIRouter()
@@ -50,12 +52,12 @@ class CheckpointIn(StrictWire):
     report_time: str | None = None
     resources: dict[str, int | str] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    state: str = records.CKPT_COMPLETED
+    state: str = st.CKPT_COMPLETED
     training: TrainingIn | None = None
     storage_id: int | None = None
 
 
-_REPORTABLE_STATES = (records.CKPT_ACTIVE, records.CKPT_COMPLETED, records.CKPT_ERROR)
+_REPORTABLE_STATES = (st.CKPT_ACTIVE, st.CKPT_COMPLETED, st.CKPT_ERROR)
 
 
 def _canonical_uuid(value: str, field: str) -> str:
@@ -115,7 +117,7 @@ def _resolve_trial(db: Session, p: Principal, body: CheckpointIn) -> Trial:
     if len(ids) > 1:
         detail = ", ".join(f"{k} → trial {v}" for k, v in named.items())
         raise bad_request(f"the report names different trials ({detail})", next(iter(named)))
-    return records.get_trial(db, ids.pop())
+    return access.get_trial(db, ids.pop())
 
 
 @router.post("/api/v1/checkpoints")
@@ -126,21 +128,21 @@ def report_checkpoint(
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     ckpt_uuid = _canonical_uuid(body.uuid, "uuid")
-    records.reject_nul(taskId=body.task_id, allocationId=body.allocation_id)
-    state = records.state_name(body.state)
+    serializers.reject_nul(taskId=body.task_id, allocationId=body.allocation_id)
+    state = st.state_name(body.state)
     if state not in _REPORTABLE_STATES:
         raise bad_request(f"must be one of {list(_REPORTABLE_STATES)} (got {body.state!r})", "state")
     resources = _resources(body.resources, "resources")
     steps = _steps(body.metadata)
-    report_time = records.parse_time(body.report_time, "reportTime") or master.clock()
+    report_time = serializers.parse_time(body.report_time, "reportTime") or master.clock()
 
     trial = _resolve_trial(db, p, body)
     # Same lock order as metric reports and the lifecycle: experiment, then trial.
-    exp = records.get_experiment(db, trial.experiment_id, for_update=True)
+    exp = access.get_experiment(db, trial.experiment_id, for_update=True)
     if body.training is not None and body.training.experiment_id not in (None, exp.id):
         raise bad_request(f"trial {trial.id} belongs to experiment {exp.id}", "training.experimentId")
-    records.require_trial_writer(p, trial, exp)
-    trial = records.get_trial(db, trial.id, for_update=True)
+    access.require_trial_writer(p, trial, exp)
+    trial = access.get_trial(db, trial.id, for_update=True)
 
     existing = db.get(Checkpoint, ckpt_uuid)
     if existing is not None:
@@ -158,13 +160,13 @@ def report_checkpoint(
         report_time=report_time,
         steps_completed=steps,
         resources=resources,
-        metadata_=records.json_safe(body.metadata),
+        metadata_=metric_values.json_safe(body.metadata),
         storage=exp.config.get("checkpoint_storage") or {},
         size_bytes=sum(resources.values()),
     )
     db.add(ckpt)
     db.flush()
-    if state == records.CKPT_COMPLETED:
+    if state == st.CKPT_COMPLETED:
         latest = db.get(Checkpoint, trial.latest_checkpoint_uuid) if trial.latest_checkpoint_uuid else None
         if latest is None or steps >= latest.steps_completed:
             trial.latest_checkpoint_uuid = ckpt_uuid
@@ -200,7 +202,7 @@ def get_checkpoint(
 ) -> dict[str, Any]:
     ckpt = _get_checkpoint(db, checkpointUuid)
     _require_read(p, ckpt)
-    return {"checkpoint": records.checkpoint_json(ckpt, records.checkpoint_context(db, [ckpt]))}
+    return {"checkpoint": serializers.checkpoint_json(ckpt, serializers.checkpoint_context(db, [ckpt]))}
 
 
 _CKPT_SORTS = (
@@ -220,28 +222,28 @@ def _list(
     offset: int,
     limit: int,
 ) -> dict[str, Any]:
-    wanted = records.parse_states(states, records.CKPT_WIRE_STATES, "states")
+    wanted = serializers.parse_states(states, st.CKPT_WIRE_STATES, "states")
     if wanted:
-        ckpts = [c for c in ckpts if records.checkpoint_wire_state(c.state) in wanted]
-    attr = records.parse_choice(sort_by_attr, _CKPT_SORTS, "sortByAttr", "SORT_BY_UNSPECIFIED")
+        ckpts = [c for c in ckpts if st.checkpoint_wire_state(c.state) in wanted]
+    attr = serializers.parse_choice(sort_by_attr, _CKPT_SORTS, "sortByAttr", "SORT_BY_UNSPECIFIED")
     if sort_by_metric and attr != "SORT_BY_UNSPECIFIED":
         raise bad_request("give either sortByAttr or sortByMetric, not both", "sortByMetric")
-    desc = records.parse_order(order_by)
-    ctx = records.checkpoint_context(db, ckpts)
+    desc = serializers.parse_order(order_by)
+    ctx = serializers.checkpoint_context(db, ckpts)
 
     def metric_key(c: Checkpoint) -> float | None:
         if sort_by_metric:
-            validation = records.checkpoint_validation(c, ctx) or {}
-            value = records.metric_number(validation.get(sort_by_metric))
+            validation = serializers.checkpoint_validation(c, ctx) or {}
+            value = metric_values.metric_number(validation.get(sort_by_metric))
         else:
-            value = records.checkpoint_searcher_metric(c, ctx)
+            value = serializers.checkpoint_searcher_metric(c, ctx)
         return None if value is None or math.isnan(value) else value
 
     if sort_by_metric or attr == "SORT_BY_SEARCHER_METRIC":
         if attr == "SORT_BY_SEARCHER_METRIC" and order_by in (None, "", "ORDER_BY_UNSPECIFIED"):
             # Best first, whichever direction "best" is for this experiment's metric.
             smaller = all(
-                records.searcher_settings(e.config)[1] for e in ctx.experiments.values()
+                serializers.searcher_settings(e.config)[1] for e in ctx.experiments.values()
             ) if ctx.experiments else True
             desc = not smaller
         keyed = [(metric_key(c), c) for c in ckpts]
@@ -253,14 +255,14 @@ def _list(
                 "SORT_BY_UUID": (c.uuid,),
                 "SORT_BY_TRIAL_ID": (c.trial_id or 0, c.uuid),
                 "SORT_BY_BATCH_NUMBER": (c.steps_completed, c.uuid),
-                "SORT_BY_STATE": (records.checkpoint_wire_state(c.state), c.uuid),
+                "SORT_BY_STATE": (st.checkpoint_wire_state(c.state), c.uuid),
             }.get(attr, (c.report_time, c.uuid))
 
         ordered = sorted(ckpts, key=key, reverse=desc)
-    chosen = records.page(ordered, offset, limit)
+    chosen = serializers.page(ordered, offset, limit)
     return {
-        "checkpoints": [records.checkpoint_json(c, ctx) for c in chosen],
-        "pagination": records.pagination_json(offset, limit, len(ordered), len(chosen)),
+        "checkpoints": [serializers.checkpoint_json(c, ctx) for c in chosen],
+        "pagination": serializers.pagination_json(offset, limit, len(ordered), len(chosen)),
     }
 
 
@@ -276,8 +278,8 @@ def list_experiment_checkpoints(
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
-    exp = records.get_experiment(db, id)
-    records.require_read_experiment(db, p, exp)
+    exp = access.get_experiment(db, id)
+    access.require_read_experiment(db, p, exp)
     ckpts = list(db.scalars(select(Checkpoint).where(Checkpoint.experiment_id == exp.id)))
     return _list(db, ckpts, states=states, sort_by_attr=sortByAttr, sort_by_metric=sortByMetric,
                  order_by=orderBy, offset=offset, limit=limit)
@@ -295,8 +297,8 @@ def list_trial_checkpoints(
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
-    trial = records.get_trial(db, id)
-    records.require_read_trial(p, trial)
+    trial = access.get_trial(db, id)
+    access.require_read_trial(p, trial)
     ckpts = list(db.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial.id)))
     return _list(db, ckpts, states=states, sort_by_attr=sortByAttr, sort_by_metric=sortByMetric,
                  order_by=orderBy, offset=offset, limit=limit)
@@ -319,7 +321,7 @@ def _owned_checkpoints(db: Session, p: Principal, uuids: list[str], field: str) 
             if not p.admin:
                 raise forbidden(f"checkpoint {c.uuid} has no experiment; only an admin can change it")
             continue
-        records.require_owner(p, exp)
+        access.require_owner(p, exp)
     return [found[k] for k in dict.fromkeys(keys)]
 
 
@@ -340,22 +342,20 @@ def delete_checkpoints(
     )))
     if registered:
         # Determined's rule: model versions keep their checkpoints.
-        raise APIError(
-            400,
-            f"these checkpoints are in the model registry and cannot be deleted: {registered}",
+        raise Invalid(f"these checkpoints are in the model registry and cannot be deleted: {registered}",
             [FieldProblem("checkpointUuids", f"{u} is registered in the model registry") for u in registered],
         )
     marked = 0
     for c in ckpts:
-        if c.state not in records.CKPT_GONE:
-            c.state = records.CKPT_DELETING
+        if c.state not in st.CKPT_GONE:
+            c.state = st.CKPT_DELETING
             marked += 1
     trial_ids = {c.trial_id for c in ckpts if c.trial_id is not None}
     for trial in db.scalars(select(Trial).where(Trial.id.in_(trial_ids))):
         if trial.latest_checkpoint_uuid in {c.uuid for c in ckpts}:
             trial.latest_checkpoint_uuid = db.scalar(
                 select(Checkpoint.uuid)
-                .where(Checkpoint.trial_id == trial.id, Checkpoint.state == records.CKPT_COMPLETED)
+                .where(Checkpoint.trial_id == trial.id, Checkpoint.state == st.CKPT_COMPLETED)
                 .order_by(Checkpoint.steps_completed.desc(), Checkpoint.report_time.desc())
                 .limit(1)
             )
@@ -390,10 +390,10 @@ def patch_checkpoints(
         c = ckpts[_canonical_uuid(patch.uuid, f"checkpoints[{i}].uuid")]
         resources = _resources(patch.resources.resources, f"checkpoints[{i}].resources.resources")
         if not resources:
-            c.state, c.resources, c.size_bytes = records.CKPT_DELETED, {}, 0
+            c.state, c.resources, c.size_bytes = st.CKPT_DELETED, {}, 0
             continue
         if set(resources) < set(c.resources or {}):
-            c.state = records.CKPT_PARTIALLY_DELETED
+            c.state = st.CKPT_PARTIALLY_DELETED
         c.resources, c.size_bytes = resources, sum(resources.values())
     return {}
 
@@ -429,8 +429,8 @@ def post_checkpoint_metadata(
         if ckpt.trial_id is None or p.trial_id != ckpt.trial_id:
             raise forbidden("this token belongs to another trial")
     elif exp is not None:
-        records.require_owner(p, exp)
+        access.require_owner(p, exp)
     elif not p.admin:
         raise forbidden("only an admin can change this checkpoint")
-    ckpt.metadata_ = records.json_safe(body.checkpoint.metadata)
+    ckpt.metadata_ = metric_values.json_safe(body.checkpoint.metadata)
     return {"metadata": ckpt.metadata_}

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from control_plane.api.errors import forbidden, unauthenticated
 from control_plane.auth import Principal, TokenKind, resolve_token
+from control_plane.errors import forbidden, unauthenticated
 from control_plane.master import Master
 
 

@@ -4,7 +4,6 @@ people (`message`, plus `details` naming each bad field)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -13,42 +12,38 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from control_plane.errors import (
+    Conflict,
+    DomainError,
+    FieldProblem,
+    Internal,
+    Invalid,
+    NotFound,
+    PermissionDenied,
+    TooLarge,
+    Unauthenticated,
+)
+
 log = logging.getLogger("shipyard.api")
 
 
-@dataclass(frozen=True)
-class FieldProblem:
-    field: str
-    reason: str
+# The one mapping from domain errors to HTTP statuses.
+HTTP_STATUS: dict[type[DomainError], int] = {
+    Invalid: 400,
+    Unauthenticated: 401,
+    PermissionDenied: 403,
+    NotFound: 404,
+    Conflict: 409,
+    TooLarge: 413,
+    Internal: 500,
+}
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, details: list[FieldProblem] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.details = details or []
-
-
-def bad_request(message: str, field: str | None = None) -> APIError:
-    details = [FieldProblem(field, message)] if field else []
-    return APIError(400, f"{field}: {message}" if field else message, details)
-
-
-def not_found(what: str) -> APIError:
-    return APIError(404, f"{what} not found")
-
-
-def forbidden(message: str = "permission denied") -> APIError:
-    return APIError(403, message)
-
-
-def unauthenticated(message: str = "authentication required") -> APIError:
-    return APIError(401, message)
-
-
-def conflict(message: str) -> APIError:
-    return APIError(409, message)
+def http_status(exc: DomainError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]  # type: ignore[index]
+    return 500
 
 
 def error_body(status: int, message: str, details: list[FieldProblem]) -> dict[str, Any]:
@@ -70,9 +65,10 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(_req: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(error_body(exc.status, exc.message, exc.details), status_code=exc.status)
+    @app.exception_handler(DomainError)
+    async def _domain_error(_req: Request, exc: DomainError) -> JSONResponse:
+        status = http_status(exc)
+        return JSONResponse(error_body(status, exc.message, exc.details), status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

@@ -14,12 +14,11 @@ from pydantic import Field
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from control_plane import lifecycle, records
-from control_plane import states as st
-from control_plane.api import deps
-from control_plane.api.errors import APIError, FieldProblem, bad_request, conflict
+from control_plane.api import deps, serializers
 from control_plane.api.wire import StrictWire
 from control_plane.auth import Principal
+from control_plane.core import states as st
+from control_plane.core.expconf import ConfigInvalid, config_to_dict, parse_experiment_config
 from control_plane.db.models import (
     Allocation,
     Checkpoint,
@@ -32,9 +31,10 @@ from control_plane.db.models import (
     Trial,
     User,
 )
-from control_plane.expconf import ConfigInvalid, config_to_dict, parse_experiment_config
+from control_plane.errors import FieldProblem, Invalid, bad_request, conflict
 from control_plane.master import Master
-from control_plane.model_def import ModelDefInvalid, pack_model_definition, validate_model_definition
+from control_plane.services import access, lifecycle
+from shipyard_common.model_def import ModelDefInvalid, pack_model_definition, validate_model_definition
 
 log = logging.getLogger("shipyard.api.experiments")
 router = APIRouter()
@@ -55,10 +55,10 @@ class CreateExperimentRequest(StrictWire):
     unmanaged: bool | None = None
 
 
-def _config_problems(e: ConfigInvalid) -> APIError:
+def _config_problems(e: ConfigInvalid) -> Invalid:
     details = [FieldProblem(f"config.{fe.path}" if fe.path else "config", fe.reason) for fe in e.errors]
     message = "invalid experiment configuration: " + "; ".join(f"{d.field}: {d.reason}" for d in details)
-    return APIError(400, message, details)
+    return Invalid(message, details)
 
 
 def _has_surrogates(text: str) -> bool:
@@ -123,11 +123,11 @@ def create_experiment(
         files = validate_model_definition(body.model_definition or [], max_bytes=master.config.model_def_max_bytes)
         archive = pack_model_definition(files)
     except ModelDefInvalid as e:
-        raise APIError(400, f"{e.path}: {e.reason}", [FieldProblem(e.path, e.reason)]) from None
+        raise Invalid(f"{e.path}: {e.reason}", [FieldProblem(e.path, e.reason)]) from None
 
     config = config_to_dict(cfg)
     if body.validate_only:
-        return {"experiment": None, "config": records.redact_config(config), "warnings": [],
+        return {"experiment": None, "config": serializers.redact_config(config), "warnings": [],
                 "configWarnings": warnings}
 
     md = ModelDefinition(
@@ -171,8 +171,8 @@ def create_experiment(
         exp.id, p.username, exp.resource_pool, config["searcher"]["name"], exp.state,
     )
     return {
-        "experiment": records.experiments_json(db, [exp])[0],
-        "config": records.redact_config(config),
+        "experiment": serializers.experiments_json(db, [exp])[0],
+        "config": serializers.redact_config(config),
         "warnings": [],
         "configWarnings": warnings,
     }
@@ -190,7 +190,7 @@ _DEFAULT_LIMIT = 100
 
 def _sort_column(sort_by: str) -> Any:
     trials = select(func.count(Trial.id)).where(Trial.experiment_id == Experiment.id).scalar_subquery()
-    live = Checkpoint.state.in_(records.CKPT_LIVE)
+    live = Checkpoint.state.in_(st.CKPT_LIVE)
     ckpt_count = select(func.count()).where(Checkpoint.experiment_id == Experiment.id, live).scalar_subquery()
     ckpt_size = (
         select(func.coalesce(func.sum(Checkpoint.size_bytes), 0))
@@ -239,10 +239,10 @@ def list_experiments(
     id_not_in: Annotated[list[int], Query(alias="experimentIdFilter.notIn")] = [],  # noqa: B006
 ) -> dict[str, Any]:
     """Determined's limit semantics: 0 → 100, -1 → all, -2 → only the pagination."""
-    records.reject_nul(name=name, description=description, labels=labels, users=users)
-    sort_by = records.parse_choice(sortBy, _SORTS, "sortBy", "SORT_BY_ID")
-    desc = records.parse_order(orderBy)
-    wanted_states = records.parse_states(states, records.EXPERIMENT_STATES, "states")
+    serializers.reject_nul(name=name, description=description, labels=labels, users=users)
+    sort_by = serializers.parse_choice(sortBy, _SORTS, "sortBy", "SORT_BY_ID")
+    desc = serializers.parse_order(orderBy)
+    wanted_states = serializers.parse_states(states, st.EXPERIMENT_STATES, "states")
 
     q = select(Experiment)
     if archived is not None:
@@ -277,11 +277,11 @@ def list_experiments(
     total = db.scalar(select(func.count()).select_from(q.subquery())) or 0
     effective = {0: _DEFAULT_LIMIT, -1: 0, -2: -2}.get(limit, limit)
     if effective == -2:
-        return {"experiments": [], "pagination": records.pagination_json(offset, limit, total, 0)}
+        return {"experiments": [], "pagination": serializers.pagination_json(offset, limit, total, 0)}
 
     if sort_by == "SORT_BY_SEARCHER_METRIC_VAL":
         exps = _sorted_by_searcher_metric(db, list(db.scalars(q)), desc)
-        exps = records.page(exps, offset, effective)
+        exps = serializers.page(exps, offset, effective)
     else:
         col = _sort_column(sort_by)
         key = col.desc() if desc else col.asc()
@@ -292,14 +292,14 @@ def list_experiments(
             q = q.limit(effective)
         exps = list(db.scalars(q))
     return {
-        "experiments": records.experiments_json(db, exps),
-        "pagination": records.pagination_json(offset, limit, total, len(exps)),
+        "experiments": serializers.experiments_json(db, exps),
+        "pagination": serializers.pagination_json(offset, limit, total, len(exps)),
     }
 
 
 def _sorted_by_searcher_metric(db: Session, exps: list[Experiment], desc: bool) -> list[Experiment]:
     """By each experiment's best trial metric; experiments without one last, either direction."""
-    extras = records.experiment_extras(db, exps)
+    extras = serializers.experiment_extras(db, exps)
     with_metric = [e for e in exps if extras[e.id].best_metric is not None]
     without = [e for e in exps if extras[e.id].best_metric is None]
     with_metric.sort(key=lambda e: (extras[e.id].best_metric, e.id), reverse=desc)
@@ -340,19 +340,19 @@ def get_experiment(
     p: Principal = Depends(deps.principal),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
-    exp = records.get_experiment(db, experimentId)
-    records.require_read_experiment(db, p, exp)
+    exp = access.get_experiment(db, experimentId)
+    access.require_read_experiment(db, p, exp)
     return {
-        "experiment": records.experiments_json(db, [exp])[0],
-        "config": records.redact_config(exp.config),
+        "experiment": serializers.experiments_json(db, [exp])[0],
+        "config": serializers.redact_config(exp.config),
         "jobSummary": job_summary(db, exp),
     }
 
 
 # -- changes ---------------------------------------------------------------------------------------
 def _owned(db: Session, p: Principal, experiment_id: int) -> Experiment:
-    exp = records.get_experiment(db, experiment_id)
-    records.require_owner(p, exp)
+    exp = access.get_experiment(db, experiment_id)
+    access.require_owner(p, exp)
     return exp
 
 
@@ -440,15 +440,15 @@ def patch_experiment(
     if body.name is not None:
         if not body.name.strip():
             raise bad_request("must not be empty", "name")
-        exp.name = records.clean_text(body.name)
+        exp.name = serializers.clean_text(body.name)
     if body.description is not None:
-        exp.description = records.clean_text(body.description)
+        exp.description = serializers.clean_text(body.description)
     if body.notes is not None:
-        exp.notes = records.clean_text(body.notes)
+        exp.notes = serializers.clean_text(body.notes)
     if body.labels is not None:
         exp.labels = list(dict.fromkeys(_check_label(x, f"labels[{i}]") for i, x in enumerate(body.labels)))
     db.flush()
-    return {"experiment": records.experiments_json(db, [exp])[0]}
+    return {"experiment": serializers.experiments_json(db, [exp])[0]}
 
 
 @router.put("/api/v1/experiments/{experimentId}/labels/{label}")
@@ -467,7 +467,7 @@ def delete_label(
     experimentId: int, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
-    records.reject_nul(label=label)
+    serializers.reject_nul(label=label)
     exp.labels = [x for x in (exp.labels or []) if x != label]
     return {"labels": list(exp.labels)}
 
@@ -482,8 +482,8 @@ def delete_experiment(
     """Removes the experiment, its trials, metrics, logs and model definition. Its checkpoints
     stay as rows in state STATE_DELETING for the checkpoint GC worker, which deletes the files
     (the row keeps the storage config) and then marks them STATE_DELETED."""
-    exp = records.get_experiment(db, experimentId, for_update=True)
-    records.require_owner(p, exp)
+    exp = access.get_experiment(db, experimentId, for_update=True)
+    access.require_owner(p, exp)
     if exp.state not in st.EXP_TERMINAL:
         raise conflict(f"experiment {exp.id} is {exp.state}; only a finished experiment can be deleted")
     live = db.scalar(
@@ -510,8 +510,8 @@ def delete_experiment(
     now = master.clock()
     db.execute(
         update(Checkpoint)
-        .where(Checkpoint.experiment_id == exp.id, Checkpoint.state.not_in(records.CKPT_GONE))
-        .values(state=records.CKPT_DELETING)
+        .where(Checkpoint.experiment_id == exp.id, Checkpoint.state.not_in(st.CKPT_GONE))
+        .values(state=st.CKPT_DELETING)
     )
     db.execute(update(Checkpoint).where(Checkpoint.experiment_id == exp.id).values(trial_id=None))
     if trial_ids:

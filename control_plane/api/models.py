@@ -11,14 +11,14 @@ from pydantic import Field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from control_plane import gc_hooks, records
-from control_plane import states as st
-from control_plane.api import deps
-from control_plane.api.errors import APIError, bad_request, conflict, forbidden, not_found
+from control_plane.api import deps, serializers
 from control_plane.api.wire import StrictWire, ts
 from control_plane.auth import Principal
+from control_plane.core import states as st
 from control_plane.db.models import Checkpoint, Experiment, Model, ModelVersion, User
+from control_plane.errors import Conflict, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
+from control_plane.services import checkpoint_gc as gc_hooks
 
 router = APIRouter()
 
@@ -79,9 +79,9 @@ def get_models(_p: Principal = Depends(deps.user), db: Session = Depends(deps.ge
     if archived is not None:
         q = q.where(Model.archived == archived)
     models = list(db.scalars(q))
-    shown = records.page(models, offset, limit)
+    shown = serializers.page(models, offset, limit)
     return {"models": [_model_out(db, m) for m in shown],
-            "pagination": records.pagination_json(offset, limit, len(models), len(shown))}
+            "pagination": serializers.pagination_json(offset, limit, len(models), len(shown))}
 
 
 @router.get("/api/v1/models/{modelName}")
@@ -108,7 +108,7 @@ def _version_json(db: Session, v: ModelVersion, m: Model) -> dict[str, Any]:
         "creationTime": ts(v.created_at), "lastUpdatedTime": ts(v.created_at),
         "userId": v.owner_id, "username": owner.username if owner else "",
         "model": _model_out(db, m),
-        "checkpoint": records.checkpoint_json(ckpt, records.checkpoint_context(db, [ckpt])) if ckpt else None,
+        "checkpoint": serializers.checkpoint_json(ckpt, serializers.checkpoint_context(db, [ckpt])) if ckpt else None,
     }
 
 
@@ -123,8 +123,8 @@ def post_model_version(modelName: str, body: PostModelVersion, p: Principal = De
     ckpt = db.get(Checkpoint, body.checkpoint_uuid)
     if ckpt is None:
         raise bad_request(f"no checkpoint {body.checkpoint_uuid}", "checkpointUuid")
-    if ckpt.state not in records.CKPT_LIVE:
-        raise APIError(409, f"checkpoint {ckpt.uuid} is {records.checkpoint_wire_state(ckpt.state)}")
+    if ckpt.state not in st.CKPT_LIVE:
+        raise Conflict(f"checkpoint {ckpt.uuid} is {st.checkpoint_wire_state(ckpt.state)}")
     last = db.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.model_id == m.id)) or 0
     v = ModelVersion(model_id=m.id, version=last + 1, checkpoint_uuid=ckpt.uuid, name=body.name,
                      comment=body.comment, notes=body.notes, metadata_=body.metadata, labels=body.labels,
@@ -140,9 +140,9 @@ def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: S
                        offset: int = 0, limit: int = 0) -> dict[str, Any]:
     m = _model(db, modelName)
     versions = list(db.scalars(select(ModelVersion).where(ModelVersion.model_id == m.id).order_by(ModelVersion.version)))
-    shown = records.page(versions, offset, limit)
+    shown = serializers.page(versions, offset, limit)
     return {"model": _model_out(db, m), "modelVersions": [_version_json(db, v, m) for v in shown],
-            "pagination": records.pagination_json(offset, limit, len(versions), len(shown))}
+            "pagination": serializers.pagination_json(offset, limit, len(versions), len(shown))}
 
 
 @router.get("/api/v1/models/{modelName}/versions/{modelVersionNum}")
@@ -164,7 +164,7 @@ def gc_experiment(experimentId: int, p: Principal = Depends(deps.user), master: 
     if not p.admin and exp.owner_id != p.user_id:
         raise forbidden("only the experiment's owner or an admin can do this")
     if exp.state not in st.EXP_TERMINAL:
-        raise APIError(409, "checkpoint GC runs on ended experiments only")
+        raise Conflict("checkpoint GC runs on ended experiments only")
     doomed = gc_hooks.mark_for_gc(db, exp)
     master.notify(db)
     return {"deleting": doomed}

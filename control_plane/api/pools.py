@@ -8,12 +8,12 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane import states as st
 from control_plane.api import deps
-from control_plane.api.errors import bad_request, not_found
 from control_plane.api.wire import ts
 from control_plane.auth import Principal
+from control_plane.core import states as st
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
+from control_plane.errors import bad_request, not_found
 from control_plane.master import Master
 
 router = APIRouter()

@@ -13,36 +13,36 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane import lifecycle, records
-from control_plane import states as st
 from control_plane.api import deps
-from control_plane.api.errors import bad_request, forbidden, not_found
 from control_plane.api.wire import StrictWire, Wire, ts
 from control_plane.auth import Principal, TokenKind
+from control_plane.core import states as st
+from control_plane.core.searcher import ExitedReason
 from control_plane.db.models import Allocation, Experiment, ModelDefinition, Trial
+from control_plane.errors import bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.searcher import ExitedReason
+from control_plane.services import access, lifecycle
 
 router = APIRouter()
 
 
 def _trial(db: Session, p: Principal, trial_id: int) -> Trial:
-    trial = records.get_trial(db, trial_id)
-    records.require_read_trial(p, trial)
+    trial = access.get_trial(db, trial_id)
+    access.require_read_trial(p, trial)
     return trial
 
 
 def _owner_or_allocation(db: Session, p: Principal, trial: Trial) -> None:
     """Writes: the trial's own allocation, the experiment's owner, or an admin."""
-    records.require_trial_writer(p, trial, records.get_experiment(db, trial.experiment_id))
+    access.require_trial_writer(p, trial, access.get_experiment(db, trial.experiment_id))
 
 
 @router.get("/api/v1/experiments/{experimentId}/model_def")
 def model_def(
     experimentId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
-    exp = records.get_experiment(db, experimentId)
-    records.require_read_experiment(db, p, exp)
+    exp = access.get_experiment(db, experimentId)
+    access.require_read_experiment(db, p, exp)
     md = db.get(ModelDefinition, exp.model_definition_id)
     if md is None:
         raise not_found("model definition")

@@ -36,14 +36,15 @@ from sqlalchemy import Select, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from control_plane import lifecycle, records
-from control_plane import states as st
-from control_plane.api import deps
-from control_plane.api.errors import bad_request, forbidden, not_found
+from control_plane.api import deps, serializers
 from control_plane.api.wire import StrictWire, ts
 from control_plane.auth import Principal, TokenKind
+from control_plane.core import metrics as metric_values
+from control_plane.core import states as st
 from control_plane.db.models import Allocation, Experiment, Metric, TaskLog, Trial
+from control_plane.errors import bad_request, forbidden, not_found
 from control_plane.master import Master
+from control_plane.services import access, lifecycle
 
 log = logging.getLogger("shipyard.api.trials")
 router = APIRouter()
@@ -73,7 +74,7 @@ def _trial_sort_key(sort_by: str, t: Trial, smaller_is_better: bool, ckpt_size: 
     if sort_by == "SORT_BY_BEST_VALIDATION_METRIC":
         return t.best_validation if t.best_validation == t.best_validation else None  # NaN → last
     if sort_by == "SORT_BY_LATEST_VALIDATION_METRIC":
-        value = records.metric_number((t.latest_validation or {}).get("searcherMetric"))
+        value = metric_values.metric_number((t.latest_validation or {}).get("searcherMetric"))
         return value if value is not None and value == value else None
     if sort_by == "SORT_BY_BATCHES_PROCESSED":
         return t.steps_completed
@@ -99,29 +100,29 @@ def list_trials(
     limit: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
     """`limit` 0 means no limit (Determined)."""
-    exp = records.get_experiment(db, experimentId)
-    records.require_read_experiment(db, p, exp)
-    sort_by = records.parse_choice(sortBy, _TRIAL_SORTS, "sortBy", "SORT_BY_ID")
-    desc = records.parse_order(orderBy)
-    wanted = records.parse_states(states, records.EXPERIMENT_STATES | records.TRIAL_STATES, "states")
+    exp = access.get_experiment(db, experimentId)
+    access.require_read_experiment(db, p, exp)
+    sort_by = serializers.parse_choice(sortBy, _TRIAL_SORTS, "sortBy", "SORT_BY_ID")
+    desc = serializers.parse_order(orderBy)
+    wanted = serializers.parse_states(states, st.EXPERIMENT_STATES | st.TRIAL_STATES, "states")
     if "STATE_ACTIVE" in wanted:
-        wanted |= records.TRIAL_ACTIVE_SUBSTATES
+        wanted |= st.TRIAL_ACTIVE_SUBSTATES
     q = select(Trial).where(Trial.experiment_id == exp.id)
     if wanted:
         q = q.where(Trial.state.in_(wanted))
     trials = list(db.scalars(q.order_by(Trial.id)))
     now = master.clock()
-    ckpts = records.trial_checkpoints(db, [t.id for t in trials])
-    _, smaller = records.searcher_settings(exp.config)
+    ckpts = serializers.trial_checkpoints(db, [t.id for t in trials])
+    _, smaller = serializers.searcher_settings(exp.config)
     keyed = [(_trial_sort_key(sort_by, t, smaller, ckpts[t.id].size, now), t) for t in trials]
     present = [(k, t) for k, t in keyed if k is not None]
     missing = [t for k, t in keyed if k is None]
     present.sort(key=lambda kt: (kt[0], kt[1].id), reverse=desc)
     ordered = [t for _, t in present] + missing
-    chosen = records.page(ordered, offset, limit)
+    chosen = serializers.page(ordered, offset, limit)
     return {
-        "trials": [records.trial_json(t, ckpts[t.id], now) for t in chosen],
-        "pagination": records.pagination_json(offset, limit, len(ordered), len(chosen)),
+        "trials": [serializers.trial_json(t, ckpts[t.id], now) for t in chosen],
+        "pagination": serializers.pagination_json(offset, limit, len(ordered), len(chosen)),
     }
 
 
@@ -132,9 +133,9 @@ def get_trial(
     master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
-    trial = records.get_trial(db, trialId)
-    records.require_read_trial(p, trial)
-    return {"trial": records.trials_json(db, [trial], master.clock())[0]}
+    trial = access.get_trial(db, trialId)
+    access.require_read_trial(p, trial)
+    return {"trial": serializers.trials_json(db, [trial], master.clock())[0]}
 
 
 # -- metric reports --------------------------------------------------------------------------------
@@ -190,20 +191,20 @@ def _upsert_statement(db: Session, rows: list[dict[str, Any]] | None) -> Any:
 def _validation_snapshot(
     steps: int, run_id: int, report_time: str | None, metrics: dict[str, Any], metric_name: str | None
 ) -> dict[str, Any]:
-    value = records.metric_number(metrics.get(metric_name)) if metric_name else None
+    value = metric_values.metric_number(metrics.get(metric_name)) if metric_name else None
     return {
         "stepsCompleted": steps,
         "trialRunId": run_id,
         "reportTime": report_time,
         "metrics": metrics,
-        "searcherMetric": records.wire_float(value),
+        "searcherMetric": metric_values.wire_float(value),
     }
 
 
 def _recompute_validations(db: Session, trial: Trial, exp: Experiment) -> None:
     """latest_validation = the highest step's report plus, under "best", the best one so far;
     best_validation = that best searcher metric. Rebuilt from the rows after a replacement."""
-    metric_name, smaller = records.searcher_settings(exp.config)
+    metric_name, smaller = serializers.searcher_settings(exp.config)
     latest: dict[str, Any] | None = None
     best: dict[str, Any] | None = None
     best_value: float | None = None
@@ -216,22 +217,22 @@ def _recompute_validations(db: Session, trial: Trial, exp: Experiment) -> None:
             metric_name,
         )
         latest = snap
-        value = records.metric_number(snap["searcherMetric"])
-        if value is not None and records.better(value, best_value, smaller):
+        value = metric_values.metric_number(snap["searcherMetric"])
+        if value is not None and metric_values.better(value, best_value, smaller):
             best, best_value = snap, value
     trial.latest_validation = None if latest is None else {**latest, "best": best}
     trial.best_validation = best_value
 
 
 def _note_validation(trial: Trial, exp: Experiment, snap: dict[str, Any]) -> None:
-    _, smaller = records.searcher_settings(exp.config)
+    _, smaller = serializers.searcher_settings(exp.config)
     current = trial.latest_validation or {}
     best = current.get("best")
     latest = {k: v for k, v in current.items() if k != "best"} or None
     if latest is None or snap["stepsCompleted"] >= int(latest.get("stepsCompleted") or 0):
         latest = snap
-    value = records.metric_number(snap["searcherMetric"])
-    if value is not None and records.better(value, trial.best_validation, smaller):
+    value = metric_values.metric_number(snap["searcherMetric"])
+    if value is not None and metric_values.better(value, trial.best_validation, smaller):
         best = snap
         trial.best_validation = value
     trial.latest_validation = {**latest, "best": best}
@@ -259,11 +260,11 @@ def store_reports(
         if body.trial_id != trial.id:
             raise bad_request(f"trial {body.trial_id} does not match the trial in the path ({trial.id})",
                               f"{where}.trialId")
-        avg = records.json_safe(body.metrics.avg_metrics)
+        avg = metric_values.json_safe(body.metrics.avg_metrics)
         doc: dict[str, Any] = {"validation_metrics": avg} if group == "validation" else {"avg_metrics": avg}
         if group != "validation" and body.metrics.batch_metrics is not None:
-            doc["batch_metrics"] = records.json_safe(body.metrics.batch_metrics)
-        report_time = records.parse_time(body.report_time, f"{where}.reportTime") or now
+            doc["batch_metrics"] = metric_values.json_safe(body.metrics.batch_metrics)
+        report_time = serializers.parse_time(body.report_time, f"{where}.reportTime") or now
         parsed.append(_Report(group, body.steps_completed, body.trial_run_id, report_time, avg, doc))
 
     # What is stored already, and what earlier items of this same batch will have stored.
@@ -299,14 +300,14 @@ def store_reports(
     if replaced_validation:
         _recompute_validations(db, trial, exp)
     else:
-        metric_name, _ = records.searcher_settings(exp.config)
+        metric_name, _ = serializers.searcher_settings(exp.config)
         for r in accepted:
             if r.group == "validation":
                 _note_validation(trial, exp, _validation_snapshot(r.steps, r.run_id, ts(r.report_time), r.avg,
                                                                   metric_name))
     db.flush()
     for r in accepted:
-        lifecycle.on_metrics_reported(db, master, trial, r.group, r.steps, records.decode_nonfinite(r.avg))
+        lifecycle.on_metrics_reported(db, master, trial, r.group, r.steps, metric_values.decode_nonfinite(r.avg))
     return len(accepted)
 
 
@@ -318,10 +319,10 @@ def _writable_trial(db: Session, p: Principal, trial_id: int, groups: set[str]) 
     PostgreSQL. Training and custom groups lock only the trial, so the trials of one experiment
     report in parallel."""
     deps.require_trial_access(p, trial_id)
-    trial = records.get_trial(db, trial_id)
-    exp = records.get_experiment(db, trial.experiment_id, for_update="validation" in groups)
-    records.require_trial_writer(p, trial, exp)
-    trial = records.get_trial(db, trial_id, for_update=True)
+    trial = access.get_trial(db, trial_id)
+    exp = access.get_experiment(db, trial.experiment_id, for_update="validation" in groups)
+    access.require_trial_writer(p, trial, exp)
+    trial = access.get_trial(db, trial_id, for_update=True)
     return trial, exp
 
 
@@ -407,7 +408,7 @@ def _readable_trials(db: Session, p: Principal, trial_ids: list[int]) -> None:
     for tid in trial_ids:
         if tid not in found:
             raise not_found(f"trial {tid}")
-        records.require_read_trial(p, found[tid])
+        access.require_read_trial(p, found[tid])
 
 
 def _metrics_stream(
@@ -461,7 +462,7 @@ def _metrics_stream_endpoint(fixed_group: str | None) -> Callable[..., Streaming
         limit: Annotated[int, Query(ge=0)] = 0,
     ) -> StreamingResponse:
         chosen = fixed_group or group
-        records.reject_nul(group=chosen)
+        serializers.reject_nul(group=chosen)
         if not chosen:
             raise bad_request("a metric group is required (e.g. training, validation)", "group")
         with master.read_sessions() as db:
@@ -501,9 +502,9 @@ def list_trial_metrics(
     limit: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
     """Shipyard: a trial's reports in step order, `startStep` ≤ step ≤ `endStep`; limit 0 = all."""
-    records.reject_nul(group=group)
-    trial = records.get_trial(db, trialId)
-    records.require_read_trial(p, trial)
+    serializers.reject_nul(group=group)
+    trial = access.get_trial(db, trialId)
+    access.require_read_trial(p, trial)
     q = select(Metric).where(Metric.trial_id == trial.id)
     if group:
         q = q.where(Metric.group_name == group)
@@ -517,7 +518,7 @@ def list_trial_metrics(
         q = q.limit(limit)
     rows = list(db.scalars(q))
     return {"metrics": [metric_row_json(m) for m in rows],
-            "pagination": records.pagination_json(offset, limit, total, len(rows))}
+            "pagination": serializers.pagination_json(offset, limit, total, len(rows))}
 
 
 # -- logs: ingest ----------------------------------------------------------------------------------
@@ -566,7 +567,7 @@ def _check_log_writer(db: Session, p: Principal, entries: list[TaskLogIn]) -> No
     """Admin: any task. Allocation token: its own task (and allocation). Agent token: tasks with
     an allocation in its pool (on its own agent when the token is bound to one)."""
     for i, e in enumerate(entries):
-        records.reject_nul(**{f"logs[{i}].taskId": e.task_id})
+        serializers.reject_nul(**{f"logs[{i}].taskId": e.task_id})
     tasks = {e.task_id for e in entries}
     known = set(db.scalars(select(Trial.task_id).where(Trial.task_id.in_(tasks))))
     known |= set(db.scalars(select(Allocation.task_id).where(Allocation.task_id.in_(tasks))))
@@ -616,14 +617,14 @@ def post_task_logs(
         return {}
     _check_log_writer(db, p, body.logs)
     now = master.clock()
-    clean = records.clean_text
+    clean = serializers.clean_text
     rows = [
         {
             "task_id": e.task_id,
             "allocation_id": clean(e.allocation_id) if e.allocation_id else None,
             "agent_id": clean(e.agent_id) if e.agent_id else None,
             "rank": e.rank_id,
-            "timestamp": records.parse_time(e.timestamp, f"logs[{i}].timestamp") or now,
+            "timestamp": serializers.parse_time(e.timestamp, f"logs[{i}].timestamp") or now,
             "level": _level(e.level, f"logs[{i}].level"),
             "stdtype": clean(e.stdtype or "stdout"),
             "source": clean(e.source or "task"),
@@ -684,8 +685,8 @@ class LogFilter:
         self.levels = [_level(v, "levels") for v in levels]
         self.stdtypes, self.sources, self.agent_ids = stdtypes, sources, agent_ids
         self.rank_ids, self.allocation_ids = rank_ids, allocation_ids
-        self.after = records.parse_time(timestamp_after, "timestampAfter")
-        self.before = records.parse_time(timestamp_before, "timestampBefore")
+        self.after = serializers.parse_time(timestamp_after, "timestampAfter")
+        self.before = serializers.parse_time(timestamp_before, "timestampBefore")
         self.search_text = search_text or None
         self.regex: re.Pattern[str] | None = None
         if self.search_text and enable_regex:
@@ -791,9 +792,9 @@ def _log_params(
     timestampAfter: str | None = None,
     timestampBefore: str | None = None,
 ) -> tuple[LogFilter, bool, int, bool]:
-    records.reject_nul(stdtypes=stdtypes, sources=sources, agentIds=agentIds, allocationIds=allocationIds,
+    serializers.reject_nul(stdtypes=stdtypes, sources=sources, agentIds=agentIds, allocationIds=allocationIds,
                        searchText=searchText)
-    desc = records.parse_order(orderBy)
+    desc = serializers.parse_order(orderBy)
     if follow and desc:
         raise bad_request("follow cannot be combined with ORDER_BY_DESC", "orderBy")
     flt = LogFilter(
@@ -812,8 +813,8 @@ def trial_logs(
     params: tuple[LogFilter, bool, int, bool] = Depends(_log_params),
 ) -> StreamingResponse:
     with master.read_sessions() as db:
-        trial = records.get_trial(db, trialId)
-        records.require_read_trial(p, trial)
+        trial = access.get_trial(db, trialId)
+        access.require_read_trial(p, trial)
     flt, follow, limit, desc = params
 
     def over(s: Session) -> bool:
@@ -831,11 +832,11 @@ def task_logs(
     master: Master = Depends(deps.get_master),
     params: tuple[LogFilter, bool, int, bool] = Depends(_log_params),
 ) -> StreamingResponse:
-    records.reject_nul(taskId=taskId)
+    serializers.reject_nul(taskId=taskId)
     with master.read_sessions() as db:
         trial = db.scalar(select(Trial).where(Trial.task_id == taskId))
         if trial is not None:
-            records.require_read_trial(p, trial)
+            access.require_read_trial(p, trial)
         else:
             if db.scalar(select(func.count()).where(Allocation.task_id == taskId)) == 0:
                 raise not_found(f"task {taskId!r}")

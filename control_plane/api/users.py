@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 import control_plane
 from control_plane import auth
 from control_plane.api import deps
-from control_plane.api.errors import APIError, bad_request, conflict, forbidden, not_found
 from control_plane.api.wire import StrictWire, pagination, ts
 from control_plane.auth import Principal, TokenKind
 from control_plane.db.models import Token, User
+from control_plane.errors import PermissionDenied, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
 
 log = logging.getLogger("shipyard.api.users")
@@ -74,9 +74,9 @@ def login(
     # The same answer for an unknown user and a wrong password: no user enumeration.
     if u is None or not auth.verify_password(u.password_hash, body.password, is_hashed=body.is_hashed):
         log.info("event=login_failed username=%s", body.username)
-        raise APIError(403, "invalid credentials")
+        raise PermissionDenied("invalid credentials")
     if not u.active:
-        raise APIError(403, "user is deactivated")
+        raise PermissionDenied("user is deactivated")
     now = master.clock()
     u.last_auth_at = now
     token = auth.issue_token(

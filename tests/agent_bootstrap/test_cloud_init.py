@@ -1,5 +1,5 @@
 """cloud-init user-data (agent_bootstrap/cloud_init.py), its boot script, and the agent package the
-master serves (control_plane/api/agent_package.py)."""
+master serves (agent_bootstrap/package.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from agent_bootstrap.cloud_init import (
     render_user_data,
     validate_agent_options,
 )
-from control_plane.api.agent_package import build_agent_package
+from agent_bootstrap.package import build_agent_package
 from tests.e2e.boot import FakeMetadataServer, parse_unit, parse_user_data, write_files
 
 TOKEN = "bootstrap-SECRET-token-0123456789abcdef"
@@ -155,11 +155,10 @@ def test_agent_package_is_deterministic_and_has_no_bytecode() -> None:
         assert all(m.mtime == tar.getmembers()[0].mtime for m in tar.getmembers())
     assert "agent_bootstrap/__init__.py" in names
     assert "agent_bootstrap/agent/__main__.py" in names
-    assert "control_plane/__init__.py" in names and "control_plane/model_def.py" in names
+    assert "shipyard_common/__init__.py" in names and "shipyard_common/model_def.py" in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
-    # Nothing of the master beyond what the agent imports.
-    assert not any(n.startswith("control_plane/") and n not in ("control_plane", "control_plane/__init__.py",
-                                                                "control_plane/model_def.py") for n in names)
+    # Nothing of the master: the agent imports only agent_bootstrap and shipyard_common.
+    assert not any(n.startswith("control_plane") for n in names)
 
 
 def test_agent_package_endpoint_serves_a_runnable_agent(client: Any, admin_headers: dict[str, str],
@@ -187,7 +186,7 @@ def test_agent_package_endpoint_serves_a_runnable_agent(client: Any, admin_heade
     assert "--instance-id" in proc.stdout
     # ...and it really is the unpacked copy that ran, not the test's source tree.
     where = subprocess.run(
-        [sys.executable, "-c", "import agent_bootstrap.agent.daemon as d, control_plane.model_def as m;"
+        [sys.executable, "-c", "import agent_bootstrap.agent.daemon as d, shipyard_common.model_def as m;"
                                "print(d.__file__); print(m.__file__)"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert where.returncode == 0, where.stderr

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from control_plane import auth
-from control_plane import states as st
+from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Experiment, ModelDefinition, Trial
 from tests.conftest import login

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 
 from control_plane import auth
-from control_plane import states as st
+from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Allocation, Metric, TaskLog, Trial
 from tests.control_plane.api.test_experiments import (

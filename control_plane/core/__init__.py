@@ -1,0 +1,1 @@
+"""Pure decision cores: no I/O, no clock, no database, no provider."""

@@ -1,0 +1,31 @@
+"""Scaling of elastic resource pools: the pure scale decider (see decider.py)."""
+
+from control_plane.core.scaling.decider import (
+    DEFAULT_MAX_AGENT_STARTING_PERIOD,
+    DEFAULT_MAX_DISCONNECTED_PERIOD,
+    DEFAULT_MAX_IDLE_AGENT_PERIOD,
+    InstanceView,
+    PendingDemand,
+    PoolLimits,
+    ScaleDecision,
+    Termination,
+    decide,
+    instances_needed,
+    lower_bound_instances,
+    summarize,
+)
+
+__all__ = [
+    "DEFAULT_MAX_AGENT_STARTING_PERIOD",
+    "DEFAULT_MAX_DISCONNECTED_PERIOD",
+    "DEFAULT_MAX_IDLE_AGENT_PERIOD",
+    "InstanceView",
+    "PendingDemand",
+    "PoolLimits",
+    "ScaleDecision",
+    "Termination",
+    "decide",
+    "instances_needed",
+    "lower_bound_instances",
+    "summarize",
+]

@@ -1,0 +1,71 @@
+"""Domain errors: what the master refuses and why, in the domain's words.
+
+Services, cores' shells and the API raise these; `control_plane/api/errors.py` is the one place
+that maps each kind to an HTTP status (and to Determined's error body). Nothing below the API
+knows about HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    field: str
+    reason: str
+
+
+class DomainError(Exception):
+    def __init__(self, message: str, details: list[FieldProblem] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or []
+
+
+class Invalid(DomainError):
+    """The input is wrong: a field, a config, a request that can never succeed as sent."""
+
+
+class Unauthenticated(DomainError):
+    """No valid credential."""
+
+
+class PermissionDenied(DomainError):
+    """A valid credential that may not do this."""
+
+
+class NotFound(DomainError):
+    """The thing named does not exist (or the caller may not know it exists)."""
+
+
+class Conflict(DomainError):
+    """The request is valid but the current state forbids it (wrong state, duplicate, stale)."""
+
+
+class TooLarge(DomainError):
+    """A body or a value beyond its limit."""
+
+
+class Internal(DomainError):
+    """The record is inconsistent: a bug, never the caller's fault."""
+
+
+def bad_request(message: str, field: str | None = None) -> Invalid:
+    details = [FieldProblem(field, message)] if field else []
+    return Invalid(f"{field}: {message}" if field else message, details)
+
+
+def not_found(what: str) -> NotFound:
+    return NotFound(f"{what} not found")
+
+
+def forbidden(message: str = "permission denied") -> PermissionDenied:
+    return PermissionDenied(message)
+
+
+def unauthenticated(message: str = "authentication required") -> Unauthenticated:
+    return Unauthenticated(message)
+
+
+def conflict(message: str) -> Conflict:
+    return Conflict(message)

@@ -1,0 +1,184 @@
+"""The pool loop: heartbeats, trial reconciliation, and placement — every tick (0.5 s) and at once
+whenever something changes (`master.notify()`).
+
+Shell code: it reads a snapshot from the database, asks the pure scheduler, and writes the
+result back in one transaction. Agents learn about their work through their long-poll."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane import auth
+from control_plane.core import states as st
+from control_plane.core.scheduling.priority import AgentSlots, PendingAllocation, RunningAllocation, schedule
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, Allocation, Token
+from control_plane.master import Master
+from control_plane.services import lifecycle
+
+log = logging.getLogger("shipyard.pools")
+
+# How long a trial asked to stop gracefully may take before it is killed.
+PREEMPT_GRACE = timedelta(minutes=5)
+
+
+def tick(master: Master) -> None:
+    with transaction(master.sessions) as s:
+        expire_agents(s, master)
+    with transaction(master.sessions) as s:
+        lifecycle.reconcile_all(s, master)
+    with transaction(master.sessions) as s:
+        escalate_preemptions(s, master)
+        for pool in master.config.resource_pools:
+            place(s, master, pool.name)
+
+
+# After the master (re)starts, agents get this long to reconnect before they count as lost: the
+# master was away, not them, and their reconnect backoff may be a few seconds long.
+RESTART_GRACE = timedelta(seconds=30)
+
+
+def expire_agents(s: Session, master: Master) -> None:
+    now = master.clock()
+    timeout = timedelta(seconds=master.config.agent_heartbeat_timeout_s)
+    if now - master.started_at < max(timeout, RESTART_GRACE):
+        return
+    cutoff = now - timeout
+    for agent in s.scalars(select(Agent).where(Agent.state == st.AGENT_CONNECTED, Agent.last_seen < cutoff)):
+        agent.state = st.AGENT_DISCONNECTED
+        agent.disconnected_at = now
+        log.warning("event=agent_lost agent_id=%s pool=%s last_seen=%s", agent.id, agent.pool, agent.last_seen)
+        end_agent_allocations(s, master, agent.id, st.CAUSE_AGENT_LOST, "agent stopped answering")
+
+
+def end_agent_allocations(s: Session, master: Master, agent_id: str, cause: str, reason: str,
+                          keep: set[str] | None = None) -> None:
+    for alloc in s.scalars(
+        select(Allocation).where(Allocation.agent_id == agent_id, Allocation.state.in_(st.ALLOC_ON_AGENT))
+    ):
+        if keep and alloc.id in keep:
+            continue
+        end_allocation(s, master, alloc, cause=cause, reason=reason, exit_code=None)
+
+
+def end_allocation(s: Session, master: Master, alloc: Allocation, *, cause: str, reason: str | None,
+                   exit_code: int | None) -> None:
+    if alloc.state == st.ALLOC_TERMINATED:
+        return
+    alloc.state = st.ALLOC_TERMINATED
+    alloc.ended_at = master.clock()
+    alloc.exit_code = exit_code
+    alloc.exit_reason = reason
+    # A process that exits after the master asked it to stop was stopped by the master.
+    if cause == st.CAUSE_EXITED and alloc.kill_requested:
+        cause = st.CAUSE_KILLED
+    elif cause == st.CAUSE_EXITED and alloc.preempt_requested and exit_code == 0:
+        cause = st.CAUSE_PREEMPTED
+    alloc.end_cause = cause
+    # The allocation's session token dies with it.
+    for t in s.scalars(select(Token).where(Token.allocation_id == alloc.id, Token.revoked_at.is_(None))):
+        t.revoked_at = master.clock()
+    log.info("event=allocation_ended allocation_id=%s trial_id=%s cause=%s exit_code=%s",
+             alloc.id, alloc.trial_id, cause, exit_code)
+    lifecycle.on_allocation_exited(s, master, alloc)
+    master.notify(s)
+
+
+def escalate_preemptions(s: Session, master: Master) -> None:
+    """A trial asked to stop gracefully that has not stopped within the grace period is killed."""
+    cutoff = master.clock() - PREEMPT_GRACE
+    for alloc in s.scalars(
+        select(Allocation).where(
+            Allocation.preempt_requested.is_(True),
+            Allocation.kill_requested.is_(False),
+            Allocation.state.in_(st.ALLOC_ON_AGENT),
+        )
+    ):
+        since = alloc.started_at or alloc.assigned_at or alloc.created_at
+        if since < cutoff:
+            alloc.kill_requested = True
+            log.warning("event=preemption_timeout allocation_id=%s", alloc.id)
+
+
+def place(s: Session, master: Master, pool: str) -> None:
+    agents = list(s.scalars(select(Agent).where(Agent.pool == pool)))
+    on_agents = list(
+        s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state.in_(st.ALLOC_ON_AGENT)))
+    )
+    pending = list(
+        s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state == st.ALLOC_PENDING))
+    )
+    now = master.clock()
+    used: dict[str, set[str]] = {}
+    for a in on_agents:
+        used.setdefault(a.agent_id or "", set()).update(str(x) for x in a.slot_ids)
+    busy_agents = {a.agent_id for a in on_agents}
+    for agent in agents:
+        # Idle tracking feeds the autoscaler's scale-down.
+        if agent.id in busy_agents:
+            agent.idle_since = None
+        elif agent.idle_since is None and agent.state == st.AGENT_CONNECTED:
+            agent.idle_since = now
+    if not pending:
+        return
+    pool_cfg = master.config.pool(pool)
+    decision = schedule(
+        [PendingAllocation(a.id, a.slots_needed, a.priority, a.created_at.timestamp()) for a in pending],
+        [
+            RunningAllocation(a.id, a.agent_id or "", tuple(str(x) for x in a.slot_ids), a.priority,
+                              stopping=a.preempt_requested or a.kill_requested)
+            for a in on_agents
+        ],
+        [
+            AgentSlots(
+                agent.id,
+                tuple(str(sl["id"]) for sl in agent.slots),
+                frozenset(used.get(agent.id, set())),
+                schedulable=agent.state == st.AGENT_CONNECTED and agent.enabled,
+            )
+            for agent in agents
+        ],
+        preemption=pool_cfg.scheduler.preemption if pool_cfg else True,
+    )
+    by_id = {a.id: a for a in pending}
+    for asg in decision.assignments:
+        alloc = by_id[asg.allocation_id]
+        alloc.state = st.ALLOC_ASSIGNED
+        alloc.agent_id = asg.agent_id
+        alloc.slot_ids = list(asg.slot_ids)
+        alloc.assigned_at = now
+        ensure_allocation_token(s, master, alloc)
+        log.info("event=allocation_assigned allocation_id=%s agent_id=%s slots=%s",
+                 alloc.id, asg.agent_id, list(asg.slot_ids))
+    running_by_id = {a.id: a for a in on_agents}
+    for victim in decision.preemptions:
+        alloc = running_by_id[victim]
+        if not alloc.preempt_requested:
+            alloc.preempt_requested = True
+            log.info("event=preempted_for_priority allocation_id=%s", alloc.id)
+    if decision.assignments or decision.preemptions:
+        master.notify(s)
+
+
+def allocation_token(master: Master, alloc: Allocation) -> str:
+    return master.derived_token(f"allocation:{alloc.id}")
+
+
+def ensure_allocation_token(s: Session, master: Master, alloc: Allocation) -> str:
+    token = allocation_token(master, alloc)
+    digest = auth.token_digest(token)
+    if s.scalar(select(Token).where(Token.token_hash == digest)) is None:
+        from control_plane.db.models import Experiment
+
+        exp = s.get(Experiment, alloc.experiment_id) if alloc.experiment_id else None
+        s.add(Token(token_hash=digest, kind=auth.TokenKind.ALLOCATION.value, allocation_id=alloc.id,
+                    trial_id=alloc.trial_id, user_id=exp.owner_id if exp else None, created_at=master.clock()))
+    return token
+
+
+def register(master: Master) -> None:
+    master.add_loop("pools", lambda: tick(master), master.config.scheduler_interval_s)

@@ -1,0 +1,64 @@
+"""Loading experiments and trials, and who may read or change them."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from control_plane.auth import Principal, TokenKind
+from control_plane.db.models import Experiment, Trial
+from control_plane.errors import forbidden, not_found
+
+
+def get_experiment(s: Session, experiment_id: int, *, for_update: bool = False) -> Experiment:
+    """With for_update, the row is locked (PostgreSQL; SQLite transactions already are) and
+    re-read, so values loaded before the lock cannot be stale."""
+    exp = s.get(Experiment, experiment_id, with_for_update=for_update or None, populate_existing=for_update)
+    if exp is None:
+        raise not_found(f"experiment {experiment_id}")
+    return exp
+
+
+def get_trial(s: Session, trial_id: int, *, for_update: bool = False) -> Trial:
+    trial = s.get(Trial, trial_id, with_for_update=for_update or None, populate_existing=for_update)
+    if trial is None:
+        raise not_found(f"trial {trial_id}")
+    return trial
+
+
+def require_read_trial(p: Principal, trial: Trial) -> None:
+    """Users may read every trial (Determined without RBAC); an allocation token only its own."""
+    if p.kind is TokenKind.USER:
+        return
+    if p.kind is TokenKind.ALLOCATION:
+        if p.trial_id != trial.id:
+            raise forbidden("this token belongs to another trial")
+        return
+    raise forbidden(f"a {p.kind.value} token cannot do this")
+
+
+def require_read_experiment(s: Session, p: Principal, exp: Experiment) -> None:
+    if p.kind is TokenKind.USER:
+        return
+    if p.kind is TokenKind.ALLOCATION and p.trial_id is not None:
+        trial = s.get(Trial, p.trial_id)
+        if trial is not None and trial.experiment_id == exp.id:
+            return
+        raise forbidden("this token belongs to another experiment")
+    raise forbidden(f"a {p.kind.value} token cannot do this")
+
+
+def require_owner(p: Principal, exp: Experiment) -> None:
+    """Changing an experiment (or its trials' data) needs its owner or an admin."""
+    if p.kind is not TokenKind.USER:
+        raise forbidden(f"a {p.kind.value} token cannot do this")
+    if not p.admin and p.user_id != exp.owner_id:
+        raise forbidden(f"experiment {exp.id} belongs to another user")
+
+
+def require_trial_writer(p: Principal, trial: Trial, exp: Experiment) -> None:
+    """Reports about a trial come from its own allocation, or from the experiment's owner/admin."""
+    if p.kind is TokenKind.ALLOCATION:
+        if p.trial_id != trial.id:
+            raise forbidden("this token belongs to another trial")
+        return
+    require_owner(p, exp)

@@ -1,0 +1,92 @@
+"""Checkpoint GC, the shell: when an experiment ends (or on `det experiment gc`), mark the
+checkpoints the policy drops as STATE_DELETING in the same transaction; the GC loop then deletes
+their files from storage and marks them STATE_DELETED. Level-triggered: a crash between the two
+leaves rows in STATE_DELETING, which the next pass finishes."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.core import states as st
+from control_plane.core.checkpoint_gc import CheckpointInfo, GCPolicy, checkpoints_to_delete
+from control_plane.db.engine import transaction
+from control_plane.db.models import Allocation, Checkpoint, Experiment, Metric, ModelVersion
+from control_plane.master import Master
+
+log = logging.getLogger("shipyard.gc")
+
+
+def policy_of(exp: Experiment) -> GCPolicy:
+    storage = exp.config.get("checkpoint_storage") or {}
+    searcher = exp.config.get("searcher") or {}
+    return GCPolicy(
+        save_experiment_best=int(storage.get("save_experiment_best") or 0),
+        save_trial_best=int(storage.get("save_trial_best") if storage.get("save_trial_best") is not None else 1),
+        save_trial_latest=int(storage.get("save_trial_latest") if storage.get("save_trial_latest") is not None else 1),
+        smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+    )
+
+
+def mark_for_gc(s: Session, exp: Experiment) -> list[str]:
+    ckpts = list(s.scalars(select(Checkpoint).where(Checkpoint.experiment_id == exp.id,
+                                                    Checkpoint.state.in_(st.CKPT_LIVE))))
+    if not ckpts:
+        return []
+    metric_name = (exp.config.get("searcher") or {}).get("metric")
+    trial_ids = {c.trial_id for c in ckpts if c.trial_id is not None}
+    metrics: dict[tuple[int, int], float] = {}
+    if metric_name and trial_ids:
+        for m in s.scalars(select(Metric).where(Metric.trial_id.in_(trial_ids), Metric.group_name == "validation")):
+            doc = m.metrics or {}
+            v = metrics.metric_number((doc.get("validation_metrics") or doc.get("avg_metrics") or {}).get(metric_name))
+            if v is not None:
+                metrics[(m.trial_id, m.steps_completed)] = v
+    protected = {u for (u,) in s.execute(select(Allocation.restored_checkpoint_uuid).where(
+        Allocation.experiment_id == exp.id, Allocation.restored_checkpoint_uuid.is_not(None)))}
+    protected |= {u for (u,) in s.execute(select(ModelVersion.checkpoint_uuid))}
+    infos = [CheckpointInfo(c.uuid, c.trial_id or 0, c.steps_completed, c.report_time.timestamp(),
+                            metrics.get((c.trial_id or 0, c.steps_completed))) for c in ckpts]
+    doomed = checkpoints_to_delete(infos, policy_of(exp), protected)
+    for c in ckpts:
+        if c.uuid in doomed:
+            c.state = st.CKPT_DELETING
+    log.info("event=checkpoint_gc_marked experiment_id=%s total=%d delete=%d", exp.id, len(ckpts), len(doomed))
+    return sorted(doomed)
+
+
+def on_experiment_ended(s: Session, master: Master, exp: Experiment) -> None:
+    mark_for_gc(s, exp)
+    master.notify(s)
+
+
+def delete_pending(master: Master, limit: int = 100) -> int:
+    """Delete the files of checkpoints in STATE_DELETING; returns how many finished."""
+    from harness.storage import CheckpointNotFound, from_config
+
+    with master.sessions() as s:
+        rows = [(c.uuid, dict(c.storage or {})) for c in s.scalars(
+            select(Checkpoint).where(Checkpoint.state == st.CKPT_DELETING).limit(limit))]
+    done = 0
+    for uuid, storage in rows:
+        try:
+            if storage:
+                from_config(storage).delete(uuid)
+        except CheckpointNotFound:
+            pass
+        except Exception as e:  # storage down: stay DELETING, retried on the next pass
+            log.warning("event=checkpoint_delete_failed uuid=%s error=%s", uuid, e)
+            continue
+        with transaction(master.sessions) as s:
+            c = s.get(Checkpoint, uuid)
+            if c is not None and c.state == st.CKPT_DELETING:
+                c.state, c.resources, c.size_bytes = st.CKPT_DELETED, {}, 0
+                done += 1
+        log.info("event=checkpoint_deleted uuid=%s", uuid)
+    return done
+
+
+def register(master: Master) -> None:
+    master.add_loop("checkpoint-gc", lambda: delete_pending(master), 5.0)

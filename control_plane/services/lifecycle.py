@@ -1,0 +1,398 @@
+"""Experiment and trial lifecycle: the shell around the pure searcher.
+
+Searcher operations become trial rows and allocations; agent and harness reports become state
+changes. Every entry point runs inside the caller's transaction and locks the experiment row, so
+the searcher's snapshot, the trials and the metric that moved it are committed together or not
+at all — a master killed at any instant resumes the exact search from the database.
+
+`reconcile` is level-triggered: it looks at what each trial should be doing and what its
+allocation is doing, and acts on the difference. Event handlers only record facts and let the
+next reconcile (run at once through `master.notify()`) do the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.core import states as st
+from control_plane.core.searcher import (
+    BaseSearchMethod,
+    Close,
+    Create,
+    ExitedReason,
+    Operation,
+    Shutdown,
+    ValidateAfter,
+    new_search_method,
+    restore_search_method,
+)
+from control_plane.db.models import Allocation, Experiment, Trial
+from control_plane.errors import Conflict, Invalid
+from control_plane.master import Master
+
+log = logging.getLogger("shipyard.lifecycle")
+
+
+# -- searcher plumbing ---------------------------------------------------------------------------
+def _lock(s: Session, exp: Experiment) -> Experiment:
+    """Serialise searcher updates of one experiment (SELECT … FOR UPDATE on PostgreSQL; SQLite
+    transactions already hold the write lock)."""
+    s.flush()
+    locked = s.get(Experiment, exp.id, with_for_update=True, populate_existing=True)
+    assert locked is not None
+    return locked
+
+
+def _seed(exp: Experiment) -> int:
+    return int((exp.config.get("reproducibility") or {}).get("experiment_seed") or 0)
+
+
+def _method(exp: Experiment) -> BaseSearchMethod:
+    cfg = exp.config
+    state = exp.searcher_state or {}
+    if "method" in state:
+        return restore_search_method(cfg["searcher"], cfg.get("hyperparameters") or {}, _seed(exp), state["method"])
+    return new_search_method(cfg["searcher"], cfg.get("hyperparameters") or {}, _seed(exp))
+
+
+def _save(exp: Experiment, method: BaseSearchMethod, shutdown: dict[str, Any] | None = None) -> None:
+    state = dict(exp.searcher_state or {})
+    state["method"] = method.snapshot()
+    if shutdown is not None:
+        state["shutdown"] = shutdown
+    exp.searcher_state = state
+    exp.searcher_event_seq = (exp.searcher_event_seq or 0) + 1
+    exp.progress = float(method.progress())
+
+
+def _trial_by_request(s: Session, exp: Experiment, request_id: str) -> Trial | None:
+    return s.scalar(select(Trial).where(Trial.experiment_id == exp.id, Trial.request_id == request_id))
+
+
+def _apply(s: Session, master: Master, exp: Experiment, method: BaseSearchMethod, ops: list[Operation]) -> None:
+    queue = list(ops)
+    shutdown: dict[str, Any] | None = None
+    while queue:
+        op = queue.pop(0)
+        if isinstance(op, Create):
+            if _trial_by_request(s, exp, op.request_id) is None:
+                s.add(
+                    Trial(
+                        experiment_id=exp.id,
+                        request_id=op.request_id,
+                        hparams=op.hparams,
+                        seed=op.trial_seed,
+                        state=st.TRIAL_QUEUED,
+                        task_id=f"{exp.id}.{op.request_id}",
+                        start_time=master.clock(),
+                    )
+                )
+                s.flush()
+                log.info("event=trial_created experiment_id=%s request_id=%s", exp.id, op.request_id)
+            queue.extend(method.trial_created(op.request_id))
+        elif isinstance(op, ValidateAfter):
+            trial = _trial_by_request(s, exp, op.request_id)
+            if trial is not None:
+                trial.searcher_target_length = op.length
+                trial.rung = _rung_of(exp, op.length)
+        elif isinstance(op, Close):
+            trial = _trial_by_request(s, exp, op.request_id)
+            if trial is not None:
+                trial.searcher_closed = True
+        elif isinstance(op, Shutdown):
+            shutdown = {"failure": op.failure, "reason": op.reason}
+            log.info("event=searcher_shutdown experiment_id=%s failure=%s", exp.id, op.failure)
+    _save(exp, method, shutdown)
+    master.notify(s)
+
+
+def _rung_of(exp: Experiment, length: int) -> int:
+    """Index of the ASHA rung a target length belongs to (0 for other searchers)."""
+    cfg = exp.config.get("searcher") or {}
+    if cfg.get("name") != "adaptive_asha":
+        return 0
+    divisor = float(cfg.get("divisor") or 4)
+    max_len = _max_length(cfg)
+    if not max_len or length <= 0:
+        return 0
+    return max(0, int(cfg.get("max_rungs") or 5) - 1 - round(math.log(max_len / length, divisor)))
+
+
+def _max_length(searcher_cfg: dict[str, Any]) -> int | None:
+    if searcher_cfg.get("max_time"):
+        return int(searcher_cfg["max_time"])
+    ml = searcher_cfg.get("max_length")
+    if isinstance(ml, dict) and ml:
+        return int(next(iter(ml.values())))
+    return int(ml) if ml else None
+
+
+# -- entry points --------------------------------------------------------------------------------
+def on_experiment_created(s: Session, master: Master, exp: Experiment) -> None:
+    exp = _lock(s, exp)
+    method = _method(exp)
+    _apply(s, master, exp, method, method.initial_operations())
+    reconcile_experiment(s, master, exp)
+
+
+_TRANSITIONS = {
+    "activate": ({st.EXP_PAUSED, st.EXP_ACTIVE}, st.EXP_ACTIVE),
+    "pause": ({st.EXP_ACTIVE, st.EXP_PAUSED}, st.EXP_PAUSED),
+    "cancel": ({st.EXP_ACTIVE, st.EXP_PAUSED, st.EXP_STOPPING_CANCELED}, st.EXP_STOPPING_CANCELED),
+    "kill": ({st.EXP_ACTIVE, st.EXP_PAUSED, st.EXP_STOPPING_CANCELED, st.EXP_STOPPING_KILLED,
+              st.EXP_STOPPING_COMPLETED, st.EXP_STOPPING_ERROR}, st.EXP_STOPPING_KILLED),
+}
+_TARGET_ALIASES = {
+    st.EXP_ACTIVE: "activate", st.EXP_PAUSED: "pause",
+    st.EXP_STOPPING_CANCELED: "cancel", st.EXP_CANCELED: "cancel",
+    st.EXP_STOPPING_KILLED: "kill",
+}
+
+
+def set_experiment_state(s: Session, master: Master, exp: Experiment, target: str) -> None:
+    """`target`: activate | pause | cancel | kill (or the matching state name)."""
+    action = _TARGET_ALIASES.get(target, target)
+    if action not in _TRANSITIONS:
+        raise Invalid(f"unknown experiment action {target!r}")
+    exp = _lock(s, exp)
+    allowed, new_state = _TRANSITIONS[action]
+    if exp.state in st.EXP_TERMINAL and action in ("cancel", "kill"):
+        return  # already over: nothing to stop
+    if exp.state not in allowed:
+        raise Conflict(f"cannot {action} an experiment in state {exp.state}")
+    if exp.state != new_state:
+        log.info("event=experiment_state experiment_id=%s from=%s to=%s", exp.id, exp.state, new_state)
+        exp.state = new_state
+    reconcile_experiment(s, master, exp)
+    master.notify(s)
+
+
+def on_metrics_reported(
+    s: Session, master: Master, trial: Trial, group: str, steps_completed: int, metrics: dict[str, Any]
+) -> None:
+    if group != "validation":
+        return
+    exp = s.get(Experiment, trial.experiment_id)
+    if exp is None:
+        return
+    metric_name = (exp.config.get("searcher") or {}).get("metric")
+    target = trial.searcher_target_length
+    if target is None or steps_completed < target or trial.searcher_closed:
+        return
+    if trial.searcher_completed_length is not None and trial.searcher_completed_length >= target:
+        return
+    value = metrics.get(metric_name) if metric_name else None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(float(value)):
+        warning = (
+            f"trial {trial.id} reported validation metrics at step {steps_completed} without the "
+            f"searcher metric {metric_name!r} (got {sorted(metrics)[:10]}); the searcher cannot proceed"
+        )
+        if warning not in (exp.warnings or []):
+            exp.warnings = [*(exp.warnings or []), warning]
+            log.warning("event=searcher_metric_missing experiment_id=%s trial_id=%s metric=%s",
+                        exp.id, trial.id, metric_name)
+        return
+    complete_operation(s, master, trial, target, float(value))
+
+
+def complete_operation(s: Session, master: Master, trial: Trial, length: int, metric: float) -> None:
+    exp = s.get(Experiment, trial.experiment_id)
+    assert exp is not None
+    exp = _lock(s, exp)
+    s.refresh(trial)
+    if trial.searcher_completed_length is not None and trial.searcher_completed_length >= length:
+        return  # a retried report: the searcher already has it
+    trial.searcher_completed_length = length
+    method = _method(exp)
+    _apply(s, master, exp, method, method.validation_completed(trial.request_id, metric, length))
+
+
+def on_trial_early_exit(s: Session, master: Master, trial: Trial, reason: ExitedReason) -> None:
+    """The trial's code said it cannot go on (invalid hparams) or the user stopped it."""
+    exp = s.get(Experiment, trial.experiment_id)
+    assert exp is not None
+    exp = _lock(s, exp)
+    method = _method(exp)
+    trial.searcher_closed = True
+    trial.exit_reason = f"early exit: {reason.value}"
+    _apply(s, master, exp, method, method.trial_exited_early(trial.request_id, reason))
+
+
+def on_checkpoint_reported(s: Session, master: Master, checkpoint: Any) -> None:
+    """Checkpoint rows are written by the API; nothing to decide here yet."""
+
+
+def on_allocation_exited(s: Session, master: Master, alloc: Allocation) -> None:
+    """Record what an ended allocation means for its trial; reconcile does the rest."""
+    if alloc.trial_id is None:
+        return
+    trial = s.get(Trial, alloc.trial_id)
+    if trial is None or trial.state in st.TRIAL_TERMINAL:
+        return
+    exp = s.get(Experiment, trial.experiment_id)
+    assert exp is not None
+    exp = _lock(s, exp)
+    cfg = exp.config
+    if alloc.end_cause == st.CAUSE_EXITED and alloc.exit_code not in (0, None):
+        trial.restarts += 1
+        max_restarts = int(cfg.get("max_restarts", 5))
+        log.info("event=trial_failed trial_id=%s exit_code=%s restarts=%s max_restarts=%s",
+                 trial.id, alloc.exit_code, trial.restarts, max_restarts)
+        if trial.restarts > max_restarts:
+            trial.exit_reason = f"exited with code {alloc.exit_code}; {max_restarts} restarts used up"
+            _end_trial(s, master, exp, trial, st.TRIAL_ERROR)
+            method = _method(exp)
+            _apply(s, master, exp, method, method.trial_exited_early(trial.request_id, ExitedReason.ERRORED))
+        return
+    if alloc.end_cause == st.CAUSE_EXITED and alloc.exit_code == 0 and _wants_slot(exp, trial):
+        # The process finished on its own while the searcher still had work for it: take it
+        # as the trial ending by itself (fixed-length searchers: done; ASHA: stopped early).
+        trial.searcher_closed = True
+        trial.exit_reason = "exited before its searcher operation completed"
+        log.info("event=trial_exited_early_by_itself trial_id=%s", trial.id)
+
+
+def _wants_slot(exp: Experiment, trial: Trial) -> bool:
+    if trial.searcher_closed or trial.searcher_target_length is None:
+        return False
+    done = trial.searcher_completed_length
+    return done is None or done < trial.searcher_target_length
+
+
+def _end_trial(s: Session, master: Master, exp: Experiment, trial: Trial, state: str) -> None:
+    if trial.state in st.TRIAL_TERMINAL:
+        return
+    trial.state = state
+    trial.end_time = master.clock()
+    log.info("event=trial_ended experiment_id=%s trial_id=%s state=%s", exp.id, trial.id, state)
+
+
+# -- level-triggered reconciliation ----------------------------------------------------------------
+_ALLOC_TO_TRIAL = {
+    st.ALLOC_PENDING: st.TRIAL_QUEUED,
+    st.ALLOC_ASSIGNED: st.TRIAL_STARTING,
+    st.ALLOC_PULLING: st.TRIAL_PULLING,
+    st.ALLOC_STARTING: st.TRIAL_STARTING,
+    st.ALLOC_RUNNING: st.TRIAL_RUNNING,
+}
+
+
+def reconcile_all(s: Session, master: Master) -> None:
+    for exp in s.scalars(select(Experiment).where(Experiment.state.not_in(st.EXP_TERMINAL)).order_by(Experiment.id)).all():
+        reconcile_experiment(s, master, exp)
+
+
+def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
+    # Experiment row first, then its trials: the same lock order as every other writer
+    # (validation reports, state changes), so PostgreSQL never deadlocks between them.
+    exp = _lock(s, exp)
+    trials = list(s.scalars(select(Trial).where(Trial.experiment_id == exp.id)))
+    live = {
+        a.trial_id: a
+        for a in s.scalars(
+            select(Allocation).where(Allocation.experiment_id == exp.id, Allocation.state.in_(st.ALLOC_LIVE))
+        )
+    }
+    closed_now: list[Trial] = []
+    for trial in trials:
+        if trial.state in st.TRIAL_TERMINAL:
+            continue
+        alloc = live.get(trial.id)
+        if alloc is not None:
+            _steer_live(master, exp, trial, alloc)
+            continue
+        if exp.state in st.EXP_STOPPING:
+            _end_trial(s, master, exp, trial, st.TRIAL_CANCELED if exp.state != st.EXP_STOPPING_COMPLETED else st.TRIAL_COMPLETED)
+        elif trial.searcher_closed:
+            _end_trial(s, master, exp, trial, st.TRIAL_COMPLETED)
+            closed_now.append(trial)
+        elif exp.state == st.EXP_ACTIVE and _wants_slot(exp, trial):
+            _allocate(s, master, exp, trial)
+        else:
+            trial.state = st.TRIAL_PAUSED if exp.state == st.EXP_PAUSED else st.TRIAL_QUEUED
+    if closed_now:
+        method = _method(exp)
+        ops: list[Operation] = []
+        for t in closed_now:
+            ops.extend(method.trial_closed(t.request_id))
+        _apply(s, master, exp, method, ops)
+    _finish_experiment_if_done(s, master, exp, trials, live)
+
+
+def _steer_live(master: Master, exp: Experiment, trial: Trial, alloc: Allocation) -> None:
+    trial.state = _ALLOC_TO_TRIAL.get(alloc.state, trial.state)
+    stop = exp.state != st.EXP_ACTIVE or not _wants_slot(exp, trial)
+    if stop and alloc.state == st.ALLOC_PENDING:
+        # Not started anywhere yet: simply withdraw it.
+        alloc.state = st.ALLOC_TERMINATED
+        alloc.end_cause = st.CAUSE_KILLED
+        alloc.ended_at = master.clock()
+        log.info("event=allocation_withdrawn allocation_id=%s trial_id=%s", alloc.id, trial.id)
+    elif exp.state == st.EXP_STOPPING_KILLED:
+        if not alloc.kill_requested:
+            alloc.kill_requested = True
+            log.info("event=kill_requested allocation_id=%s trial_id=%s", alloc.id, trial.id)
+    elif stop and not alloc.preempt_requested:
+        alloc.preempt_requested = True
+        log.info("event=preempt_requested allocation_id=%s trial_id=%s reason=%s", alloc.id, trial.id,
+                 "searcher" if exp.state == st.EXP_ACTIVE else exp.state)
+
+
+def _allocate(s: Session, master: Master, exp: Experiment, trial: Trial) -> None:
+    resources = exp.config.get("resources") or {}
+    pool_cfg = master.config.pool(exp.resource_pool)
+    default_priority = pool_cfg.scheduler.default_priority if pool_cfg else 42
+    trial.run_id += 1
+    alloc = Allocation(
+        id=f"{trial.task_id}.{trial.run_id}",
+        task_id=trial.task_id,
+        trial_id=trial.id,
+        experiment_id=exp.id,
+        pool=exp.resource_pool,
+        slots_needed=int(resources.get("slots_per_trial", 1)),
+        priority=exp.priority if exp.priority is not None else default_priority,
+        weight=exp.weight,
+        state=st.ALLOC_PENDING,
+        run_id=trial.run_id,
+        restored_checkpoint_uuid=trial.latest_checkpoint_uuid,
+        created_at=master.clock(),
+    )
+    s.add(alloc)
+    trial.state = st.TRIAL_QUEUED
+    log.info("event=allocation_requested allocation_id=%s trial_id=%s pool=%s slots=%s",
+             alloc.id, trial.id, alloc.pool, alloc.slots_needed)
+    master.notify(s)
+
+
+def _finish_experiment_if_done(
+    s: Session, master: Master, exp: Experiment, trials: list[Trial], live: dict[int | None, Allocation]
+) -> None:
+    if any(a.state in st.ALLOC_LIVE for a in live.values()):
+        return
+    if any(t.state not in st.TRIAL_TERMINAL for t in trials):
+        return
+    shutdown = (exp.searcher_state or {}).get("shutdown")
+    final: str | None = None
+    if exp.state == st.EXP_STOPPING_CANCELED:
+        final = st.EXP_CANCELED
+    elif exp.state == st.EXP_STOPPING_KILLED:
+        final = st.EXP_CANCELED
+    elif exp.state == st.EXP_STOPPING_ERROR:
+        final = st.EXP_ERROR
+    elif exp.state in (st.EXP_ACTIVE, st.EXP_STOPPING_COMPLETED) and shutdown is not None:
+        final = st.EXP_ERROR if shutdown.get("failure") else st.EXP_COMPLETED
+    if final is None:
+        return
+    exp.state = final
+    exp.end_time = master.clock()
+    if final == st.EXP_COMPLETED:
+        exp.progress = 1.0
+    log.info("event=experiment_ended experiment_id=%s state=%s", exp.id, final)
+    from control_plane.services import checkpoint_gc as gc_hooks
+
+    gc_hooks.on_experiment_ended(s, master, exp)

@@ -1,0 +1,180 @@
+"""The master's trial lifecycle driven through its real HTTP API, with the agent side played by
+the test over the agent protocol (docs/PROTOCOL.md) and the pool loop ticked by hand."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from control_plane import auth
+from control_plane.db.engine import transaction
+from control_plane.loops import placement as pools
+from tests.conftest import login
+
+CONFIG = {
+    "name": "lc",
+    "entrypoint": "python3 train.py",
+    "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 20}},
+    "hyperparameters": {"lr": 0.1},
+}
+FILES = [{"path": "train.py", "type": 48, "content": "cHJpbnQoMSkK", "mode": 420, "mtime": 0, "uid": 0, "gid": 0}]
+
+
+def submit(client, headers, config: dict[str, Any] | None = None) -> int:  # type: ignore[no-untyped-def]
+    r = client.post("/api/v1/experiments", headers=headers,
+                    json={"config": yaml.safe_dump(config or CONFIG), "modelDefinition": FILES})
+    assert r.status_code == 200, r.text
+    return r.json()["experiment"]["id"]
+
+
+def agent_token(master, pool: str = "default") -> str:  # type: ignore[no-untyped-def]
+    with transaction(master.sessions) as s:
+        return auth.issue_token(s, auth.TokenKind.AGENT, now=master.clock(), ttl=None, pool=pool)
+
+
+def register(client, token: str, agent_id: str = "a1", slots: int = 1, running: list[str] | None = None) -> str:  # type: ignore[no-untyped-def]
+    r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {token}"}, json={
+        "agentId": agent_id, "resourcePool": "default",
+        "slots": [{"id": str(i), "type": "cpu"} for i in range(slots)], "runningAllocations": running or []})
+    assert r.status_code == 200, r.text
+    return r.json()["sessionId"]
+
+
+def commands(client, token: str, session: str, agent_id: str = "a1") -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    r = client.get(f"/api/v1/agents/{agent_id}/commands", headers={"Authorization": f"Bearer {token}"},
+                   params={"sessionId": session, "timeoutSeconds": 0})
+    assert r.status_code == 200, r.text
+    return r.json()["commands"]
+
+
+def event(client, token: str, session: str, alloc: str, kind: str, exit_code: int | None = None,  # type: ignore[no-untyped-def]
+          agent_id: str = "a1") -> None:
+    r = client.post(f"/api/v1/agents/{agent_id}/events", headers={"Authorization": f"Bearer {token}"},
+                    json={"sessionId": session, "events": [{"allocationId": alloc, "type": kind, "exitCode": exit_code}]})
+    assert r.status_code == 200, r.text
+
+
+def experiment(client, headers, exp_id: int) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return client.get(f"/api/v1/experiments/{exp_id}", headers=headers).json()["experiment"]
+
+
+def test_single_trial_runs_to_completion(client, master, admin_headers) -> None:
+    exp_id = submit(client, admin_headers)
+    tok = agent_token(master)
+    session = register(client, tok)
+    pools.tick(master)
+    (cmd,) = commands(client, tok, session)
+    assert cmd["type"] == "start"
+    spec = cmd["spec"]
+    env = spec["env"]
+    assert env["DET_EXPERIMENT_ID"] == str(exp_id) and json.loads(env["DET_HPARAMS"]) == {"lr": 0.1}
+    assert json.loads(env["DET_SLOT_IDS"]) == ["0"] and env["DET_SESSION_TOKEN"] == spec["token"]
+    alloc = cmd["allocationId"]
+    trial_id = spec["trialId"]
+    event(client, tok, session, alloc, "running")
+    # the trial's own token: its searcher op, metrics, model definition
+    trial_auth = {"Authorization": f"Bearer {spec['token']}"}
+    op = client.get(f"/api/v1/trials/{trial_id}/searcher/operation", headers=trial_auth).json()
+    assert op == {"op": {"validateAfter": {"length": 20}}, "completed": False}
+    assert "b64Tgz" in client.get(f"/api/v1/experiments/{exp_id}/model_def", headers=trial_auth).json()
+    r = client.post(f"/api/v1/trials/{trial_id}/metrics", headers=trial_auth, json={
+        "group": "validation", "metrics": {"trialId": trial_id, "trialRunId": 1, "stepsCompleted": 20,
+                                           "metrics": {"avgMetrics": {"loss": 0.5}}}})
+    assert r.status_code == 200, r.text
+    assert client.get(f"/api/v1/trials/{trial_id}/searcher/operation", headers=trial_auth).json()["completed"] is True
+    event(client, tok, session, alloc, "exited", exit_code=0)
+    pools.tick(master)
+    assert experiment(client, admin_headers, exp_id)["state"] == "STATE_COMPLETED"
+    # the allocation's token died with it
+    assert client.get(f"/api/v1/trials/{trial_id}/searcher/operation", headers=trial_auth).status_code == 401
+
+
+def test_allocation_token_is_scoped_to_its_trial(client, master, admin_headers) -> None:
+    exp_a = submit(client, admin_headers)
+    exp_b = submit(client, admin_headers)
+    tok = agent_token(master)
+    session = register(client, tok, slots=2)
+    pools.tick(master)
+    specs = {c["spec"]["experimentId"]: c["spec"] for c in commands(client, tok, session)}
+    a, b = specs[exp_a], specs[exp_b]
+    trial_auth = {"Authorization": f"Bearer {a['token']}"}
+    assert client.get(f"/api/v1/trials/{b['trialId']}/searcher/operation", headers=trial_auth).status_code == 403
+    assert client.get(f"/api/v1/experiments/{exp_b}/model_def", headers=trial_auth).status_code == 403
+    assert client.post(f"/api/v1/experiments/{exp_a}/kill", headers=trial_auth).status_code == 403
+    assert client.get("/api/v1/users", headers=trial_auth).status_code == 403
+    # an agent token is not a user either
+    assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {tok}"}).status_code == 403
+
+
+def test_agent_credentials_are_bound_to_their_pool(client, master, admin_headers) -> None:
+    r = client.post("/api/v1/agents/register", headers={"Authorization": "Bearer not-a-token"},
+                    json={"agentId": "x", "resourcePool": "default", "slots": []})
+    assert r.status_code == 401
+    with transaction(master.sessions) as s:
+        other = auth.issue_token(s, auth.TokenKind.AGENT, now=master.clock(), ttl=None, pool="elsewhere")
+    r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {other}"},
+                    json={"agentId": "x", "resourcePool": "default", "slots": []})
+    assert r.status_code == 403 and "elsewhere" in r.json()["message"]
+    user = login(client)
+    r = client.post("/api/v1/agents/register", headers=user, json={"agentId": "x", "resourcePool": "default"})
+    assert r.status_code == 403
+
+
+def test_killing_a_queued_experiment_cancels_it(client, master, admin_headers) -> None:
+    exp_id = submit(client, admin_headers)
+    pools.tick(master)
+    assert client.post(f"/api/v1/experiments/{exp_id}/kill", headers=admin_headers).status_code == 200
+    pools.tick(master)
+    assert experiment(client, admin_headers, exp_id)["state"] == "STATE_CANCELED"
+
+
+def test_agent_restart_keeps_wanted_tasks_and_kills_the_rest(client, master, admin_headers) -> None:
+    submit(client, admin_headers)
+    tok = agent_token(master)
+    session = register(client, tok)
+    pools.tick(master)
+    (cmd,) = commands(client, tok, session)
+    event(client, tok, session, cmd["allocationId"], "running")
+    r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {tok}"}, json={
+        "agentId": "a1", "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}],
+        "runningAllocations": [cmd["allocationId"], "stale-alloc"]})
+    assert r.json()["kill"] == ["stale-alloc"]
+    new_session = r.json()["sessionId"]
+    # the old session is stale now
+    stale = client.get("/api/v1/agents/a1/commands", headers={"Authorization": f"Bearer {tok}"},
+                       params={"sessionId": session, "timeoutSeconds": 0})
+    assert stale.status_code == 409
+    assert commands(client, tok, new_session) == []  # still running: no new start
+
+
+def test_priority_preemption(client, master, admin_headers) -> None:
+    low = submit(client, admin_headers, {**CONFIG, "resources": {"priority": 60}})
+    tok = agent_token(master)
+    session = register(client, tok)
+    pools.tick(master)
+    (cmd,) = commands(client, tok, session)
+    event(client, tok, session, cmd["allocationId"], "running")
+    submit(client, admin_headers, {**CONFIG, "resources": {"priority": 10}})
+    pools.tick(master)
+    low_auth = {"Authorization": f"Bearer {cmd['spec']['token']}"}
+    r = client.get(f"/api/v1/allocations/{cmd['allocationId']}/signals/preemption", headers=low_auth)
+    assert r.json() == {"preempt": True}
+    # the preempted trial checkpoints and exits; the high-priority one takes the slot
+    event(client, tok, session, cmd["allocationId"], "exited", exit_code=0)
+    pools.tick(master)
+    (nxt,) = commands(client, tok, session)
+    assert nxt["spec"]["experimentId"] != low
+    trials = client.get(f"/api/v1/experiments/{low}/trials", headers=admin_headers).json()["trials"]
+    assert trials[0]["state"] == "STATE_QUEUED" and trials[0]["restarts"] == 0
+
+
+def test_environment_variables_reach_the_task(client, master, admin_headers) -> None:
+    submit(client, admin_headers, {**CONFIG, "environment": {"environment_variables": ["A=1", "B=x=y"]}})
+    tok = agent_token(master)
+    session = register(client, tok)
+    pools.tick(master)
+    (cmd,) = commands(client, tok, session)
+    env = cmd["spec"]["env"]
+    assert env["A"] == "1" and env["B"] == "x=y" and "cpu" not in env and "cuda" not in env
