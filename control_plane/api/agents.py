@@ -24,8 +24,8 @@ from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Experiment, Instance, Token, Trial
 from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
-from control_plane.loops import placement as pools
 from control_plane.master import Master
+from control_plane.services import allocations
 
 log = logging.getLogger("shipyard.api.agents")
 router = APIRouter()
@@ -148,7 +148,7 @@ def register(
     }
     keep = reported & wanted
     kill = sorted(reported - wanted)
-    pools.end_agent_allocations(db, master, agent.id, st.CAUSE_AGENT_LOST, "agent restarted without it", keep=keep)
+    allocations.end_agent_allocations(db, master, agent.id, st.CAUSE_AGENT_LOST, "agent restarted without it", keep=keep)
     log.info("event=agent_registered agent_id=%s pool=%s slots=%d keep=%d kill=%d",
              agent.id, agent.pool, len(slots), len(keep), len(kill))
     master.notify(db)
@@ -232,7 +232,7 @@ def events(
         if alloc is None or alloc.agent_id != agent.id or alloc.state == st.ALLOC_TERMINATED:
             continue  # stale or foreign: ignore (idempotent)
         if ev.type == "exited":
-            pools.end_allocation(db, master, alloc, cause=st.CAUSE_EXITED, reason=ev.message,
+            allocations.end_allocation(db, master, alloc, cause=st.CAUSE_EXITED, reason=ev.message,
                                  exit_code=ev.exit_code)
             continue
         new_state = {"pulling": st.ALLOC_PULLING, "starting": st.ALLOC_STARTING, "running": st.ALLOC_RUNNING}[ev.type]
@@ -253,7 +253,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> di
     exp = s.get(Experiment, alloc.experiment_id) if alloc.experiment_id else None
     if trial is None or exp is None:
         raise Internal(f"allocation {alloc.id} has no trial")
-    token = pools.ensure_allocation_token(s, master, alloc)
+    token = allocations.ensure_allocation_token(s, master, alloc)
     cfg = exp.config
     entrypoint = cfg.get("entrypoint")
     argv = entrypoint if isinstance(entrypoint, list) else ["sh", "-c", str(entrypoint)]

@@ -18,7 +18,7 @@ from control_plane.core import states as st
 from control_plane.db.models import Checkpoint, Experiment, Model, ModelVersion, User
 from control_plane.errors import Conflict, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import checkpoint_gc as gc_hooks
+from control_plane.services import checkpoint_gc
 
 router = APIRouter()
 
@@ -165,6 +165,6 @@ def gc_experiment(experimentId: int, p: Principal = Depends(deps.user), master: 
         raise forbidden("only the experiment's owner or an admin can do this")
     if exp.state not in st.EXP_TERMINAL:
         raise Conflict("checkpoint GC runs on ended experiments only")
-    doomed = gc_hooks.mark_for_gc(db, exp)
+    doomed = checkpoint_gc.mark_for_gc(db, exp)
     master.notify(db)
     return {"deleting": doomed}

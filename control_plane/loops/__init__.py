@@ -1,15 +1,19 @@
-"""Which background loops the master runs."""
+"""The master's background loops: each reads state, calls a pure core and applies its result.
+
+- `placement`: heartbeats, trial reconciliation and placement (the scheduler core), every 0.5 s and
+  on every `master.notify()`;
+- `autoscaler`: per elastic pool, observe the cloud and the database, decide (the scale decider
+  core), launch and terminate through the pool's provider;
+- `checkpoint_gc`: delete the files of checkpoints the GC policy dropped."""
 
 from __future__ import annotations
 
-from control_plane.loops import autoscaler
-from control_plane.loops import placement as pools
+from control_plane.loops import autoscaler, checkpoint_gc, placement
 from control_plane.master import Master
-from control_plane.services import checkpoint_gc as gc_hooks
 
 
 def start_background(master: Master) -> None:
-    pools.register(master)
-    gc_hooks.register(master)
+    placement.register(master)
+    checkpoint_gc.register(master)
     master.autoscaler = autoscaler.register(master)
     master.start_loops()

@@ -29,8 +29,8 @@ from control_plane.core import states as st
 from control_plane.core.scaling import InstanceView, PendingDemand, PoolLimits, ScaleDecision, decide
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool, Token
-from control_plane.loops import placement as pools
 from control_plane.master import Master
+from control_plane.services import allocations
 from provisioners.base import CloudInstance, ErrorKind, InstanceState, LaunchSpec, ProviderError
 from provisioners.factory import PoolConfigError, PoolProvider, build_provider
 
@@ -169,7 +169,7 @@ class Autoscaler:
             agent.state = st.AGENT_DISCONNECTED
             agent.disconnected_at = now
         if agent is not None:
-            pools.end_agent_allocations(s, self.master, agent.id, st.CAUSE_INSTANCE_TERMINATED,
+            allocations.end_agent_allocations(s, self.master, agent.id, st.CAUSE_INSTANCE_TERMINATED,
                                         f"instance {row.instance_id} terminated: {reason}")
         log.info("event=instance_closed pool=%s launch_id=%s instance_id=%s reason=%r", row.pool, row.launch_id,
                  row.instance_id, reason)

@@ -10,9 +10,9 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from control_plane.core import metrics as metric_values
 from control_plane.core import states as st
 from control_plane.core.checkpoint_gc import CheckpointInfo, GCPolicy, checkpoints_to_delete
-from control_plane.db.engine import transaction
 from control_plane.db.models import Allocation, Checkpoint, Experiment, Metric, ModelVersion
 from control_plane.master import Master
 
@@ -41,7 +41,7 @@ def mark_for_gc(s: Session, exp: Experiment) -> list[str]:
     if metric_name and trial_ids:
         for m in s.scalars(select(Metric).where(Metric.trial_id.in_(trial_ids), Metric.group_name == "validation")):
             doc = m.metrics or {}
-            v = metrics.metric_number((doc.get("validation_metrics") or doc.get("avg_metrics") or {}).get(metric_name))
+            v = metric_values.metric_number((doc.get("validation_metrics") or doc.get("avg_metrics") or {}).get(metric_name))
             if v is not None:
                 metrics[(m.trial_id, m.steps_completed)] = v
     protected = {u for (u,) in s.execute(select(Allocation.restored_checkpoint_uuid).where(
@@ -60,33 +60,3 @@ def mark_for_gc(s: Session, exp: Experiment) -> list[str]:
 def on_experiment_ended(s: Session, master: Master, exp: Experiment) -> None:
     mark_for_gc(s, exp)
     master.notify(s)
-
-
-def delete_pending(master: Master, limit: int = 100) -> int:
-    """Delete the files of checkpoints in STATE_DELETING; returns how many finished."""
-    from harness.storage import CheckpointNotFound, from_config
-
-    with master.sessions() as s:
-        rows = [(c.uuid, dict(c.storage or {})) for c in s.scalars(
-            select(Checkpoint).where(Checkpoint.state == st.CKPT_DELETING).limit(limit))]
-    done = 0
-    for uuid, storage in rows:
-        try:
-            if storage:
-                from_config(storage).delete(uuid)
-        except CheckpointNotFound:
-            pass
-        except Exception as e:  # storage down: stay DELETING, retried on the next pass
-            log.warning("event=checkpoint_delete_failed uuid=%s error=%s", uuid, e)
-            continue
-        with transaction(master.sessions) as s:
-            c = s.get(Checkpoint, uuid)
-            if c is not None and c.state == st.CKPT_DELETING:
-                c.state, c.resources, c.size_bytes = st.CKPT_DELETED, {}, 0
-                done += 1
-        log.info("event=checkpoint_deleted uuid=%s", uuid)
-    return done
-
-
-def register(master: Master) -> None:
-    master.add_loop("checkpoint-gc", lambda: delete_pending(master), 5.0)

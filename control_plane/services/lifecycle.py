@@ -393,6 +393,6 @@ def _finish_experiment_if_done(
     if final == st.EXP_COMPLETED:
         exp.progress = 1.0
     log.info("event=experiment_ended experiment_id=%s state=%s", exp.id, final)
-    from control_plane.services import checkpoint_gc as gc_hooks
+    from control_plane.services import checkpoint_gc
 
-    gc_hooks.on_experiment_ended(s, master, exp)
+    checkpoint_gc.on_experiment_ended(s, master, exp)

@@ -10,7 +10,7 @@ import yaml
 
 from control_plane import auth
 from control_plane.db.engine import transaction
-from control_plane.loops import placement as pools
+from control_plane.loops import placement
 from tests.conftest import login
 
 CONFIG = {
@@ -64,7 +64,7 @@ def test_single_trial_runs_to_completion(client, master, admin_headers) -> None:
     exp_id = submit(client, admin_headers)
     tok = agent_token(master)
     session = register(client, tok)
-    pools.tick(master)
+    placement.tick(master)
     (cmd,) = commands(client, tok, session)
     assert cmd["type"] == "start"
     spec = cmd["spec"]
@@ -85,7 +85,7 @@ def test_single_trial_runs_to_completion(client, master, admin_headers) -> None:
     assert r.status_code == 200, r.text
     assert client.get(f"/api/v1/trials/{trial_id}/searcher/operation", headers=trial_auth).json()["completed"] is True
     event(client, tok, session, alloc, "exited", exit_code=0)
-    pools.tick(master)
+    placement.tick(master)
     assert experiment(client, admin_headers, exp_id)["state"] == "STATE_COMPLETED"
     # the allocation's token died with it
     assert client.get(f"/api/v1/trials/{trial_id}/searcher/operation", headers=trial_auth).status_code == 401
@@ -96,7 +96,7 @@ def test_allocation_token_is_scoped_to_its_trial(client, master, admin_headers) 
     exp_b = submit(client, admin_headers)
     tok = agent_token(master)
     session = register(client, tok, slots=2)
-    pools.tick(master)
+    placement.tick(master)
     specs = {c["spec"]["experimentId"]: c["spec"] for c in commands(client, tok, session)}
     a, b = specs[exp_a], specs[exp_b]
     trial_auth = {"Authorization": f"Bearer {a['token']}"}
@@ -124,9 +124,9 @@ def test_agent_credentials_are_bound_to_their_pool(client, master, admin_headers
 
 def test_killing_a_queued_experiment_cancels_it(client, master, admin_headers) -> None:
     exp_id = submit(client, admin_headers)
-    pools.tick(master)
+    placement.tick(master)
     assert client.post(f"/api/v1/experiments/{exp_id}/kill", headers=admin_headers).status_code == 200
-    pools.tick(master)
+    placement.tick(master)
     assert experiment(client, admin_headers, exp_id)["state"] == "STATE_CANCELED"
 
 
@@ -134,7 +134,7 @@ def test_agent_restart_keeps_wanted_tasks_and_kills_the_rest(client, master, adm
     submit(client, admin_headers)
     tok = agent_token(master)
     session = register(client, tok)
-    pools.tick(master)
+    placement.tick(master)
     (cmd,) = commands(client, tok, session)
     event(client, tok, session, cmd["allocationId"], "running")
     r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {tok}"}, json={
@@ -153,17 +153,17 @@ def test_priority_preemption(client, master, admin_headers) -> None:
     low = submit(client, admin_headers, {**CONFIG, "resources": {"priority": 60}})
     tok = agent_token(master)
     session = register(client, tok)
-    pools.tick(master)
+    placement.tick(master)
     (cmd,) = commands(client, tok, session)
     event(client, tok, session, cmd["allocationId"], "running")
     submit(client, admin_headers, {**CONFIG, "resources": {"priority": 10}})
-    pools.tick(master)
+    placement.tick(master)
     low_auth = {"Authorization": f"Bearer {cmd['spec']['token']}"}
     r = client.get(f"/api/v1/allocations/{cmd['allocationId']}/signals/preemption", headers=low_auth)
     assert r.json() == {"preempt": True}
     # the preempted trial checkpoints and exits; the high-priority one takes the slot
     event(client, tok, session, cmd["allocationId"], "exited", exit_code=0)
-    pools.tick(master)
+    placement.tick(master)
     (nxt,) = commands(client, tok, session)
     assert nxt["spec"]["experimentId"] != low
     trials = client.get(f"/api/v1/experiments/{low}/trials", headers=admin_headers).json()["trials"]
@@ -174,7 +174,7 @@ def test_environment_variables_reach_the_task(client, master, admin_headers) -> 
     submit(client, admin_headers, {**CONFIG, "environment": {"environment_variables": ["A=1", "B=x=y"]}})
     tok = agent_token(master)
     session = register(client, tok)
-    pools.tick(master)
+    placement.tick(master)
     (cmd,) = commands(client, tok, session)
     env = cmd["spec"]["env"]
     assert env["A"] == "1" and env["B"] == "x=y" and "cpu" not in env and "cuda" not in env
