@@ -17,6 +17,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py $(DEMO_ARGS)
 
 test: $(STAMP)
+	@bash tests/system_deps.sh
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: $(STAMP)

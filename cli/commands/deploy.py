@@ -1,4 +1,4 @@
-"""det deploy local up|status|down  (det deploy aws|gcp: see infra/)"""
+"""det deploy local up|status|down (det deploy aws|gcp is not built yet; see docs/ARCHITECTURE.md)"""
 
 from __future__ import annotations
 

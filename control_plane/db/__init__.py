@@ -1,0 +1,1 @@
+"""The record: SQLAlchemy models, the engine and sessions, and Alembic migrations."""
