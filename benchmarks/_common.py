@@ -4,8 +4,8 @@ of a process tree from /proc, percentiles and a plain-text table."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
+from shipyard_common import processes  # noqa: E402
 from tests.pg import PostgresServer, find_pg_bin, free_port  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -65,19 +66,12 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float
 
 
 def stop_process_group(proc: subprocess.Popen[bytes] | None, grace: float = 15) -> None:
-    """SIGTERM the group we started (start_new_session=True), then SIGKILL what is left."""
+    """SIGTERM the group we started (start_new_session=True), then SIGKILL what is left; reap it."""
     if proc is None or proc.poll() is not None:
         return
-    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    processes.stop_process_group(proc.pid, grace)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
 
 
 class MasterProcess:

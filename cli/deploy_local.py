@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.errors import CliError
-from provisioners.local import pid_alive, stop_process_group
+from shipyard_common.processes import pid_alive, start_session, stop_process_group
 
 
 def default_state_dir() -> Path:
@@ -45,11 +44,7 @@ def alive(pid: int | None) -> bool:
 
 
 def _spawn(cmd: list[str], log: Path, env: dict[str, str]) -> int:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-    return proc.pid
+    return start_session(cmd, log, env).pid
 
 
 def _wait_http(url: str, timeout: float, pid: int, log: Path) -> None:
@@ -181,7 +176,7 @@ def _teardown_pools(url: str, state_dir: Path) -> None:
                            timeout=10).json()["token"]
         headers = {"Authorization": f"Bearer {token}"}
         for pool in httpx.get(url + "/api/v1/resource-pools", headers=headers, timeout=10).json()["resourcePools"]:
-            if pool.get("provider") in ("local", "aws", "gcp", "static"):
+            if pool.get("provider"):  # every pool with a provider is elastic (the master's registry)
                 httpx.post(f"{url}/api/v1/resource-pools/{pool['name']}/teardown", headers=headers, timeout=120)
     except (OSError, httpx.HTTPError, KeyError, ValueError):
         pass  # the master is not answering: the local fallback below still stops local instances

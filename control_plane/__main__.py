@@ -6,6 +6,10 @@ import argparse
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from control_plane.loops.autoscaler import ProviderWrapper
 
 log = logging.getLogger("shipyard.master")
 
@@ -24,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, wrap_provider: ProviderWrapper | None = None) -> int:
+    """`wrap_provider`: see control_plane.loops.start_background (tests/e2e/crash_after_launch.py)."""
     args = build_parser().parse_args(argv)
     from control_plane.config import ConfigError, load_config
     from control_plane.logs import setup_logging
@@ -45,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             migrate.upgrade(engine)
         print(migrate.current_revision(engine))
         return 0
-    return serve(config)
+    return serve(config, wrap_provider=wrap_provider)
 
 
-def serve(config) -> int:  # type: ignore[no-untyped-def]
+def serve(config, *, wrap_provider: ProviderWrapper | None = None) -> int:  # type: ignore[no-untyped-def]
     import uvicorn
 
     from control_plane.api.app import create_app
@@ -62,7 +67,7 @@ def serve(config) -> int:  # type: ignore[no-untyped-def]
         log.exception("event=startup_failed")
         print(f"det-master: cannot start: {e}", file=sys.stderr)
         return 1
-    start_background(master)
+    start_background(master, wrap_provider=wrap_provider)
     app = create_app(master)
     server = uvicorn.Server(
         uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,

@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from control_plane.core import scheduling
+
 ENV_PREFIX = "SHIPYARD_"
 DEFAULT_POOL = "default"
 
@@ -27,16 +29,24 @@ class _Strict(BaseModel):
 
 
 class SchedulerConfig(_Strict):
-    type: Literal["priority", "fair_share", "round_robin"] = "priority"
+    # A policy registered in control_plane.core.scheduling; only what runs is accepted.
+    type: str = scheduling.DEFAULT_POLICY
     preemption: bool = True
     default_priority: int = Field(42, ge=1, le=99)
+
+    @field_validator("type")
+    @classmethod
+    def _registered_policy(cls, v: str) -> str:
+        scheduling.scheduling_policy(v)  # UnknownPolicy (a ValueError) names the allowed ones
+        return v
 
 
 class ResourcePoolConfig(_Strict):
     name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
-    # provider: {"type": "local"|"static"|"aws"|"gcp", ...}; None means agents join by themselves.
+    # provider: {"type": <a type in provisioners/registry.py>, ...}, checked by that provider's own
+    # config model when the pool starts; None means agents join by themselves.
     provider: dict[str, Any] | None = None
     max_slots_per_agent: int | None = None
 

@@ -24,7 +24,6 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
 import boto3
-import tenacity
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -36,15 +35,20 @@ from provisioners.base import (
     TAG_MANAGED_BY,
     TAG_MASTER,
     TAG_POOL,
+    BuiltProvider,
     CloudInstance,
+    CloudState,
     ErrorKind,
     ErrorScope,
-    InstanceState,
     LaunchResult,
     LaunchSpec,
     Provider,
+    ProviderContext,
     ProviderError,
+    ProviderType,
+    UserDataKind,
 )
+from provisioners.retry import RetryAttempt, RetryPolicy, call_with_retries
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +66,13 @@ RESERVED_TAG_COUNT = 6  # Name + the five shipyard:* tags
 # by hand) must stay visible so that the autoscaler can terminate it.
 LISTED_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
 
-_STATE_MAP: dict[str, InstanceState] = {
-    "pending": InstanceState.PENDING,
-    "running": InstanceState.RUNNING,
-    "stopping": InstanceState.STOPPING,
-    "stopped": InstanceState.STOPPING,
-    "shutting-down": InstanceState.STOPPING,
-    "terminated": InstanceState.TERMINATED,
+_STATE_MAP: dict[str, CloudState] = {
+    "pending": CloudState.PENDING,
+    "running": CloudState.RUNNING,
+    "stopping": CloudState.STOPPING,
+    "stopped": CloudState.STOPPING,
+    "shutting-down": CloudState.STOPPING,
+    "terminated": CloudState.TERMINATED,
 }
 
 # --- error taxonomy ---------------------------------------------------------------------------
@@ -403,15 +407,11 @@ class AwsProvider(Provider):
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 10.0,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+        self._retry = RetryPolicy(max_attempts, backoff_base_s, backoff_max_s)
         self.cfg = cfg
         self.cluster_id = cluster_id
         self.pool = pool
         self.master_url = master_url
-        self._max_attempts = max_attempts
-        self._backoff_base_s = backoff_base_s
-        self._backoff_max_s = backoff_max_s
         self._slots: int | None = cfg.instance_slots
         self._root_device_name: str | None = cfg.root_device_name
         session = session or boto3.Session()
@@ -573,34 +573,26 @@ class AwsProvider(Provider):
     # -- internals --------------------------------------------------------------------------
 
     def _call(self, op: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
-        """Call `fn`, repeating it on throttling and transient faults with jittered exponential
-        backoff, at most `max_attempts` times; the last exception is re-raised as is."""
+        """Call `fn`, repeating it on throttling and transient faults (provisioners/retry.py); the
+        last exception is re-raised as is."""
 
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            code = _error_code(exc) if isinstance(exc, ClientError) else type(exc).__name__
-            sleep_s = state.next_action.sleep if state.next_action else 0.0
+        def on_retry(r: RetryAttempt) -> None:
+            code = _error_code(r.error) if isinstance(r.error, ClientError) else type(r.error).__name__
             log.warning(
                 _kv(
                     event="aws_call_retry",
                     op=op,
                     cluster=self.cluster_id,
                     pool=self.pool,
-                    attempt=state.attempt_number,
-                    max_attempts=self._max_attempts,
+                    attempt=r.attempt,
+                    max_attempts=r.max_attempts,
                     code=code,
-                    sleep_s=f"{sleep_s:.3f}",
+                    sleep_s=f"{r.sleep_s:.3f}",
                 )
             )
 
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self._max_attempts),
-            wait=tenacity.wait_random_exponential(multiplier=self._backoff_base_s, max=self._backoff_max_s),
-            retry=tenacity.retry_if_exception(_is_transient),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
-        return retrying(fn, **kwargs)
+        return call_with_retries(lambda: fn(**kwargs), policy=self._retry, is_transient=_is_transient,
+                                 on_retry=on_retry)
 
     def _resolve_root_device_name(self) -> str:
         if self._root_device_name is not None:
@@ -789,7 +781,7 @@ def _to_cloud_instance(
     return CloudInstance(
         id=raw["InstanceId"],
         # An unknown future state is treated as pending: visible, not yet capacity.
-        state=_STATE_MAP.get(state_name, InstanceState.PENDING),
+        state=_STATE_MAP.get(state_name, CloudState.PENDING),
         launched_at=launched_at,
         launch_id=tags.get(TAG_LAUNCH_ID),
         private_ip=raw.get("PrivateIpAddress") or None,
@@ -799,3 +791,13 @@ def _to_cloud_instance(
         spot=raw.get("InstanceLifecycle") == "spot",
         tags=tags,
     )
+
+
+def _build(cfg: AwsPoolConfig, ctx: ProviderContext) -> BuiltProvider:
+    aws = AwsProvider(cfg, cluster_id=ctx.cluster_id, pool=ctx.pool, master_url=ctx.master_url)
+    return BuiltProvider(aws, aws.resolve_instance_slots())
+
+
+# AWS refuses user-data over 16 KiB (before base64).
+PROVIDER_TYPE = ProviderType(name="aws", config=AwsPoolConfig, build=_build, user_data=UserDataKind.CLOUD_INIT,
+                             user_data_limit=16 * 1024)

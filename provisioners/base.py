@@ -3,15 +3,25 @@
 A provider is `launch / list / terminate` plus one error taxonomy that the autoscaler acts on.
 Providers hold no state that matters: instances are found again by their cloud tags, so a
 restarted master rebuilds its picture from `list()`.
+
+Each provider module declares itself once as `PROVIDER_TYPE` (a `ProviderType`, at the end of this
+module): its type name, config model, constructor and what user-data it takes. The registry
+(provisioners/registry.py) maps a pool's `provider.type` to that declaration.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol, Self
+
+# The taxonomy lives in the shared package so that the master's pure backoff core can read it
+# without importing a provider; every provider imports it from here.
+from shipyard_common.provider_errors import ErrorKind as ErrorKind
+from shipyard_common.provider_errors import ErrorScope as ErrorScope
 
 # Tag keys written on every instance. AWS takes them as tags; GCP labels only allow [a-z0-9_-],
 # so the GCP provider maps ':' to '-' (see `label_key`).
@@ -28,26 +38,14 @@ def label_key(tag_key: str) -> str:
     return tag_key.replace(":", "-").lower()
 
 
-class InstanceState(enum.StrEnum):
+class CloudState(enum.StrEnum):
+    """An instance as the cloud reports it. The master's own record of an instance has more steps
+    (requested before the launch call, ...): control_plane.core.states.InstanceState."""
+
     PENDING = "pending"  # accepted by the cloud, not yet running
     RUNNING = "running"
     STOPPING = "stopping"  # shutting down / being deleted
     TERMINATED = "terminated"
-
-
-class ErrorKind(enum.StrEnum):
-    CAPACITY = "capacity"  # no capacity in this zone/subnet: try the next one
-    QUOTA = "quota"  # account limit: back the pool off exponentially, show it on the pool
-    THROTTLED = "throttled"  # rate limited: retry with jitter (bounded)
-    AUTH = "auth"  # bad credentials / permissions: stop launching, show it
-    INVALID = "invalid"  # bad configuration (image, type, subnet...): stop launching, show it
-    UNKNOWN = "unknown"  # anything else: treated like a transient failure with backoff
-
-
-class ErrorScope(enum.StrEnum):
-    ZONE = "zone"
-    REGION = "region"
-    CLOUD = "cloud"
 
 
 class ProviderError(Exception):
@@ -85,7 +83,7 @@ class LaunchSpec:
 @dataclass(frozen=True)
 class CloudInstance:
     id: str  # the cloud's instance id (AWS i-..., GCE instance name)
-    state: InstanceState
+    state: CloudState
     launched_at: datetime
     launch_id: str | None = None
     private_ip: str | None = None
@@ -116,3 +114,56 @@ class Provider(Protocol):
     def terminate(self, ids: Sequence[str]) -> None:
         """Idempotent: terminating an instance that is already gone is not an error."""
         ...
+
+
+# -- how a provider module declares itself (provisioners/registry.py maps type names to these) ----
+
+
+class UserDataKind(enum.StrEnum):
+    """What a provider hands an instance at launch (`LaunchSpec.user_data`)."""
+
+    CLOUD_INIT = "cloud_init"  # rendered cloud-init user-data (agent_bootstrap.cloud_init)
+    TOKEN = "token"  # only the bootstrap token: the provider starts the agent itself (process, SSH)
+
+
+class ProviderConfig(Protocol):
+    """A provider's own config model: built from the pool's `provider:` section minus the elastic
+    settings common to all providers; raises ValueError naming the field."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self: ...
+
+
+@dataclass(frozen=True)
+class ProviderContext:
+    """Everything a provider is built with besides its own config."""
+
+    cluster_id: str
+    pool: str
+    master_url: str
+    state_dir: Path
+    agent_options: Mapping[str, Any]  # the pool's `agent:` section
+
+
+@dataclass(frozen=True)
+class BuiltProvider:
+    provider: Provider
+    slots_per_instance: int
+
+
+@dataclass(frozen=True)
+class ProviderType:
+    """One place instances come from, declared once by its module as `PROVIDER_TYPE`."""
+
+    name: str  # the pool config's `provider.type`
+    config: type[ProviderConfig]
+    # Builds the provider; may raise ProviderError (e.g. resolving an instance type's GPUs).
+    build: Callable[[Any, ProviderContext], BuiltProvider]
+    user_data: UserDataKind
+    # Bytes of user-data the cloud accepts (before base64); None: no limit worth checking.
+    user_data_limit: int | None = None
+    # Whether the pool's `agent:` options reach an agent config this provider writes.
+    takes_agent_options: bool = True
+    # Elastic settings defaults that depend on the provider's own section (a static pool keeps all
+    # its hosts): `provider:` section -> defaults for min_instances, max_instances...
+    settings_defaults: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None

@@ -1,5 +1,6 @@
 """Build a pool's provider from its `provider:` section. The common elastic settings are taken
-out here; the rest is the provider's own config, checked by its own class."""
+out here; the rest is the provider's own config, checked by the config model its module declares
+(provisioners/registry.py finds the module by `type`)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from provisioners.base import Provider
+from provisioners import registry
+from provisioners.base import Provider, ProviderContext, ProviderType, UserDataKind
 
 COMMON_KEYS = {
     "type", "min_instances", "max_instances", "max_idle_agent_period", "max_agent_starting_period",
     "max_disconnected_period", "launch_error_backoff", "launch_error_backoff_max", "master_url",
-    "startup_script", "agent", "max_launch_per_decision", "bootstrap_token_ttl", "slots_per_host",
+    "startup_script", "agent", "max_launch_per_decision", "bootstrap_token_ttl",
 }
-# AWS refuses user-data over 16 KiB (before base64); GCE metadata values allow 256 KiB.
-USER_DATA_LIMITS = {"aws": 16 * 1024, "gcp": 256 * 1024}
 
 
 class PoolConfigError(ValueError):
@@ -70,8 +70,8 @@ def _int(data: dict[str, Any], key: str, default: int | None, minimum: int = 0) 
 
 def elastic_settings(provider_cfg: dict[str, Any]) -> ElasticSettings:
     kind = provider_cfg.get("type")
-    if kind not in ("aws", "gcp", "local", "static"):
-        raise PoolConfigError(f"type: must be one of aws, gcp, local, static (got {kind!r})")
+    if kind not in registry.provider_types():
+        raise PoolConfigError(f"type: must be one of {', '.join(registry.provider_types())} (got {kind!r})")
     mins = _int(provider_cfg, "min_instances", 0)
     maxs = _int(provider_cfg, "max_instances", 5)
     assert mins is not None and maxs is not None
@@ -98,63 +98,42 @@ class PoolProvider:
     settings: ElasticSettings
     provider: Provider
     slots_per_instance: int
+    provider_type: ProviderType
 
 
 def build_provider(provider_cfg: dict[str, Any], *, pool: str, cluster_id: str, master_url: str,
                    state_dir: Path) -> PoolProvider:
     """Raises PoolConfigError (bad config) or provisioners.base.ProviderError (e.g. AWS auth while
     resolving the instance type's GPUs)."""
-    if provider_cfg.get("type") == "static":
-        # A static pool keeps all its hosts unless told otherwise.
-        hosts = provider_cfg.get("hosts")
-        n = len(hosts) if isinstance(hosts, list) else 0
-        provider_cfg = {"min_instances": n, "max_instances": n, **provider_cfg}
+    declared = provider_cfg.get("type")
+    if declared in registry.provider_types():
+        defaults = registry.get(declared).settings_defaults
+        if defaults is not None:
+            provider_cfg = {**defaults(provider_cfg), **provider_cfg}
     settings = elastic_settings(provider_cfg)
-    if settings.agent and settings.type in ("aws", "gcp", "static"):
+    ptype = registry.get(settings.type)
+    if settings.agent and ptype.takes_agent_options:
         from agent_bootstrap.cloud_init import validate_agent_options
 
         try:
             validate_agent_options(settings.agent)
         except ValueError as e:
             raise PoolConfigError(f"agent: {e}") from None
-    if settings.type in USER_DATA_LIMITS:
-        _check_user_data_size(settings, pool, master_url)
+    if ptype.user_data is UserDataKind.CLOUD_INIT and ptype.user_data_limit is not None:
+        _check_user_data_size(settings, ptype.user_data_limit, pool, master_url)
     own = {k: v for k, v in provider_cfg.items() if k not in COMMON_KEYS}
-    url = settings.master_url or master_url
+    ctx = ProviderContext(cluster_id=cluster_id, pool=pool, master_url=settings.master_url or master_url,
+                          state_dir=state_dir, agent_options=dict(settings.agent))
     try:
-        if settings.type == "local":
-            from provisioners.local import LocalPoolConfig, LocalProvider
-
-            lcfg = LocalPoolConfig.from_dict(own)
-            return PoolProvider(settings, LocalProvider(lcfg, cluster_id=cluster_id, pool=pool, master_url=url,
-                                                         state_dir=state_dir), lcfg.slots_per_instance)
-        if settings.type == "aws":
-            from provisioners.aws import AwsPoolConfig, AwsProvider
-
-            acfg = AwsPoolConfig.from_dict(own)
-            aws = AwsProvider(acfg, cluster_id=cluster_id, pool=pool, master_url=url)
-            return PoolProvider(settings, aws, aws.resolve_instance_slots())
-        if settings.type == "gcp":
-            from provisioners.gcp import GcpPoolConfig, GcpProvider
-
-            gcfg = GcpPoolConfig.from_dict(own)
-            slots = gcfg.instance_slots if gcfg.instance_slots is not None else gcfg.gpu_num
-            return PoolProvider(settings, GcpProvider(gcfg, cluster_id=cluster_id, pool=pool, master_url=url), slots)
-        if settings.type == "static":
-            from provisioners.static import StaticPoolConfig, StaticProvider
-
-            scfg = StaticPoolConfig.from_dict({**own, "agent": settings.agent or None})
-            slots = _int(provider_cfg, "slots_per_host", 1, 1)
-            assert slots is not None
-            return PoolProvider(settings, StaticProvider(scfg, cluster_id=cluster_id, pool=pool, master_url=url), slots)
+        built = ptype.build(ptype.config.from_dict(own), ctx)
     except PoolConfigError:
         raise
     except ValueError as e:  # the provider's own config errors name their field
         raise PoolConfigError(str(e)) from None
-    raise PoolConfigError(f"type: {settings.type!r} has no provider")
+    return PoolProvider(settings, built.provider, built.slots_per_instance, ptype)
 
 
-def _check_user_data_size(settings: ElasticSettings, pool: str, master_url: str) -> None:
+def _check_user_data_size(settings: ElasticSettings, limit: int, pool: str, master_url: str) -> None:
     """Refuse a pool whose user-data (mostly its startup_script) the cloud would refuse anyway."""
     from agent_bootstrap.cloud_init import BootstrapParams, render_user_data
 
@@ -162,7 +141,7 @@ def _check_user_data_size(settings: ElasticSettings, pool: str, master_url: str)
         master_url=settings.master_url or master_url, pool=pool, bootstrap_token="x" * 43,
         provider=settings.type, launch_id="0" * 32, startup_script=settings.startup_script,  # type: ignore[arg-type]
         agent_options=dict(settings.agent)))
-    size, limit = len(sample.encode()), USER_DATA_LIMITS[settings.type]
+    size = len(sample.encode())
     if size > limit:
         raise PoolConfigError(f"startup_script: the rendered user-data would be {size} bytes, over the "
                               f"{settings.type} limit of {limit} bytes; shorten the startup script")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import threading
 import time
@@ -34,9 +33,8 @@ import requests
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
 from google.auth import exceptions as auth_exc
-from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.credentials import Credentials
 from google.cloud import compute_v1
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from provisioners.base import (
     MANAGED_BY_VALUE,
@@ -45,15 +43,20 @@ from provisioners.base import (
     TAG_MANAGED_BY,
     TAG_MASTER,
     TAG_POOL,
+    BuiltProvider,
     CloudInstance,
+    CloudState,
     ErrorKind,
     ErrorScope,
-    InstanceState,
     LaunchResult,
     LaunchSpec,
+    ProviderContext,
     ProviderError,
+    ProviderType,
+    UserDataKind,
     label_key,
 )
+from provisioners.retry import RetryAttempt, RetryPolicy, call_with_retries
 
 log = logging.getLogger("shipyard.provisioners.gcp")
 
@@ -85,16 +88,16 @@ _RESERVED_LABEL_PREFIX = "shipyard-"
 _REQUEST_ID_NAMESPACE = uuid.UUID("6f1d2c3e-5b7a-4c1e-9a0b-5368697079a1")
 
 _STATE_BY_STATUS = {
-    "PROVISIONING": InstanceState.PENDING,
-    "STAGING": InstanceState.PENDING,
+    "PROVISIONING": CloudState.PENDING,
+    "STAGING": CloudState.PENDING,
     # REPAIRING: the host failed under a running instance; it is not usable until it comes back.
-    "REPAIRING": InstanceState.PENDING,
-    "RUNNING": InstanceState.RUNNING,
-    "STOPPING": InstanceState.STOPPING,
-    "SUSPENDING": InstanceState.STOPPING,
-    "SUSPENDED": InstanceState.STOPPING,
-    "STOPPED": InstanceState.STOPPING,
-    "TERMINATED": InstanceState.TERMINATED,
+    "REPAIRING": CloudState.PENDING,
+    "RUNNING": CloudState.RUNNING,
+    "STOPPING": CloudState.STOPPING,
+    "SUSPENDING": CloudState.STOPPING,
+    "SUSPENDED": CloudState.STOPPING,
+    "STOPPED": CloudState.STOPPING,
+    "TERMINATED": CloudState.TERMINATED,
 }
 
 _NAME_PREFIX_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -527,9 +530,8 @@ class GcpProvider:
         self.pool = pool
         self.master_url = master_url
         self._credentials = credentials
-        self._max_attempts = max_attempts
+        self._retry = RetryPolicy(max_attempts, retry_base_s, retry_base_s * 16)
         self._timeout = float(call_timeout_s)
-        self._retry_base_s = retry_base_s
         self._labels = {
             LABEL_MANAGED_BY: MANAGED_BY_VALUE,
             LABEL_CLUSTER: label_value(cluster_id),
@@ -554,10 +556,6 @@ class GcpProvider:
 
     def _build_clients(self) -> tuple[compute_v1.InstancesClient, compute_v1.ZoneOperationsClient]:
         creds = self._credentials
-        if creds is None and os.environ.get("SHIPYARD_GCP_ANONYMOUS") == "1":
-            # Test-only switch: a master process pointed at the local GCE fake (tests/fakes/gce.py,
-            # via api_endpoint) has no credentials to give; never set it against the real API.
-            creds = AnonymousCredentials()
         if creds is None and self.cfg.credentials_file:
             creds, _ = google.auth.load_credentials_from_file(
                 self.cfg.credentials_file, scopes=[CLOUD_PLATFORM_SCOPE]
@@ -581,30 +579,18 @@ class GcpProvider:
             except Exception as exc:
                 raise classify_error(exc, zone) from exc
 
-        def before_sleep(state: Any) -> None:
-            err = state.outcome.exception() if state.outcome else None
+        def on_retry(r: RetryAttempt) -> None:
             log.warning(
                 "event=gcp_call_retry call=%s zone=%s attempt=%d pool=%s error=%s",
                 what,
                 zone,
-                state.attempt_number,
+                r.attempt,
                 self.pool,
-                err,
+                r.error,
             )
 
-        def stop(state: Any) -> bool:
-            if state.attempt_number >= self._max_attempts:
-                return True
-            return deadline is not None and time.monotonic() >= deadline
-
-        retrying = Retrying(
-            stop=stop_after_attempt(self._max_attempts) if deadline is None else stop,
-            wait=wait_random_exponential(multiplier=self._retry_base_s, max=self._retry_base_s * 16),
-            retry=retry_if_exception(_is_transient),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
-        return retrying(attempt)
+        return call_with_retries(attempt, policy=self._retry, is_transient=_is_transient, on_retry=on_retry,
+                                 deadline=deadline)
 
     # ---- launch ----------------------------------------------------------------------------
 
@@ -620,7 +606,7 @@ class GcpProvider:
             existing = {
                 i.launch_id: i
                 for i in self._list_all()
-                if i.launch_id and i.state is not InstanceState.TERMINATED
+                if i.launch_id and i.state is not CloudState.TERMINATED
             }
         except ProviderError as err:
             log.warning("event=gcp_launch_failed pool=%s stage=list error=%s", self.pool, err)
@@ -893,7 +879,7 @@ class GcpProvider:
         """What we know of an accepted insert without reading it back."""
         return CloudInstance(
             id=name,
-            state=InstanceState.PENDING,
+            state=CloudState.PENDING,
             launched_at=datetime.now(UTC),
             launch_id=spec.launch_id,
             location=zone,
@@ -921,7 +907,7 @@ class GcpProvider:
     # ---- list ------------------------------------------------------------------------------
 
     def list(self) -> list[CloudInstance]:
-        return [i for i in self._list_all() if i.state is not InstanceState.TERMINATED]
+        return [i for i in self._list_all() if i.state is not CloudState.TERMINATED]
 
     def label_filter(self) -> str:
         """The aggregatedList filter selecting this cluster's and pool's instances."""
@@ -965,7 +951,7 @@ class GcpProvider:
 
     def _to_cloud_instance(self, inst: compute_v1.Instance) -> CloudInstance:
         md = _metadata(inst)
-        state = _STATE_BY_STATUS.get(inst.status, InstanceState.PENDING)
+        state = _STATE_BY_STATUS.get(inst.status, CloudState.PENDING)
         private_ip = public_ip = None
         if inst.network_interfaces:
             nic = inst.network_interfaces[0]
@@ -1063,3 +1049,13 @@ def _parse_timestamp(ts: str) -> datetime:
         return datetime.now(UTC)
     dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
     return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+def _build(cfg: GcpPoolConfig, ctx: ProviderContext) -> BuiltProvider:
+    slots = cfg.instance_slots if cfg.instance_slots is not None else cfg.gpu_num
+    return BuiltProvider(GcpProvider(cfg, cluster_id=ctx.cluster_id, pool=ctx.pool, master_url=ctx.master_url), slots)
+
+
+# GCE metadata values allow 256 KiB.
+PROVIDER_TYPE = ProviderType(name="gcp", config=GcpPoolConfig, build=_build, user_data=UserDataKind.CLOUD_INIT,
+                             user_data_limit=256 * 1024)

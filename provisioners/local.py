@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,13 +25,18 @@ from provisioners.base import (
     TAG_MANAGED_BY,
     TAG_MASTER,
     TAG_POOL,
+    BuiltProvider,
     CloudInstance,
+    CloudState,
     ErrorKind,
-    InstanceState,
     LaunchResult,
     LaunchSpec,
+    ProviderContext,
     ProviderError,
+    ProviderType,
+    UserDataKind,
 )
+from shipyard_common.processes import pid_alive, start_session, stop_process_group
 
 log = logging.getLogger("shipyard.provisioners.local")
 
@@ -57,21 +60,6 @@ class LocalPoolConfig:
         if data.get("slot_type", "cpu") not in ("cpu", "auto"):
             raise ValueError("slot_type: must be cpu or auto")
         return cls(slots, data.get("slot_type", "cpu"), data.get("work_dir"), data.get("python"))
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 class LocalProvider:
@@ -110,9 +98,7 @@ class LocalProvider:
                    "--slots", str(self.cfg.slots_per_instance), "--slot-type", self.cfg.slot_type,
                    "--agent-reconnect-attempts", "10", "--agent-reconnect-backoff", "1"]
             try:
-                with open(home / "agent.log", "ab") as out:
-                    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, env=_agent_env())
+                proc = start_session(cmd, home / "agent.log", _agent_env())
             except OSError as e:
                 return LaunchResult(tuple(launched), ProviderError(ErrorKind.INVALID, f"cannot start agent: {e}"))
             self._children[proc.pid] = proc
@@ -122,7 +108,7 @@ class LocalProvider:
             rec.write_text(json.dumps({"id": instance_id, "pid": proc.pid, "launched_at": now.isoformat(),
                                        "tags": tags}))
             log.info("event=local_instance_launched pool=%s instance_id=%s pid=%s", self.pool, instance_id, proc.pid)
-            launched.append(CloudInstance(id=instance_id, state=InstanceState.RUNNING, launched_at=now,
+            launched.append(CloudInstance(id=instance_id, state=CloudState.RUNNING, launched_at=now,
                                           launch_id=spec.launch_id, private_ip="127.0.0.1", location="local",
                                           instance_type="local", tags=tags))
         return LaunchResult(tuple(launched))
@@ -139,7 +125,7 @@ class LocalProvider:
         if not pid_alive(int(data["pid"])):
             rec.unlink(missing_ok=True)
             return None
-        return CloudInstance(id=data["id"], state=InstanceState.RUNNING,
+        return CloudInstance(id=data["id"], state=CloudState.RUNNING,
                              launched_at=datetime.fromisoformat(data["launched_at"]),
                              launch_id=tags.get(TAG_LAUNCH_ID), private_ip="127.0.0.1", location="local",
                              instance_type="local", tags=tags)
@@ -175,15 +161,13 @@ def _agent_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SHIPYARD_ADMIN")}
 
 
-def stop_process_group(pid: int, grace: float = 15.0) -> None:
-    """SIGTERM the group, SIGKILL it after `grace` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not pid_alive(pid):
-                return
-            time.sleep(0.1)
+def _build(cfg: LocalPoolConfig, ctx: ProviderContext) -> BuiltProvider:
+    provider = LocalProvider(cfg, cluster_id=ctx.cluster_id, pool=ctx.pool, master_url=ctx.master_url,
+                             state_dir=ctx.state_dir)
+    return BuiltProvider(provider, cfg.slots_per_instance)
+
+
+# Local agents are started with their credential on the command line's token file, never with
+# cloud-init, and take no `agent:` options.
+PROVIDER_TYPE = ProviderType(name="local", config=LocalPoolConfig, build=_build, user_data=UserDataKind.TOKEN,
+                             takes_agent_options=False)

@@ -9,6 +9,7 @@ Pool config:
         - {address: gpu-2.lab, port: 2222, user: det, key: "-----BEGIN OPENSSH PRIVATE KEY-----...",
            known_hosts: /etc/shipyard/known_hosts, python: /usr/bin/python3.11}
       connect_timeout: 20
+      slots_per_host: 4  # slots each host's agent brings (default 1)
 
 There is no cloud: `launch` bootstraps free hosts (agent_bootstrap/ssh.py) with the spec's user
 data as the agent credential, `terminate` stops the agent over SSH, and `list` asks each host
@@ -19,9 +20,9 @@ restarted master finds its instances again exactly as with the cloud providers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,13 +40,17 @@ from provisioners.base import (
     TAG_MANAGED_BY,
     TAG_MASTER,
     TAG_POOL,
+    BuiltProvider,
     CloudInstance,
+    CloudState,
     ErrorKind,
     ErrorScope,
-    InstanceState,
     LaunchResult,
     LaunchSpec,
+    ProviderContext,
     ProviderError,
+    ProviderType,
+    UserDataKind,
 )
 
 log = logging.getLogger("shipyard.provisioners.static")
@@ -59,10 +64,11 @@ class StaticPoolConfig:
     hosts: tuple[StaticHost, ...]
     connect_timeout: float = 20.0
     agent: dict[str, Any] | None = None  # agent options (the pool's `agent:` section)
+    slots_per_host: int = 1
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StaticPoolConfig:
-        known = {"type", "hosts", "connect_timeout", "agent"}
+        known = {"type", "hosts", "connect_timeout", "agent", "slots_per_host"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown field for a static pool (known: {', '.join(sorted(known))})")
@@ -80,7 +86,10 @@ class StaticPoolConfig:
         agent = data.get("agent")
         if agent is not None and not isinstance(agent, dict):
             raise ValueError("agent: must be a mapping of agent options")
-        return cls(hosts, float(timeout), agent)
+        slots = data.get("slots_per_host", 1)
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots_per_host: must be an integer >= 1, got {slots!r}")
+        return cls(hosts, float(timeout), agent, slots)
 
 
 def _error(e: SshBootstrapError, host: StaticHost) -> ProviderError:
@@ -102,7 +111,7 @@ class StaticProvider:
         return {TAG_MANAGED_BY: MANAGED_BY_VALUE, TAG_CLUSTER: self.cluster_id, TAG_POOL: self.pool,
                 TAG_MASTER: self.master_url, TAG_LAUNCH_ID: launch_id}
 
-    def _instance(self, host: StaticHost, launch_id: str | None, state: InstanceState,
+    def _instance(self, host: StaticHost, launch_id: str | None, state: CloudState,
                   launched_at: datetime) -> CloudInstance:
         return CloudInstance(id=host.id, state=state, launched_at=launched_at, launch_id=launch_id,
                              private_ip=host.address, location=host.address, instance_type="static",
@@ -123,8 +132,8 @@ class StaticProvider:
             launched_at = datetime.now(UTC)
         # Installed but its agent is not running (crashed, host rebooted without systemd): not yet
         # capacity, like a booting cloud instance; the autoscaler's starting period applies.
-        return self._instance(host, record.get("launch_id"), InstanceState.RUNNING if running
-                              else InstanceState.PENDING, launched_at)
+        return self._instance(host, record.get("launch_id"), CloudState.RUNNING if running
+                              else CloudState.PENDING, launched_at)
 
     def list(self) -> list[CloudInstance]:
         """Every configured host that carries this cluster's and pool's instance record."""
@@ -176,7 +185,7 @@ class StaticProvider:
                 return LaunchResult(tuple(launched), _error(e, host))
             log.info("event=static_host_bootstrapped pool=%s host=%s steps=%s", self.pool, host.id,
                      ",".join(f"{s.step}:{s.status}" for s in steps))
-            launched.append(self._instance(host, spec.launch_id, InstanceState.RUNNING, now))
+            launched.append(self._instance(host, spec.launch_id, CloudState.RUNNING, now))
         return LaunchResult(tuple(launched))
 
     # -- terminate -------------------------------------------------------------------------------
@@ -196,3 +205,21 @@ class StaticProvider:
             log.info("event=static_agent_stopped pool=%s host=%s", self.pool, host.id)
         if first is not None:
             raise first
+
+
+def _build(cfg: StaticPoolConfig, ctx: ProviderContext) -> BuiltProvider:
+    cfg = replace(cfg, agent=dict(ctx.agent_options) or cfg.agent)
+    provider = StaticProvider(cfg, cluster_id=ctx.cluster_id, pool=ctx.pool, master_url=ctx.master_url)
+    return BuiltProvider(provider, cfg.slots_per_host)
+
+
+def _keep_every_host(section: Mapping[str, Any]) -> dict[str, Any]:
+    """A static pool keeps all its hosts unless told otherwise."""
+    hosts = section.get("hosts")
+    n = len(hosts) if isinstance(hosts, list) else 0
+    return {"min_instances": n, "max_instances": n}
+
+
+# The SSH bootstrap takes the bootstrap token as the agent credential, not cloud-init.
+PROVIDER_TYPE = ProviderType(name="static", config=StaticPoolConfig, build=_build, user_data=UserDataKind.TOKEN,
+                             settings_defaults=_keep_every_host)

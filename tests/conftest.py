@@ -84,7 +84,7 @@ class LiveMaster:
     """A real `det-master` process on a free port."""
 
     def __init__(self, db_url: str, state_dir: Path, extra_env: dict[str, str] | None = None,
-                 config_path: Path | None = None) -> None:
+                 config_path: Path | None = None, module: str = "control_plane") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state_dir = state_dir
@@ -92,11 +92,12 @@ class LiveMaster:
         self.log_path = state_dir / "master.log"
         self.env = dict(os.environ, SHIPYARD_ADMIN_PASSWORD=ADMIN_PASSWORD, **(extra_env or {}))
         self.config_path = config_path
+        self.module = module  # the entry module: `python -m <module>` (a test-only one may wrap the master)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "control_plane", "--port", str(self.port), "--db", self.db_url,
+        cmd = [sys.executable, "-m", self.module, "--port", str(self.port), "--db", self.db_url,
                "--state-dir", str(self.state_dir)]
         if self.config_path:
             cmd[3:3] = ["--config", str(self.config_path)]

@@ -94,3 +94,11 @@ def skip_or_fail(reason: str) -> None:
     if postgres_required():
         pytest.fail(f"PostgreSQL is required here (CI=true): {reason}")
     pytest.skip(reason)
+
+
+def missing_part(reason: str) -> None:
+    """A system part a test needs (cloud-init, sshd, PostgreSQL) is not here: skip, or fail under CI
+    (where `make test` has installed it, so missing means broken)."""
+    if postgres_required():
+        pytest.fail(f"required under CI=true: {reason}")
+    pytest.skip(reason)

@@ -4,8 +4,10 @@ for start/kill commands, runs tasks as process groups and ships their logs.
 Modules, top to bottom of the dependency order:
   config   options, YAML file and DET_AGENT_* environment, merged and validated
   devices  GPUs from nvidia-smi, else CPU slots
-  client   the HTTP calls of docs/PROTOCOL.md and their error taxonomy
-  runtime  TaskRuntime protocol and ProcessRuntime (process groups, pdeathsig, leftover cleanup)
+  client   the HTTP calls of docs/PROTOCOL.md (models: shipyard_common.agent_protocol) and their
+           error taxonomy
+  runtime  the TaskRuntime seam (start/signal/wait/release over an opaque handle), the registry of
+           runtimes by name, and ProcessRuntime (process groups, pdeathsig, leftover cleanup)
   logship  line splitting and the batching, retrying log shipper
   daemon   the connection loop, command handling, task supervision and shutdown
 """

@@ -18,7 +18,7 @@ from typing import IO
 from agent_bootstrap.agent.config import AgentConfig, ConfigError, load_config
 from agent_bootstrap.agent.daemon import EXIT_CONFIG, Agent
 from agent_bootstrap.agent.devices import DeviceError, discover_slots
-from agent_bootstrap.agent.runtime import ProcessRuntime, TaskPidfile
+from agent_bootstrap.agent.runtime import RuntimeOptions, TaskRuntime, UnknownRuntime, create_runtime
 
 log = logging.getLogger("shipyard.agent")
 
@@ -63,9 +63,9 @@ def lock_work_dir(work_dir: Path) -> IO[bytes]:
     return f
 
 
-def clean_work_dir(config: AgentConfig, pidfile: TaskPidfile) -> None:
-    """Kill what a previous agent on this work dir left running, and drop its task directories."""
-    killed = pidfile.kill_leftovers()
+def clean_work_dir(config: AgentConfig, runtime: TaskRuntime) -> None:
+    """End what a previous agent on this work dir left running, and drop its task directories."""
+    killed = runtime.clean_up_leftovers()
     if killed:
         log.warning("event=leftovers_killed processes=%d", killed)
     tasks_dir = config.work_dir / "tasks"
@@ -88,17 +88,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"det-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        pidfile = TaskPidfile(config.work_dir / "tasks.pids")
-        clean_work_dir(config, pidfile)
+        try:
+            runtime = create_runtime(config.runtime, RuntimeOptions(work_dir=config.work_dir))
+        except UnknownRuntime as e:
+            print(f"det-agent: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        clean_work_dir(config, runtime)
         try:
             slots = discover_slots(config.slot_type, config.slots)
         except DeviceError as e:
+            runtime.close()
             print(f"det-agent: {e}", file=sys.stderr)
             return EXIT_CONFIG
         if config.slots and slots and slots[0].type == "cuda":
             log.warning("event=slots_option_ignored reason=%r", "--slots counts CPU slots; this host offers its GPUs")
         log.info("event=slots_discovered slots=%s", ",".join(f"{s.id}:{s.type}:{s.uuid or s.brand}" for s in slots))
-        agent = Agent(config, token, slots, ProcessRuntime(pidfile))
+        agent = Agent(config, token, slots, runtime)
         signal.signal(signal.SIGTERM, agent.on_signal)
         signal.signal(signal.SIGINT, agent.on_signal)
         return agent.run()

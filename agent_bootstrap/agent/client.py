@@ -5,20 +5,28 @@
   StaleSession       409 on commands/events: the session was replaced; register again
   RequestRefused     any other 4xx: this request is wrong; do not repeat it
 
-Wire shapes are parsed into pydantic models at this edge; the rest of the agent never sees dicts.
+Wire shapes are the protocol's models (shipyard_common.agent_protocol, the same the master parses),
+validated at this edge; the rest of the agent never sees dicts.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import httpx
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ValidationError
+
+from shipyard_common.agent_protocol import (
+    COMMANDS_PATH,
+    EVENTS_PATH,
+    REGISTER_PATH,
+    EventsRequest,
+    RegisterRequest,
+    RegisterResponse,
+    TaskEvent,
+)
 
 
 class MasterError(Exception):
@@ -44,97 +52,6 @@ class RequestRefused(MasterError):
     pass
 
 
-class _Wire(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-
-class TaskSpec(_Wire):
-    allocation_id: str = Field(min_length=1)
-    task_id: str = ""
-    trial_id: int | None = None
-    experiment_id: int | None = None
-    run_id: int | None = None
-    entrypoint: list[str] | str
-    env: dict[str, str] = Field(default_factory=dict)
-    slot_ids: list[str] = Field(default_factory=list)
-    token: str | None = Field(default=None, repr=False)
-    model_definition_path: str | None = None
-    kill_grace_seconds: float | None = Field(default=None, ge=0)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, v: object) -> object:
-        # Environment values are strings; a number or bool from a config is passed as its text.
-        if isinstance(v, dict):
-            return {str(k): ("" if val is None else (str(val).lower() if isinstance(val, bool) else str(val)))
-                    for k, val in v.items()}
-        return v
-
-    @field_validator("slot_ids", mode="before")
-    @classmethod
-    def _slot_strings(cls, v: object) -> object:
-        return [str(s) for s in v] if isinstance(v, list) else v
-
-    @property
-    def argv(self) -> list[str]:
-        """The command to run: an argv list as is, a string through `sh -c`."""
-        if isinstance(self.entrypoint, str):
-            return ["sh", "-c", self.entrypoint]
-        return list(self.entrypoint)
-
-
-class StartCommand(_Wire):
-    type: Literal["start"]
-    allocation_id: str
-    spec: TaskSpec
-
-
-class KillCommand(_Wire):
-    type: Literal["kill"]
-    allocation_id: str
-    grace_seconds: float | None = Field(default=None, ge=0)
-
-
-Command = StartCommand | KillCommand
-
-
-class RegisterResponse(_Wire):
-    session_id: str = Field(min_length=1)
-    heartbeat_interval_s: float | None = Field(default=None, validation_alias=AliasChoices(
-        "heartbeatIntervalS", "heartbeatIntervalSeconds", "heartbeat_interval_s"))
-    kill: list[str] = Field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class RegisterRequest:
-    agent_id: str
-    resource_pool: str
-    version: str
-    slots: list[dict[str, object]]
-    running_allocations: list[str]
-    addresses: list[str] = field(default_factory=list)
-    instance_id: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"agentId": self.agent_id, "resourcePool": self.resource_pool, "version": self.version,
-                "addresses": self.addresses, "instanceId": self.instance_id, "slots": self.slots,
-                "runningAllocations": self.running_allocations}
-
-
-@dataclass(frozen=True)
-class TaskEvent:
-    allocation_id: str
-    type: Literal["starting", "running", "exited"]
-    time: datetime
-    pid: int | None = None
-    exit_code: int | None = None
-    message: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"allocationId": self.allocation_id, "type": self.type, "pid": self.pid,
-                "exitCode": self.exit_code, "message": self.message, "time": rfc3339(self.time)}
-
-
 def backoff_delay(attempt: int, base: float, cap: float, rand: float) -> float:
     """Wait before reconnect attempt `attempt` (1-based): exponential from `base`, capped at `cap`,
     with jitter `rand` in [0, 1) taking off up to half, so agents that lost the same master do not
@@ -142,10 +59,6 @@ def backoff_delay(attempt: int, base: float, cap: float, rand: float) -> float:
     exp = base * (2 ** min(max(attempt - 1, 0), 30))
     ceiling = min(cap, exp)
     return max(min(base, cap) / 2, ceiling * (1 - 0.5 * min(max(rand, 0.0), 1.0)))
-
-
-def rfc3339(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _error_message(resp: httpx.Response) -> str:
@@ -206,7 +119,7 @@ class MasterClient:
         raise RequestRefused(f"{method} {path}: {status} {message}", status)
 
     def register(self, req: RegisterRequest) -> RegisterResponse:
-        body = self._request("POST", "/api/v1/agents/register", json=req.to_wire())
+        body = self._request("POST", REGISTER_PATH, json=req.to_wire())
         try:
             return RegisterResponse.model_validate(body)
         except ValidationError as e:
@@ -214,15 +127,15 @@ class MasterClient:
 
     def commands(self, agent_id: str, session_id: str, timeout_s: float) -> list[dict[str, Any]]:
         """Raw commands; the daemon parses each one so a single bad command is reported, not fatal."""
-        body = self._request("GET", f"/api/v1/agents/{agent_id}/commands",
+        body = self._request("GET", COMMANDS_PATH.format(agentId=agent_id),
                              params={"sessionId": session_id, "timeoutSeconds": timeout_s},
                              timeout=timeout_s + self._timeout)
         commands = body.get("commands") if isinstance(body, dict) else None
         return [c for c in commands if isinstance(c, dict)] if isinstance(commands, list) else []
 
     def post_events(self, agent_id: str, session_id: str, events: list[TaskEvent]) -> None:
-        self._request("POST", f"/api/v1/agents/{agent_id}/events",
-                      json={"sessionId": session_id, "events": [e.to_wire() for e in events]})
+        self._request("POST", EVENTS_PATH.format(agentId=agent_id),
+                      json=EventsRequest(session_id=session_id, events=events).to_wire())
 
     def post_task_logs(self, entries: list[dict[str, Any]], token: str | None = None) -> None:
         self._request("POST", "/api/v1/task/logs", json={"logs": entries}, token=token)
@@ -236,18 +149,3 @@ class MasterClient:
             return base64.b64decode(b64, validate=True)
         except (binascii.Error, ValueError):
             raise RequestRefused(f"GET {path}: b64Tgz is not base64") from None
-
-
-def parse_command(raw: dict[str, Any]) -> Command:
-    """A command from the long-poll; raises ValueError with a readable reason."""
-    kind = raw.get("type")
-    try:
-        if kind == "start":
-            return StartCommand.model_validate(raw)
-        if kind == "kill":
-            return KillCommand.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ValueError(f"{loc}: {err['msg']}") from None
-    raise ValueError(f"unknown command type {kind!r}")

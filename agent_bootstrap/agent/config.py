@@ -56,6 +56,8 @@ class AgentConfig(BaseModel):
     log_buffer_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     model_def_max_bytes: int = Field(96 * 1024 * 1024, gt=0)
     keep_task_dirs: bool = False
+    # The task runtime by its registered name (agent_bootstrap/agent/runtime); checked at start-up.
+    runtime: str = Field("process", min_length=1)
 
     @field_validator("master_url")
     @classmethod
@@ -122,6 +124,7 @@ _OPTIONS: list[tuple[str, Any, str]] = [
     ("log_batch_lines", int, "flush task logs when this many lines are buffered (default 500)"),
     ("log_buffer_bytes", int, "bound of buffered task logs while the master is unreachable"),
     ("model_def_max_bytes", int, "refuse model definitions that unpack to more than this"),
+    ("runtime", str, "task runtime (default: process, tasks as process groups on this host)"),
 ]
 
 

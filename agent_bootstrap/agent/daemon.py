@@ -7,7 +7,7 @@ Threads and what each owns:
               the outbox is small: at most three events per allocation)
   log-shipper batches task output to the master (logship.LogShipper)
   task-<id>   one per allocation: fetch + unpack the model definition, start, wait/kill, report
-  task-spawner (runtime) forks every task process, see runtime.py
+  task-spawner (process runtime) forks every task process, see runtime/process.py
 
 Connection rules (docs/PROTOCOL.md):
   * a poll or registration that fails with MasterUnavailable starts reconnecting: up to
@@ -49,22 +49,34 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from agent_bootstrap.agent import __version__
 from agent_bootstrap.agent.client import (
     AuthRefused,
-    KillCommand,
     MasterClient,
     MasterUnavailable,
-    RegisterRequest,
     RequestRefused,
     StaleSession,
-    StartCommand,
-    TaskEvent,
-    TaskSpec,
     backoff_delay,
-    parse_command,
 )
 from agent_bootstrap.agent.config import AgentConfig
 from agent_bootstrap.agent.devices import Slot, cuda_visible_devices
 from agent_bootstrap.agent.logship import HttpLogSink, LogLine, LogShipper
-from agent_bootstrap.agent.runtime import LaunchSpec, StartFailed, TaskHandle, TaskRuntime
+from agent_bootstrap.agent.runtime import (
+    LaunchSpec,
+    OutputFn,
+    StartFailed,
+    Stream,
+    TaskHandle,
+    TaskRuntime,
+    stop_task,
+)
+from shipyard_common.agent_protocol import (
+    MAX_EVENT_MESSAGE,
+    KillCommand,
+    RegisterRequest,
+    StartCommand,
+    TaskEvent,
+    TaskEventType,
+    TaskSpec,
+    parse_command,
+)
 
 log = logging.getLogger("shipyard.agent")
 
@@ -430,7 +442,7 @@ class Agent:
         with self._tasks_lock:
             running = sorted(a for a, t in self._tasks.items() if t.state != "exited")
         req = RegisterRequest(agent_id=self.agent_id, resource_pool=self.config.resource_pool, version=__version__,
-                              slots=[s.to_wire() for s in self.slots], running_allocations=running,
+                              slots=[s.info() for s in self.slots], running_allocations=running,
                               addresses=outbound_addresses(self.config.master_url),
                               instance_id=self.config.instance_id)
         try:
@@ -519,8 +531,10 @@ class Agent:
 
     # -- one task ----------------------------------------------------------------------------------
 
-    def _event(self, task: _Task, kind: Literal["starting", "running", "exited"], *, pid: int | None = None,
+    def _event(self, task: _Task, kind: TaskEventType, *, pid: int | None = None,
                exit_code: int | None = None, message: str | None = None) -> TaskEvent:
+        if message is not None and len(message) > MAX_EVENT_MESSAGE:
+            message = message[: MAX_EVENT_MESSAGE - 3] + "..."
         ev = TaskEvent(allocation_id=task.allocation_id, type=kind, time=_now(), pid=pid, exit_code=exit_code,
                        message=message)
         self.outbox.add(ev)
@@ -582,8 +596,8 @@ class Agent:
                 return
             env = task_environment(self._base_env, spec, slots, self.agent_id)
             try:
-                handle = self.runtime.start(LaunchSpec(allocation_id=alloc, argv=spec.argv), env, workdir,
-                                            self._output_fn(task))
+                handle = self.runtime.start(LaunchSpec(allocation_id=alloc, argv=spec.argv, env=env,
+                                                       workdir=workdir, output=self._output_fn(task)))
             except StartFailed as e:
                 self._agent_line(task, e.message)
                 self._drain(alloc)
@@ -608,9 +622,9 @@ class Agent:
             self._exited(task, SETUP_FAILED, e.message)
         except Exception as e:
             log.exception("event=task_supervisor_crashed allocation=%s", alloc)
-            if task.handle is not None and self.runtime.poll(task.handle) is None:
+            if task.handle is not None and self.runtime.wait(task.handle, 0) is None:
                 with contextlib.suppress(Exception):
-                    self.runtime.kill(task.handle, 0)
+                    stop_task(self.runtime, task.handle, 0)
             if task.state != "exited":
                 self._exited(task, SETUP_FAILED, f"agent error: {type(e).__name__}: {e}")
         finally:
@@ -628,7 +642,7 @@ class Agent:
             if code is not None:
                 return code
             if task.kill_requested.is_set():
-                return self.runtime.kill(handle, task.kill_grace)
+                return stop_task(self.runtime, handle, task.kill_grace)
 
     def _drain(self, alloc: str) -> None:
         """Ship the task's last lines before reporting it exited: the master may revoke the
@@ -636,11 +650,11 @@ class Agent:
         if self._drain_logs and not self.shipper.drain(alloc, timeout=10.0):
             log.warning("event=task_logs_not_drained allocation=%s", alloc)
 
-    def _output_fn(self, task: _Task) -> Callable[[Literal["stdout", "stderr"], str], None]:
+    def _output_fn(self, task: _Task) -> OutputFn:
         spec = task.spec
         assert spec is not None
 
-        def output(stream: Literal["stdout", "stderr"], text: str) -> None:
+        def output(stream: Stream, text: str) -> None:
             self.shipper.add(LogLine(allocation_id=task.allocation_id, task_id=spec.task_id, token=spec.token,
                                      text=text, stdtype=stream))
 

@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Literal
 
+from shipyard_common.agent_protocol import SlotInfo
+
 log = logging.getLogger("shipyard.agent.devices")
 
 NVIDIA_SMI_QUERY = ["--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"]
@@ -31,8 +33,12 @@ class Slot:
     index: int | None = None
     memory_mb: int | None = None
 
+    def info(self) -> SlotInfo:
+        """The slot as the agent registers it."""
+        return SlotInfo(id=self.id, type=self.type, uuid=self.uuid, brand=self.brand, memory_mb=self.memory_mb)
+
     def to_wire(self) -> dict[str, object]:
-        return {"id": self.id, "type": self.type, "uuid": self.uuid, "brand": self.brand, "memoryMb": self.memory_mb}
+        return self.info().to_wire()
 
 
 def parse_nvidia_smi(output: str) -> list[Slot]:

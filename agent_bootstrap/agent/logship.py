@@ -29,8 +29,8 @@ from agent_bootstrap.agent.client import (
     MasterUnavailable,
     RequestRefused,
     backoff_delay,
-    rfc3339,
 )
+from shipyard_common.wire import rfc3339
 
 log = logging.getLogger("shipyard.agent.logs")
 

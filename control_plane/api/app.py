@@ -13,6 +13,8 @@ from control_plane.api import (
     agents,
     checkpoints,
     experiments,
+    logs,
+    metrics,
     models,
     pools,
     tasks,
@@ -75,7 +77,7 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     )
     app.state.master = master
     install_error_handlers(app)
-    for module in (users, experiments, trials, checkpoints, agents, tasks, pools, models, agent_package):
+    for module in (users, experiments, trials, metrics, logs, checkpoints, agents, tasks, pools, models, agent_package):
         app.include_router(module.router)
     for router in extra_routers or []:
         app.include_router(router)

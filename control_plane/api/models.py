@@ -8,17 +8,15 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 from pydantic import Field
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps, serializers
 from control_plane.api.wire import StrictWire, ts
 from control_plane.auth import Principal
-from control_plane.core import states as st
-from control_plane.db.models import Checkpoint, Experiment, Model, ModelVersion, User
-from control_plane.errors import Conflict, bad_request, conflict, forbidden, not_found
+from control_plane.db.models import Checkpoint, Model, ModelVersion, User
+from control_plane.errors import bad_request, forbidden
 from control_plane.master import Master
-from control_plane.services import checkpoint_gc
+from control_plane.services import access, checkpoints, models
 
 router = APIRouter()
 
@@ -44,49 +42,31 @@ def model_json(m: Model, owner: str, versions: int) -> dict[str, Any]:
     }
 
 
-def _model(db: Session, name: str) -> Model:
-    m = db.scalar(select(Model).where(Model.name == name))
-    if m is None:
-        raise not_found(f"model {name!r}")
-    return m
-
-
 def _model_out(db: Session, m: Model) -> dict[str, Any]:
     owner = db.get(User, m.owner_id)
-    n = db.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.model_id == m.id)) or 0
-    return model_json(m, owner.username if owner else "", n)
+    return model_json(m, owner.username if owner else "", models.version_count(db, m))
 
 
 @router.post("/api/v1/models")
 def post_model(body: PostModel, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
                db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-    if db.scalar(select(Model).where(Model.name == body.name)) is not None:
-        raise conflict(f"model {body.name!r} already exists")
-    now = master.clock()
-    m = Model(name=body.name, description=body.description, metadata_=body.metadata, labels=body.labels,
-              notes=body.notes, owner_id=p.user_id, created_at=now, modified_at=now)
-    db.add(m)
-    db.flush()
-    return {"model": _model_out(db, m)}
+    new = models.NewModel(name=body.name, description=body.description, metadata=body.metadata,
+                          labels=body.labels, notes=body.notes)
+    return {"model": _model_out(db, models.create_model(db, master, p, new))}
 
 
 @router.get("/api/v1/models")
 def get_models(_p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"), name: str | None = None,
                archived: bool | None = None, offset: int = 0, limit: int = 0) -> dict[str, Any]:
-    q = select(Model).order_by(Model.id)
-    if name:
-        q = q.where(Model.name.contains(name))
-    if archived is not None:
-        q = q.where(Model.archived == archived)
-    models = list(db.scalars(q))
-    shown = serializers.page(models, offset, limit)
+    found = models.list_models(db, name, archived)
+    shown = serializers.page(found, offset, limit)
     return {"models": [_model_out(db, m) for m in shown],
-            "pagination": serializers.pagination_json(offset, limit, len(models), len(shown))}
+            "pagination": serializers.pagination_json(offset, limit, len(found), len(shown))}
 
 
 @router.get("/api/v1/models/{modelName}")
 def get_model(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-    return {"model": _model_out(db, _model(db, modelName))}
+    return {"model": _model_out(db, models.get_model(db, modelName))}
 
 
 class PostModelVersion(StrictWire):
@@ -108,7 +88,7 @@ def _version_json(db: Session, v: ModelVersion, m: Model) -> dict[str, Any]:
         "creationTime": ts(v.created_at), "lastUpdatedTime": ts(v.created_at),
         "userId": v.owner_id, "username": owner.username if owner else "",
         "model": _model_out(db, m),
-        "checkpoint": serializers.checkpoint_json(ckpt, serializers.checkpoint_context(db, [ckpt])) if ckpt else None,
+        "checkpoint": serializers.checkpoint_json(ckpt, checkpoints.context(db, [ckpt])) if ckpt else None,
     }
 
 
@@ -117,29 +97,17 @@ def post_model_version(modelName: str, body: PostModelVersion, p: Principal = De
                        master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     if body.model_name is not None and body.model_name != modelName:
         raise bad_request("does not match the model in the path", "modelName")
-    m = _model(db, modelName)
-    if not p.admin and m.owner_id != p.user_id:
-        raise forbidden("only the model's owner or an admin can register versions")
-    ckpt = db.get(Checkpoint, body.checkpoint_uuid)
-    if ckpt is None:
-        raise bad_request(f"no checkpoint {body.checkpoint_uuid}", "checkpointUuid")
-    if ckpt.state not in st.CKPT_LIVE:
-        raise Conflict(f"checkpoint {ckpt.uuid} is {st.checkpoint_wire_state(ckpt.state)}")
-    last = db.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.model_id == m.id)) or 0
-    v = ModelVersion(model_id=m.id, version=last + 1, checkpoint_uuid=ckpt.uuid, name=body.name,
-                     comment=body.comment, notes=body.notes, metadata_=body.metadata, labels=body.labels,
-                     owner_id=p.user_id, created_at=master.clock())
-    db.add(v)
-    m.modified_at = master.clock()
-    db.flush()
-    return {"modelVersion": _version_json(db, v, m)}
+    m = models.get_model(db, modelName)
+    new = models.NewModelVersion(checkpoint_uuid=body.checkpoint_uuid, name=body.name, comment=body.comment,
+                                 metadata=body.metadata, labels=body.labels, notes=body.notes)
+    return {"modelVersion": _version_json(db, models.register_version(db, master, p, m, new), m)}
 
 
 @router.get("/api/v1/models/{modelName}/versions")
 def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"),
                        offset: int = 0, limit: int = 0) -> dict[str, Any]:
-    m = _model(db, modelName)
-    versions = list(db.scalars(select(ModelVersion).where(ModelVersion.model_id == m.id).order_by(ModelVersion.version)))
+    m = models.get_model(db, modelName)
+    versions = models.list_versions(db, m)
     shown = serializers.page(versions, offset, limit)
     return {"model": _model_out(db, m), "modelVersions": [_version_json(db, v, m) for v in shown],
             "pagination": serializers.pagination_json(offset, limit, len(versions), len(shown))}
@@ -148,23 +116,14 @@ def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: S
 @router.get("/api/v1/models/{modelName}/versions/{modelVersionNum}")
 def get_model_version(modelName: str, modelVersionNum: int, _p: Principal = Depends(deps.user),
                       db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-    m = _model(db, modelName)
-    v = db.scalar(select(ModelVersion).where(ModelVersion.model_id == m.id, ModelVersion.version == modelVersionNum))
-    if v is None:
-        raise not_found(f"version {modelVersionNum} of model {modelName!r}")
-    return {"modelVersion": _version_json(db, v, m)}
+    m = models.get_model(db, modelName)
+    return {"modelVersion": _version_json(db, models.get_version(db, m, modelVersionNum), m)}
 
 
 @router.post("/api/v1/experiments/{experimentId}/gc")
 def gc_experiment(experimentId: int, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
                   db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-    exp = db.get(Experiment, experimentId)
-    if exp is None:
-        raise not_found(f"experiment {experimentId}")
+    exp = access.get_experiment(db, experimentId)
     if not p.admin and exp.owner_id != p.user_id:
         raise forbidden("only the experiment's owner or an admin can do this")
-    if exp.state not in st.EXP_TERMINAL:
-        raise Conflict("checkpoint GC runs on ended experiments only")
-    doomed = checkpoint_gc.mark_for_gc(db, exp)
-    master.notify(db)
-    return {"deleting": doomed}
+    return {"deleting": checkpoints.collect_garbage(db, master, exp)}

@@ -24,7 +24,7 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
     agents = list(s.scalars(select(Agent).where(Agent.pool == row.name)))
     connected = [a for a in agents if a.state == st.AGENT_CONNECTED]
     allocs = list(s.scalars(select(Allocation).where(Allocation.pool == row.name, Allocation.state.in_(st.ALLOC_LIVE))))
-    instances = list(s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != "terminated")))
+    instances = list(s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != st.InstanceState.TERMINATED)))
     slots_total = sum(len(a.slots) for a in connected)
     slots_used = sum(a.slots_needed for a in allocs if a.state in st.ALLOC_ON_AGENT)
     provider = (cfg.provider if cfg else None) or {}

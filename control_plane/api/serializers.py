@@ -14,9 +14,11 @@ from sqlalchemy.orm import Session
 
 from control_plane.api.wire import pagination, ts
 from control_plane.core import states as st
-from control_plane.core.metrics import better, metric_number, wire_float
-from control_plane.db.models import Checkpoint, Experiment, Metric, ModelDefinition, Trial, User
+from control_plane.core.expconf import ExperimentConfig
+from control_plane.core.metrics import wire_float
+from control_plane.db.models import Checkpoint, Experiment, ModelDefinition, Trial, User
 from control_plane.errors import bad_request
+from control_plane.services import checkpoints, experiments
 
 
 def parse_states(values: Sequence[str], allowed: Iterable[str], field_name: str) -> set[str]:
@@ -60,17 +62,6 @@ def page(items: Sequence[Any], offset: int, limit: int) -> list[Any]:
 
 def pagination_json(offset: int, limit: int, total: int, returned: int) -> dict[str, Any]:
     return pagination(offset, limit, total, returned).model_dump(by_alias=True)
-
-
-_SURROGATES = re.compile(r"[\ud800-\udfff]")
-
-
-def clean_text(value: str) -> str:
-    """PostgreSQL text cannot hold NUL and UTF-8 cannot hold lone surrogates (what undecodable bytes
-    become in some clients); both are stored as U+FFFD."""
-    if "\x00" in value:
-        value = value.replace("\x00", "\ufffd")
-    return _SURROGATES.sub("\ufffd", value)
 
 
 def reject_nul(**fields: str | Sequence[str] | None) -> None:
@@ -130,8 +121,10 @@ class ExperimentExtras:
 
 
 def searcher_settings(config: dict[str, Any]) -> tuple[str | None, bool]:
-    searcher = config.get("searcher") or {}
-    return searcher.get("metric"), bool(searcher.get("smaller_is_better", True))
+    """The searcher metric and its direction, read through the typed config (which holds the
+    defaults)."""
+    searcher = ExperimentConfig.from_stored(config).searcher
+    return searcher.metric, searcher.smaller_is_better
 
 
 def experiment_extras(s: Session, exps: Sequence[Experiment]) -> dict[int, ExperimentExtras]:
@@ -145,15 +138,12 @@ def experiment_extras(s: Session, exps: Sequence[Experiment]) -> dict[int, Exper
         if u is not None:
             out[e.id].username = u.username
             out[e.id].display_name = u.display_name or ""
-    smaller = {e.id: searcher_settings(e.config)[1] for e in exps}
-    rows = s.execute(
-        select(Trial.experiment_id, Trial.id, Trial.best_validation).where(Trial.experiment_id.in_(ids)).order_by(Trial.id)
-    )
-    for exp_id, trial_id, best in rows:
-        extra = out[exp_id]
-        extra.trial_ids.append(trial_id)
-        if best is not None and better(best, extra.best_metric, smaller[exp_id]):
-            extra.best_metric, extra.best_trial_id = best, trial_id
+    for exp_id, trial_id in s.execute(
+        select(Trial.experiment_id, Trial.id).where(Trial.experiment_id.in_(ids)).order_by(Trial.id)
+    ):
+        out[exp_id].trial_ids.append(trial_id)
+    for exp_id, best in experiments.best_trials(s, exps).items():
+        out[exp_id].best_trial_id, out[exp_id].best_metric = best.trial_id, best.metric
     ckpts = s.execute(
         select(Checkpoint.experiment_id, func.count(), func.coalesce(func.sum(Checkpoint.size_bytes), 0))
         .where(Checkpoint.experiment_id.in_(ids), Checkpoint.state.in_(st.CKPT_LIVE))
@@ -314,56 +304,7 @@ def trials_json(s: Session, trials: Sequence[Trial], now: datetime) -> list[dict
     return [trial_json(t, ckpts[t.id], now) for t in trials]
 
 
-@dataclass
-class CheckpointContext:
-    """What a checkpoint's JSON needs besides its row: its trial, experiment and the metrics
-    reported at its step."""
-
-    trials: dict[int, Trial] = field(default_factory=dict)
-    experiments: dict[int, Experiment] = field(default_factory=dict)
-    # (trial id, group, step) -> stored metrics document
-    metrics: dict[tuple[int, str, int], dict[str, Any]] = field(default_factory=dict)
-
-
-def checkpoint_context(s: Session, ckpts: Sequence[Checkpoint]) -> CheckpointContext:
-    ctx = CheckpointContext()
-    trial_ids = {c.trial_id for c in ckpts if c.trial_id is not None}
-    if trial_ids:
-        ctx.trials = {t.id: t for t in s.scalars(select(Trial).where(Trial.id.in_(trial_ids)))}
-    exp_ids = {c.experiment_id for c in ckpts if c.experiment_id is not None}
-    if exp_ids:
-        ctx.experiments = {e.id: e for e in s.scalars(select(Experiment).where(Experiment.id.in_(exp_ids)))}
-    steps = {c.steps_completed for c in ckpts if c.trial_id is not None}
-    if trial_ids and steps:
-        rows = s.scalars(
-            select(Metric).where(
-                Metric.trial_id.in_(trial_ids),
-                Metric.group_name.in_(("training", "validation")),
-                Metric.steps_completed.in_(steps),
-            )
-        )
-        for m in rows:
-            ctx.metrics[(m.trial_id, m.group_name, m.steps_completed)] = m.metrics
-    return ctx
-
-
-def checkpoint_validation(c: Checkpoint, ctx: CheckpointContext) -> dict[str, Any] | None:
-    if c.trial_id is None:
-        return None
-    doc = ctx.metrics.get((c.trial_id, "validation", c.steps_completed))
-    return None if doc is None else doc.get("validation_metrics") or doc.get("avg_metrics") or {}
-
-
-def checkpoint_searcher_metric(c: Checkpoint, ctx: CheckpointContext) -> float | None:
-    exp = ctx.experiments.get(c.experiment_id) if c.experiment_id is not None else None
-    validation = checkpoint_validation(c, ctx)
-    if exp is None or validation is None:
-        return None
-    metric, _ = searcher_settings(exp.config)
-    return metric_number(validation.get(metric)) if metric else None
-
-
-def checkpoint_json(c: Checkpoint, ctx: CheckpointContext) -> dict[str, Any]:
+def checkpoint_json(c: Checkpoint, ctx: checkpoints.CheckpointContext) -> dict[str, Any]:
     trial = ctx.trials.get(c.trial_id) if c.trial_id is not None else None
     exp = ctx.experiments.get(c.experiment_id) if c.experiment_id is not None else None
     training: dict[str, Any] = {"trialId": c.trial_id, "experimentId": c.experiment_id}
@@ -378,10 +319,10 @@ def checkpoint_json(c: Checkpoint, ctx: CheckpointContext) -> dict[str, Any]:
                 "avgMetrics": train_doc.get("avg_metrics") or {},
                 "batchMetrics": train_doc.get("batch_metrics") or [],
             }
-        validation = checkpoint_validation(c, ctx)
+        validation = checkpoints.validation_metrics(c, ctx)
         if validation is not None:
             training["validationMetrics"] = {"avgMetrics": validation, "batchMetrics": []}
-        training["searcherMetric"] = wire_float(checkpoint_searcher_metric(c, ctx))
+        training["searcherMetric"] = wire_float(checkpoints.searcher_metric(c, ctx))
     return {
         "uuid": c.uuid,
         "taskId": c.task_id,

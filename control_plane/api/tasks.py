@@ -18,10 +18,10 @@ from control_plane.api.wire import StrictWire, Wire, ts
 from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.core.searcher import ExitedReason
-from control_plane.db.models import Allocation, Experiment, ModelDefinition, Trial
+from control_plane.db.models import Allocation, Trial
 from control_plane.errors import bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import access, lifecycle
+from control_plane.services import access, experiments, lifecycle, trials
 
 router = APIRouter()
 
@@ -43,26 +43,17 @@ def model_def(
 ) -> dict[str, Any]:
     exp = access.get_experiment(db, experimentId)
     access.require_read_experiment(db, p, exp)
-    md = db.get(ModelDefinition, exp.model_definition_id)
-    if md is None:
-        raise not_found("model definition")
-    return {"b64Tgz": base64.b64encode(md.archive).decode()}
+    return {"b64Tgz": base64.b64encode(experiments.model_definition(db, exp)).decode()}
 
 
 @router.get("/api/v1/trials/{trialId}/searcher/operation")
 def searcher_operation(
     trialId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
-    trial = _trial(db, p, trialId)
-    exp = db.get(Experiment, trial.experiment_id)
-    stopping = exp is None or exp.state != st.EXP_ACTIVE
-    if trial.searcher_closed or trial.state in st.TRIAL_TERMINAL:
-        return {"op": None, "completed": True}
-    target = trial.searcher_target_length
-    done = trial.searcher_completed_length
-    if target is not None and (done is None or done < target) and not stopping:
-        return {"op": {"validateAfter": {"length": target}}, "completed": False}
-    return {"op": None, "completed": False}
+    op = trials.searcher_operation(db, _trial(db, p, trialId))
+    if op.length is not None:
+        return {"op": {"validateAfter": {"length": op.length}}, "completed": op.completed}
+    return {"op": None, "completed": op.completed}
 
 
 class CompletedOp(Wire):
@@ -84,12 +75,7 @@ def completed_operation(
 ) -> dict[str, Any]:
     trial = _trial(db, p, trialId)
     _owner_or_allocation(db, p, trial)
-    done = trial.searcher_completed_length
-    if done is not None and body.op.length <= done:
-        return {}  # already completed through its validation metrics: a no-op
-    if trial.searcher_target_length is None or body.op.length != trial.searcher_target_length:
-        raise bad_request(f"the trial's current operation is length {trial.searcher_target_length}", "op.length")
-    lifecycle.complete_operation(db, master, trial, body.op.length, body.searcher_metric)
+    trials.complete_operation(db, master, trial, body.op.length, body.searcher_metric)
     return {}
 
 
@@ -133,7 +119,7 @@ def progress(
 ) -> dict[str, Any]:
     trial = _trial(db, p, trialId)
     _owner_or_allocation(db, p, trial)
-    trial.progress = min(1.0, body.progress)
+    trials.set_progress(trial, body.progress)
     return {}
 
 
@@ -149,7 +135,7 @@ def _allocation(db: Session, p: Principal, allocation_id: str) -> Allocation:
 def _preempt_state(master: Master, p: Principal, allocation_id: str) -> bool:
     with master.read_sessions() as s:
         alloc = _allocation(s, p, allocation_id)
-        return bool(alloc.preempt_requested or alloc.kill_requested or alloc.state == st.ALLOC_TERMINATED)
+        return trials.must_stop(alloc)
 
 
 @router.get("/api/v1/allocations/{allocationId}/signals/preemption")

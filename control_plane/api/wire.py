@@ -4,23 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
+from shipyard_common.wire import rfc3339
+from shipyard_common.wire_model import StrictWire, Wire
 
-
-class Wire(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-
-class StrictWire(Wire):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+__all__ = ["Pagination", "StrictWire", "Wire", "pagination", "ts"]
 
 
 def ts(value: datetime | None) -> str | None:
     """RFC 3339 with a Z, as grpc-gateway renders timestamps."""
     if value is None:
         return None
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339(value)
 
 
 class Pagination(Wire):

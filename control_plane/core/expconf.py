@@ -17,6 +17,8 @@ Deliberate differences from Determined, each a "say no early" choice:
 """
 
 import difflib
+import functools
+import json
 import math
 import posixpath
 import re
@@ -42,6 +44,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
+
+from control_plane.core.searcher.asha import rungs_that_fit, smallest_rung_length
+from control_plane.core.searcher.hparams import axis_length, grid_values
+from control_plane.core.searcher.hparams import grid_size as searcher_grid_size
 
 __all__ = [
     "LENGTH_UNITS",
@@ -77,6 +83,7 @@ __all__ = [
     "flatten_hyperparameters",
     "grid_axis",
     "grid_size",
+    "hyperparameters_to_dict",
     "merge_defaults",
     "parse_experiment_config",
 ]
@@ -327,54 +334,24 @@ def flatten_hyperparameters(
     return out
 
 
-def _round_half_away(x: float) -> int:
-    # Go's math.Round, which Determined's grid uses; Python's round() is banker's rounding.
-    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
+_HPARAMS_ADAPTER: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Hyperparameter])
+
+
+def hyperparameters_to_dict(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """Typed hyperparameters as the plain data the searcher takes (and the database stores)."""
+    return _HPARAMS_ADAPTER.dump_python(dict(hparams), mode="json")
 
 
 def grid_axis(hp: LeafHyperparameter) -> list[Any]:
-    """The values a grid search tries for one hyperparameter (Determined's ``getGridAxes``).
-
-    ``count`` must be set for int/double/log; int counts are clamped to the size of the range."""
-    if isinstance(hp, ConstHyperparameter):
-        return [hp.val]
-    if isinstance(hp, CategoricalHyperparameter):
-        return list(hp.vals)
-    if hp.count is None:
-        raise ValueError("grid search needs count for int, double and log hyperparameters")
-    if isinstance(hp, IntHyperparameter):
-        count = min(hp.count, hp.maxval - hp.minval + 1)
-        if count == 1:
-            return [_round_half_away((hp.minval + hp.maxval) / 2)]
-        points = [
-            _round_half_away(hp.minval + i * (hp.maxval - hp.minval) / (count - 1)) for i in range(count)
-        ]
-        return list(dict.fromkeys(points))
-    count = hp.count
-    if count == 1:
-        exps = [(hp.minval + hp.maxval) / 2.0]
-    else:
-        exps = [hp.minval + i * (hp.maxval - hp.minval) / (count - 1) for i in range(count)]
-    if isinstance(hp, LogHyperparameter):
-        return [hp.base**e for e in exps]
-    return exps
-
-
-def _axis_len(hp: LeafHyperparameter) -> int:
-    # Same as len(grid_axis(hp)) without building the list (counts can be huge).
-    if isinstance(hp, ConstHyperparameter):
-        return 1
-    if isinstance(hp, CategoricalHyperparameter):
-        return len(hp.vals)
-    assert hp.count is not None
-    if isinstance(hp, IntHyperparameter):
-        return min(hp.count, hp.maxval - hp.minval + 1)
-    return hp.count
+    """The values a grid search tries for one hyperparameter (Determined's ``getGridAxes``), as
+    the grid searcher computes them. ``count`` must be set for int/double/log; int counts are
+    clamped to the size of the range."""
+    return grid_values(hp.model_dump(mode="json"))
 
 
 def grid_size(hparams: Mapping[str, Any]) -> int:
-    """Number of trials a grid search over ``hparams`` creates (product of the axis lengths)."""
-    return math.prod(_axis_len(hp) for hp in flatten_hyperparameters(hparams).values())
+    """Number of trials a grid search over ``hparams`` creates: the grid searcher's own count."""
+    return searcher_grid_size(hyperparameters_to_dict(hparams))
 
 
 # --------------------------------------------------------------------------------------------
@@ -699,6 +676,22 @@ class ExperimentConfig(_Model):
     optimizations: dict[str, Any] = {}
     log_policies: list[dict[str, Any]] = []
     debug: bool = False
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, Any]) -> "ExperimentConfig":
+        """The typed, fully defaulted config of a stored experiment (``Experiment.config``).
+
+        The one way the rest of the master reads an experiment's config: defaults live in this
+        model only. Rows written by older versions go through the same model, so a field they lack
+        gets today's default. Cached by content (the model is frozen, so sharing it is safe).
+        Raises ``ConfigInvalid`` if the row no longer validates."""
+        return _from_stored(json.dumps(stored, sort_keys=True, separators=(",", ":")))
+
+    @property
+    def searcher_seed(self) -> int:
+        """The experiment seed the searcher runs with; 0 for a row stored before a seed was
+        always chosen at creation."""
+        return self.reproducibility.experiment_seed or 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -1195,7 +1188,8 @@ def _check_searcher(
             return
         size = grid_size(hparams)
         if size > max_grid_trials:
-            axes = [f"{'.'.join(r)}: {_axis_len(hp)}" for r, hp in leaves.items() if _axis_len(hp) > 1]
+            lengths = {".".join(r): axis_length(hp.model_dump(mode="json")) for r, hp in leaves.items()}
+            axes = [f"{name}: {n}" for name, n in lengths.items() if n > 1]
             errors.append(
                 FieldError(
                     "hyperparameters",
@@ -1238,12 +1232,12 @@ def _check_asha(
         assert searcher.max_length is not None
         field, unit, total = "searcher.max_length", searcher.max_length.unit, searcher.max_length.value
     # The bracket with the most rungs starts at max / divisor**(max_rungs-1); under one unit the
-    # rung cannot be trained (Determined would silently clamp it to one unit).
+    # rung cannot be trained (the searcher plans fewer rungs, as Determined does).
     divisor, rungs = searcher.divisor, searcher.max_rungs
-    needed = divisor ** (rungs - 1)
-    if total < needed:
-        smallest = total / needed
-        fits = 1 + int(math.floor(math.log(total) / math.log(divisor) + 1e-9)) if total >= 1 else 1
+    fits = rungs_that_fit(total, divisor)
+    if fits < rungs:
+        smallest = smallest_rung_length(total, rungs, divisor)
+        needed = total / smallest
         what = (
             f"the smallest rung would be {smallest:.3g} {unit} ({total} / divisor {_fmt_num(divisor)} ** "
             f"(max_rungs {rungs} - 1)), less than one unit"
@@ -1432,6 +1426,15 @@ def parse_experiment_config(
         raise ConfigInvalid(list(dict.fromkeys(errors)))
     assert config is not None
     return config, warnings
+
+
+@functools.lru_cache(maxsize=512)
+def _from_stored(canonical: str) -> ExperimentConfig:
+    raw = merge_defaults(json.loads(canonical))
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigInvalid(_field_errors(raw, exc)) from None
 
 
 def config_to_dict(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -11,17 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-_NONFINITE_IN = {"NaN": math.nan, "Nan": math.nan, "nan": math.nan, "Infinity": math.inf, "-Infinity": -math.inf,
-                 "inf": math.inf, "-inf": -math.inf}
+from shipyard_common.wire import NONFINITE_STRINGS as _NONFINITE_IN
+from shipyard_common.wire import encode_float
+
 
 def json_safe(value: Any) -> Any:
     """Non-finite floats become Determined's strings so the value is plain JSON."""
     if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
+        return encode_float(value)
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

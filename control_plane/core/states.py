@@ -2,40 +2,209 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+# -- experiments, trials, allocations: enums with their allowed transitions -----------------------
+# Each state machine is a table `from -> states it may move to`. Staying in a state is always
+# allowed (requests are idempotent); terminal states lead nowhere. The tables are the one home of
+# these rules: services consult `can_transition` / `transition` before writing a new state.
+
+
+class ExperimentState(StrEnum):
+    """Determined's experimentv1State wire strings (the values stored in the database)."""
+
+    ACTIVE = "STATE_ACTIVE"
+    PAUSED = "STATE_PAUSED"
+    STOPPING_CANCELED = "STATE_STOPPING_CANCELED"
+    STOPPING_KILLED = "STATE_STOPPING_KILLED"
+    STOPPING_COMPLETED = "STATE_STOPPING_COMPLETED"
+    STOPPING_ERROR = "STATE_STOPPING_ERROR"
+    COMPLETED = "STATE_COMPLETED"
+    CANCELED = "STATE_CANCELED"
+    ERROR = "STATE_ERROR"
+
+
+class TrialState(StrEnum):
+    """Determined's trialv1State wire strings (the values stored in the database)."""
+
+    QUEUED = "STATE_QUEUED"
+    PULLING = "STATE_PULLING"
+    STARTING = "STATE_STARTING"
+    RUNNING = "STATE_RUNNING"
+    PAUSED = "STATE_PAUSED"
+    STOPPING_COMPLETED = "STATE_STOPPING_COMPLETED"
+    STOPPING_CANCELED = "STATE_STOPPING_CANCELED"
+    STOPPING_KILLED = "STATE_STOPPING_KILLED"
+    COMPLETED = "STATE_COMPLETED"
+    CANCELED = "STATE_CANCELED"
+    ERROR = "STATE_ERROR"
+
+
+class AllocationState(StrEnum):
+    """Shipyard-internal: where one run of a trial is on its way to (and on) an agent."""
+
+    PENDING = "pending"
+    ASSIGNED = "assigned"
+    PULLING = "pulling"
+    STARTING = "starting"
+    RUNNING = "running"
+    TERMINATED = "terminated"
+
+
+_E, _T, _A = ExperimentState, TrialState, AllocationState
+
+EXPERIMENT_TRANSITIONS: Mapping[ExperimentState, frozenset[ExperimentState]] = MappingProxyType({
+    # The searcher may finish an active experiment directly (Shutdown with every trial ended).
+    _E.ACTIVE: frozenset({_E.PAUSED, _E.STOPPING_CANCELED, _E.STOPPING_KILLED, _E.STOPPING_COMPLETED,
+                          _E.STOPPING_ERROR, _E.COMPLETED, _E.ERROR}),
+    _E.PAUSED: frozenset({_E.ACTIVE, _E.STOPPING_CANCELED, _E.STOPPING_KILLED}),
+    # A stopping experiment can still be killed (escalation), never resumed.
+    _E.STOPPING_CANCELED: frozenset({_E.STOPPING_KILLED, _E.CANCELED}),
+    _E.STOPPING_KILLED: frozenset({_E.CANCELED}),
+    _E.STOPPING_COMPLETED: frozenset({_E.STOPPING_KILLED, _E.COMPLETED, _E.ERROR}),
+    _E.STOPPING_ERROR: frozenset({_E.STOPPING_KILLED, _E.ERROR}),
+    _E.COMPLETED: frozenset(),
+    _E.CANCELED: frozenset(),
+    _E.ERROR: frozenset(),
+})
+
+_TRIAL_LIVE = frozenset({_T.QUEUED, _T.PULLING, _T.STARTING, _T.RUNNING, _T.PAUSED})
+_TRIAL_ENDS = frozenset({_T.STOPPING_COMPLETED, _T.STOPPING_CANCELED, _T.STOPPING_KILLED,
+                         _T.COMPLETED, _T.CANCELED, _T.ERROR})
+TRIAL_TRANSITIONS: Mapping[TrialState, frozenset[TrialState]] = MappingProxyType({
+    # A live trial follows its allocation (queued again after a restart or a preemption) and can
+    # end from any of those states.
+    **{s: (_TRIAL_LIVE | _TRIAL_ENDS) - {s} for s in _TRIAL_LIVE},
+    _T.STOPPING_COMPLETED: frozenset({_T.STOPPING_KILLED, _T.COMPLETED, _T.CANCELED, _T.ERROR}),
+    _T.STOPPING_CANCELED: frozenset({_T.STOPPING_KILLED, _T.CANCELED, _T.ERROR}),
+    _T.STOPPING_KILLED: frozenset({_T.CANCELED, _T.ERROR}),
+    _T.COMPLETED: frozenset(),
+    _T.CANCELED: frozenset(),
+    _T.ERROR: frozenset(),
+})
+
+ALLOCATION_TRANSITIONS: Mapping[AllocationState, frozenset[AllocationState]] = MappingProxyType({
+    # Forward only: an agent may skip steps (no image to pull) but never goes back.
+    _A.PENDING: frozenset({_A.ASSIGNED, _A.TERMINATED}),
+    _A.ASSIGNED: frozenset({_A.PULLING, _A.STARTING, _A.RUNNING, _A.TERMINATED}),
+    _A.PULLING: frozenset({_A.STARTING, _A.RUNNING, _A.TERMINATED}),
+    _A.STARTING: frozenset({_A.RUNNING, _A.TERMINATED}),
+    _A.RUNNING: frozenset({_A.TERMINATED}),
+    _A.TERMINATED: frozenset(),
+})
+
+_TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
+    ExperimentState: EXPERIMENT_TRANSITIONS,
+    TrialState: TRIAL_TRANSITIONS,
+    AllocationState: ALLOCATION_TRANSITIONS,
+}
+
+_S = TypeVar("_S", bound=StrEnum)  # any machine registered in _TABLES
+
+
+class IllegalTransition(ValueError):
+    """A state change the state machine does not allow."""
+
+    def __init__(self, current: str, target: StrEnum) -> None:
+        self.current, self.target = current, target
+        kind = type(target).__name__.removesuffix("State").lower()
+        super().__init__(f"{kind} cannot move from {current} to {target}")
+
+
+def can_transition(current: _S | str, target: _S) -> bool:
+    """Whether a `current` -> `target` change is allowed (staying put always is). `current` may
+    be the plain string read from a row; the machine is the one `target` belongs to."""
+    machine = type(target)
+    if current == target:
+        return True
+    try:
+        return target in _TABLES[machine][machine(current)]
+    except ValueError:  # a string this machine does not know leads nowhere
+        return False
+
+
+def transition(current: _S | str, target: _S) -> _S:
+    """`target` if the change is allowed, else `IllegalTransition`."""
+    if not can_transition(current, target):
+        raise IllegalTransition(current, target)
+    return target
+
+
+class ExperimentAction(StrEnum):
+    """What a user asks of an experiment (`det experiment activate|pause|cancel|kill`)."""
+
+    ACTIVATE = "activate"
+    PAUSE = "pause"
+    CANCEL = "cancel"
+    KILL = "kill"
+
+
+# The state an action moves an experiment to; whether it may is EXPERIMENT_TRANSITIONS's call.
+ACTION_TARGETS: Mapping[ExperimentAction, ExperimentState] = MappingProxyType({
+    ExperimentAction.ACTIVATE: _E.ACTIVE,
+    ExperimentAction.PAUSE: _E.PAUSED,
+    ExperimentAction.CANCEL: _E.STOPPING_CANCELED,
+    ExperimentAction.KILL: _E.STOPPING_KILLED,
+})
+# Callers may name the state they want instead of the action.
+_ACTION_BY_STATE: Mapping[str, ExperimentAction] = MappingProxyType({
+    _E.ACTIVE: ExperimentAction.ACTIVATE,
+    _E.PAUSED: ExperimentAction.PAUSE,
+    _E.STOPPING_CANCELED: ExperimentAction.CANCEL,
+    _E.CANCELED: ExperimentAction.CANCEL,
+    _E.STOPPING_KILLED: ExperimentAction.KILL,
+})
+
+
+def experiment_action(name: str) -> ExperimentAction | None:
+    """The action `name` means (`cancel`, or a state such as `STATE_CANCELED`); None if none."""
+    if name in _ACTION_BY_STATE:
+        return _ACTION_BY_STATE[name]
+    try:
+        return ExperimentAction(name)
+    except ValueError:
+        return None
+
+
+# Module-level names kept as aliases of the enum members: the rest of the tree compares and
+# stores these, and a StrEnum member is the same string.
 # experiments (experimentv1State)
-EXP_ACTIVE = "STATE_ACTIVE"
-EXP_PAUSED = "STATE_PAUSED"
-EXP_STOPPING_CANCELED = "STATE_STOPPING_CANCELED"
-EXP_STOPPING_KILLED = "STATE_STOPPING_KILLED"
-EXP_STOPPING_COMPLETED = "STATE_STOPPING_COMPLETED"
-EXP_STOPPING_ERROR = "STATE_STOPPING_ERROR"
-EXP_COMPLETED = "STATE_COMPLETED"
-EXP_CANCELED = "STATE_CANCELED"
-EXP_ERROR = "STATE_ERROR"
+EXP_ACTIVE = ExperimentState.ACTIVE
+EXP_PAUSED = ExperimentState.PAUSED
+EXP_STOPPING_CANCELED = ExperimentState.STOPPING_CANCELED
+EXP_STOPPING_KILLED = ExperimentState.STOPPING_KILLED
+EXP_STOPPING_COMPLETED = ExperimentState.STOPPING_COMPLETED
+EXP_STOPPING_ERROR = ExperimentState.STOPPING_ERROR
+EXP_COMPLETED = ExperimentState.COMPLETED
+EXP_CANCELED = ExperimentState.CANCELED
+EXP_ERROR = ExperimentState.ERROR
 EXP_TERMINAL = frozenset({EXP_COMPLETED, EXP_CANCELED, EXP_ERROR})
 EXP_STOPPING = frozenset({EXP_STOPPING_CANCELED, EXP_STOPPING_KILLED, EXP_STOPPING_COMPLETED, EXP_STOPPING_ERROR})
 
 # trials (trialv1State)
-TRIAL_QUEUED = "STATE_QUEUED"
-TRIAL_PULLING = "STATE_PULLING"
-TRIAL_STARTING = "STATE_STARTING"
-TRIAL_RUNNING = "STATE_RUNNING"
-TRIAL_PAUSED = "STATE_PAUSED"
-TRIAL_STOPPING_COMPLETED = "STATE_STOPPING_COMPLETED"
-TRIAL_STOPPING_CANCELED = "STATE_STOPPING_CANCELED"
-TRIAL_STOPPING_KILLED = "STATE_STOPPING_KILLED"
-TRIAL_COMPLETED = "STATE_COMPLETED"
-TRIAL_CANCELED = "STATE_CANCELED"
-TRIAL_ERROR = "STATE_ERROR"
+TRIAL_QUEUED = TrialState.QUEUED
+TRIAL_PULLING = TrialState.PULLING
+TRIAL_STARTING = TrialState.STARTING
+TRIAL_RUNNING = TrialState.RUNNING
+TRIAL_PAUSED = TrialState.PAUSED
+TRIAL_STOPPING_COMPLETED = TrialState.STOPPING_COMPLETED
+TRIAL_STOPPING_CANCELED = TrialState.STOPPING_CANCELED
+TRIAL_STOPPING_KILLED = TrialState.STOPPING_KILLED
+TRIAL_COMPLETED = TrialState.COMPLETED
+TRIAL_CANCELED = TrialState.CANCELED
+TRIAL_ERROR = TrialState.ERROR
 TRIAL_TERMINAL = frozenset({TRIAL_COMPLETED, TRIAL_CANCELED, TRIAL_ERROR})
 
 # allocations (internal)
-ALLOC_PENDING = "pending"
-ALLOC_ASSIGNED = "assigned"
-ALLOC_PULLING = "pulling"
-ALLOC_STARTING = "starting"
-ALLOC_RUNNING = "running"
-ALLOC_TERMINATED = "terminated"
+ALLOC_PENDING = AllocationState.PENDING
+ALLOC_ASSIGNED = AllocationState.ASSIGNED
+ALLOC_PULLING = AllocationState.PULLING
+ALLOC_STARTING = AllocationState.STARTING
+ALLOC_RUNNING = AllocationState.RUNNING
+ALLOC_TERMINATED = AllocationState.TERMINATED
 ALLOC_LIVE = frozenset({ALLOC_PENDING, ALLOC_ASSIGNED, ALLOC_PULLING, ALLOC_STARTING, ALLOC_RUNNING})
 ALLOC_ON_AGENT = frozenset({ALLOC_ASSIGNED, ALLOC_PULLING, ALLOC_STARTING, ALLOC_RUNNING})
 
@@ -93,3 +262,56 @@ def state_name(value: str) -> str:
 def checkpoint_wire_state(value: str) -> str:
     s = state_name(value)
     return CKPT_DELETED if s == CKPT_DELETING else s
+
+
+# -- instances and pools: the autoscaler's record (control_plane/loops/autoscaler.py) ------------
+# Same rules as above: staying put is always allowed, `can_transition` / `transition` read these
+# tables. What the cloud itself reports about an instance is provisioners.base.CloudState.
+
+
+class InstanceState(StrEnum):
+    """The master's record of an instance it launched (the `instances` table)."""
+
+    REQUESTED = "requested"  # row written before the launch call; no cloud instance confirmed yet
+    STARTING = "starting"  # the cloud has it, not running yet
+    RUNNING = "running"
+    STOPPING = "stopping"  # terminate requested, or the cloud is stopping it
+    TERMINATED = "terminated"
+
+
+_I = InstanceState
+
+INSTANCE_TRANSITIONS: Mapping[InstanceState, frozenset[InstanceState]] = MappingProxyType({
+    _I.REQUESTED: frozenset({_I.STARTING, _I.RUNNING, _I.STOPPING, _I.TERMINATED}),
+    _I.STARTING: frozenset({_I.RUNNING, _I.STOPPING, _I.TERMINATED}),
+    # Running → starting: the cloud reports it pending again (a GCE host repairing under it).
+    _I.RUNNING: frozenset({_I.STARTING, _I.STOPPING, _I.TERMINATED}),
+    # Once asked to stop, an instance only ends: the cloud's view never brings it back.
+    _I.STOPPING: frozenset({_I.TERMINATED}),
+    _I.TERMINATED: frozenset(),
+})
+# Instances that count toward the pool's size.
+INSTANCE_LIVE = frozenset({_I.REQUESTED, _I.STARTING, _I.RUNNING})
+
+
+class PoolState(StrEnum):
+    """Whether an elastic pool may launch (the `resource_pools` table)."""
+
+    OK = "ok"
+    BACKOFF = "backoff"  # launch errors: no launch before backoff_until
+    ERROR = "error"  # unusable config or account: looked at again after launch_error_backoff_max
+    DISABLED = "disabled"  # torn down: launches nothing until enabled
+
+
+_P = PoolState
+
+POOL_TRANSITIONS: Mapping[PoolState, frozenset[PoolState]] = MappingProxyType({
+    _P.OK: frozenset({_P.BACKOFF, _P.ERROR, _P.DISABLED}),
+    _P.BACKOFF: frozenset({_P.OK, _P.ERROR, _P.DISABLED}),
+    _P.ERROR: frozenset({_P.OK, _P.BACKOFF, _P.DISABLED}),
+    # A torn-down pool stays down, whatever a launch still in flight reports, until enabled.
+    _P.DISABLED: frozenset({_P.OK}),
+})
+
+_TABLES[InstanceState] = INSTANCE_TRANSITIONS
+_TABLES[PoolState] = POOL_TRANSITIONS

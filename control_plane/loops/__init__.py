@@ -12,8 +12,9 @@ from control_plane.loops import autoscaler, checkpoint_gc, placement
 from control_plane.master import Master
 
 
-def start_background(master: Master) -> None:
+def start_background(master: Master, *, wrap_provider: autoscaler.ProviderWrapper | None = None) -> None:
+    """`wrap_provider` wraps each elastic pool's provider (tests inject cloud failures with it)."""
     placement.register(master)
     checkpoint_gc.register(master)
-    master.autoscaler = autoscaler.register(master)
+    master.autoscaler = autoscaler.register(master, autoscaler.Autoscaler(master, wrap_provider=wrap_provider))
     master.start_loops()

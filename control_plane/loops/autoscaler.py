@@ -9,16 +9,19 @@ memory, so a crash anywhere is healed by the next tick:
   record: no duplicate launch); one with this cluster's tags and no row is an orphan, terminated;
 - a row whose instance vanished from the cloud (spot reclaim, manual delete) ends, and so do the
   allocations that ran on it (an infrastructure failure: it does not count against max_restarts).
-Launch errors back the pool off (quota: exponential; capacity/throttling: short) or stop it (auth,
-invalid config), and the pool shows why in `det resource-pool describe`."""
+Launch errors back the pool off or stop it (the pure core control_plane/core/scaling/backoff.py
+decides how long from the error's kind and scope), and the pool shows why in
+`det resource-pool describe`.
+
+Tests reach the cloud edge through `wrap_provider`: a function that wraps each pool's provider
+(failure injection, a crash right after a launch), so no test-only path lives here."""
 
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -26,29 +29,43 @@ from sqlalchemy.orm import Session
 
 from control_plane import auth
 from control_plane.core import states as st
-from control_plane.core.scaling import InstanceView, PendingDemand, PoolLimits, ScaleDecision, decide
+from control_plane.core.scaling import InstanceView, PendingDemand, PoolLimits, ScaleDecision, backoff, decide
+from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool, Token
 from control_plane.master import Master
 from control_plane.services import allocations
-from provisioners.base import CloudInstance, ErrorKind, InstanceState, LaunchSpec, ProviderError
+from provisioners import registry
+from provisioners.base import (
+    CloudInstance,
+    CloudState,
+    ErrorKind,
+    LaunchSpec,
+    Provider,
+    ProviderError,
+    UserDataKind,
+)
 from provisioners.factory import PoolConfigError, PoolProvider, build_provider
 
 log = logging.getLogger("shipyard.autoscaler")
 
-INST_REQUESTED = "requested"
-INST_STARTING = "starting"
-INST_RUNNING = "running"
-INST_STOPPING = "stopping"
-INST_TERMINATED = "terminated"
-INST_LIVE = (INST_REQUESTED, INST_STARTING, INST_RUNNING)
-POOL_DISABLED = "disabled"
+# The master's record of a listed instance follows the cloud's view of it. A listed instance is not
+# gone yet (whatever state it reports): its row ends when it leaves the list.
+_RECORD_OF: dict[CloudState, InstanceState] = {
+    CloudState.PENDING: InstanceState.STARTING,
+    CloudState.RUNNING: InstanceState.RUNNING,
+    CloudState.STOPPING: InstanceState.STOPPING,
+    CloudState.TERMINATED: InstanceState.STOPPING,
+}
 
 # A `requested` row with no cloud instance after this long never launched (the master died
 # before the call, or the call failed without an answer): it is closed, never re-sent.
 REQUEST_GRACE = timedelta(minutes=3)
 
 UserDataRenderer = Callable[[str, str, str, "PoolProvider"], str]  # (pool, launch_id, token, provider) -> user-data
+# (pool name, the pool's provider) -> the provider the autoscaler talks to. Tests wrap the cloud
+# edge with it (failure injection); production passes none.
+ProviderWrapper = Callable[[str, Provider], Provider]
 
 
 @dataclass
@@ -58,15 +75,17 @@ class _PoolState:
 
 
 class Autoscaler:
-    def __init__(self, master: Master, render_user_data: UserDataRenderer | None = None) -> None:
+    def __init__(self, master: Master, render_user_data: UserDataRenderer | None = None,
+                 wrap_provider: ProviderWrapper | None = None) -> None:
         self.master = master
         self.render_user_data = render_user_data or self.default_user_data
+        self.wrap_provider = wrap_provider
         self.pools: dict[str, _PoolState] = {}
 
     # -- set-up ---------------------------------------------------------------------------------
     def elastic_pools(self) -> list[str]:
         return [p.name for p in self.master.config.resource_pools
-                if p.provider and p.provider.get("type") in ("aws", "gcp", "local", "static")]
+                if p.provider and p.provider.get("type") in registry.provider_types()]
 
     def _pool(self, name: str) -> _PoolState:
         state = self.pools.get(name)
@@ -78,6 +97,8 @@ class Autoscaler:
             provider = build_provider(dict(cfg.provider), pool=name, cluster_id=self.master.cluster_id,
                                       master_url=self.master.config.advertised_url,
                                       state_dir=self.master.config.state_dir)
+            if self.wrap_provider is not None:
+                provider = replace(provider, provider=self.wrap_provider(name, provider.provider))
             state = _PoolState(provider)
         except (PoolConfigError, ProviderError) as e:
             # This pool is refused with a clear message; the other pools keep running.
@@ -101,7 +122,8 @@ class Autoscaler:
             with transaction(self.master.sessions) as s:
                 row = s.get(ResourcePool, name)
                 if row is not None:
-                    row.state, row.error = "error", state.error
+                    row.state = _pool_move(row, PoolState.ERROR)
+                    row.error = state.error
             return
         pp = state.provider
         try:
@@ -134,7 +156,7 @@ class Autoscaler:
         orphans: list[str] = []
         for ci in cloud:
             row = rows.get(ci.launch_id or "") or by_instance_id.get(ci.id)
-            if row is None or row.state in (INST_TERMINATED,):
+            if row is None or row.state == InstanceState.TERMINATED:
                 orphans.append(ci.id)
                 continue
             seen.add(row.launch_id)
@@ -145,21 +167,19 @@ class Autoscaler:
             row.instance_type = ci.instance_type or row.instance_type
             row.private_ip = ci.private_ip
             row.launched_at = row.launched_at or ci.launched_at
-            if row.state == INST_STOPPING:
-                continue
-            row.state = INST_RUNNING if ci.state == InstanceState.RUNNING else (
-                INST_STOPPING if ci.state == InstanceState.STOPPING else INST_STARTING)
+            _instance_move(row, _RECORD_OF[ci.state])  # a row asked to stop stays stopping
         for row in rows.values():
-            if row.launch_id in seen or row.state == INST_TERMINATED:
+            if row.launch_id in seen or row.state == InstanceState.TERMINATED:
                 continue
-            if row.state == INST_REQUESTED and now - row.requested_at < REQUEST_GRACE:
+            if row.state == InstanceState.REQUESTED and now - row.requested_at < REQUEST_GRACE:
                 continue  # the launch may still be in flight
             self._close_row(s, row, now, row.terminate_reason or (
-                "launch never confirmed" if row.state == INST_REQUESTED else "instance disappeared from the cloud"))
+                "launch never confirmed" if row.state == InstanceState.REQUESTED
+                else "instance disappeared from the cloud"))
         return orphans
 
     def _close_row(self, s: Session, row: Instance, now: datetime, reason: str) -> None:
-        row.state = INST_TERMINATED
+        row.state = st.transition(InstanceState(row.state), InstanceState.TERMINATED)
         row.terminated_at = now
         row.terminate_reason = reason
         for t in s.scalars(select(Token).where(Token.launch_id == row.launch_id, Token.revoked_at.is_(None))):
@@ -191,7 +211,7 @@ class Autoscaler:
         for a in pending:
             shapes[a.slots_needed] = shapes.get(a.slots_needed, 0) + 1
         demand = [PendingDemand(slots, count) for slots, count in sorted(shapes.items())]
-        rows = list(s.scalars(select(Instance).where(Instance.pool == pool, Instance.state.in_(INST_LIVE))))
+        rows = list(s.scalars(select(Instance).where(Instance.pool == pool, Instance.state.in_(st.INSTANCE_LIVE))))
         busy: dict[str, int] = {}
         running: set[str] = set()  # agents with any task, zero-slot ones included
         for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state.in_(st.ALLOC_ON_AGENT))):
@@ -206,7 +226,7 @@ class Autoscaler:
             busy_slots = busy.get(agent.id, 0) if agent else 0
             views.append(InstanceView(
                 id=row.launch_id,
-                state="requested" if row.state == INST_REQUESTED else ("running" if row.state == INST_RUNNING else "starting"),
+                state=InstanceState(row.state),
                 launched_at=row.launched_at or row.requested_at,
                 agent_connected=connected,
                 agent_first_connected_at=agent.registered_at if agent else None,
@@ -226,12 +246,13 @@ class Autoscaler:
         assert prow is not None
         launch = decision.launch
         reasons = list(decision.reasons)
-        if launch and prow.backoff_until is not None and prow.backoff_until > now:
-            reasons.append(f"not launching: backing off after launch errors until {prow.backoff_until.isoformat()}"
-                           f" ({prow.error})")
-            launch = 0
-        if launch and prow.state == POOL_DISABLED:
-            reasons.append("not launching: the pool was torn down (enable it to launch again)")
+        if launch and not backoff.may_launch(PoolState(prow.state), prow.backoff_until, now):
+            if prow.state == PoolState.DISABLED:
+                reasons.append("not launching: the pool was torn down (enable it to launch again)")
+            else:
+                assert prow.backoff_until is not None
+                reasons.append(f"not launching: backing off after launch errors until "
+                               f"{prow.backoff_until.isoformat()} ({prow.error})")
             launch = 0
         by_launch = {r.launch_id: r for r in rows}
         terminate_ids: list[str] = []
@@ -242,7 +263,7 @@ class Autoscaler:
             if row.instance_id is None:
                 self._close_row(s, row, now, t.reason)
                 continue
-            row.state = INST_STOPPING
+            row.state = st.transition(InstanceState(row.state), InstanceState.STOPPING)
             row.terminate_requested_at = now
             row.terminate_reason = t.reason
             agent = self._agent_of(s, row)
@@ -253,7 +274,7 @@ class Autoscaler:
         launch_ids: list[str] = []
         for _ in range(launch):
             launch_id = uuid.uuid4().hex
-            s.add(Instance(launch_id=launch_id, pool=pool, provider=settings.type, state=INST_REQUESTED,
+            s.add(Instance(launch_id=launch_id, pool=pool, provider=settings.type, state=InstanceState.REQUESTED,
                            requested_at=now))
             launch_ids.append(launch_id)
         prow.last_decision = {
@@ -261,8 +282,8 @@ class Autoscaler:
             "reasons": reasons, "pending": {str(k): v for k, v in shapes.items()}, "instances": len(rows),
         }
         prow.last_decision_at = now
-        if prow.state in ("backoff", "error") and (prow.backoff_until is None or prow.backoff_until <= now):
-            prow.state = "ok"  # the backoff is over: the next launch tries again
+        # The backoff is over: the next launch tries again.
+        prow.state = backoff.current_state(PoolState(prow.state), prow.backoff_until, now)
         return decision, launch_ids, terminate_ids
 
     # -- act -------------------------------------------------------------------------------------
@@ -278,13 +299,6 @@ class Autoscaler:
         try:
             result = pp.provider.launch(specs)
             launched, error = list(result.launched), result.error
-            if os.environ.get("SHIPYARD_FAILPOINT") == "after_launch":
-                # Test-only crash point (tests/e2e/test_elastic_pools.py, the chaos test): the master
-                # dies after the cloud accepted the launch and before the result is recorded.
-                log.warning("event=failpoint name=after_launch launched=%d", len(launched))
-                for handler in logging.getLogger().handlers:
-                    handler.flush()
-                os._exit(137)
         except ProviderError as e:
             launched, error = [], e
         except Exception as e:  # a provider bug must not leave rows dangling forever
@@ -298,8 +312,12 @@ class Autoscaler:
                     continue
                 ci = got.get(launch_id)
                 if ci is not None:
+                    # A row closed meanwhile (the pool torn down) stays closed: the instance is an
+                    # orphan to the next tick, which terminates it.
+                    if not _instance_move(row, InstanceState.RUNNING if ci.state == CloudState.RUNNING
+                                          else InstanceState.STARTING):
+                        continue
                     row.instance_id = ci.id
-                    row.state = INST_RUNNING if ci.state == InstanceState.RUNNING else INST_STARTING
                     row.launched_at = ci.launched_at
                     row.location = ci.location
                     row.instance_type = ci.instance_type
@@ -309,32 +327,27 @@ class Autoscaler:
             prow = s.get(ResourcePool, pool)
             assert prow is not None
             if error is None:
-                prow.launch_failures = 0
-                prow.backoff_until = None
-                if prow.state == "backoff":
-                    prow.state, prow.error = "ok", None
+                self._record_success(prow)
                 return
             self._record_error(prow, pp, error, now)
 
-    def _record_error(self, prow: ResourcePool, pp: PoolProvider, error: ProviderError, now: datetime) -> None:
-        prow.launch_failures += 1
-        if error.kind in (ErrorKind.AUTH, ErrorKind.INVALID):
-            # Retrying cannot help until someone fixes the account or the config; still look again
-            # after the longest backoff so a fixed IAM policy is picked up without a restart.
-            prow.state = "error"
-            prow.backoff_until = now + pp.settings.launch_error_backoff_max
-        else:
-            base = pp.settings.launch_error_backoff.total_seconds()
-            if error.kind == ErrorKind.QUOTA:
-                delay = base * (2 ** min(prow.launch_failures - 1, 16))
-            else:  # capacity everywhere, throttled, unknown: a short, growing pause
-                delay = base * min(prow.launch_failures, 4) / 2
-            delay = min(delay, pp.settings.launch_error_backoff_max.total_seconds())
-            prow.state = "backoff"
-            prow.backoff_until = now + timedelta(seconds=delay)
-        prow.error = str(error)
-        log.warning("event=launch_failed pool=%s kind=%s failures=%d backoff_until=%s error=%r", prow.name,
-                    error.kind.value, prow.launch_failures, prow.backoff_until.isoformat(), str(error))
+    @staticmethod
+    def _record_success(prow: ResourcePool) -> None:
+        after = backoff.after_success(PoolState(prow.state))
+        if prow.launch_failures or prow.state != after.state:
+            prow.error = None  # the launch error shown on the pool is over
+        prow.state, prow.backoff_until, prow.launch_failures = after.state, after.backoff_until, after.failures
+
+    @staticmethod
+    def _record_error(prow: ResourcePool, pp: PoolProvider, error: ProviderError, now: datetime) -> None:
+        settings = backoff.BackoffSettings(pp.settings.launch_error_backoff, pp.settings.launch_error_backoff_max)
+        after = backoff.after_failure(PoolState(prow.state), prow.launch_failures, error.kind, error.scope, settings,
+                                      now)
+        prow.state, prow.backoff_until, prow.launch_failures = after.state, after.backoff_until, after.failures
+        prow.error = f"{error} [{after.reason}]"
+        log.warning("event=launch_failed pool=%s kind=%s scope=%s failures=%d state=%s backoff_until=%s error=%r",
+                    prow.name, error.kind.value, error.scope.value, after.failures, after.state.value,
+                    after.backoff_until.isoformat() if after.backoff_until else None, str(error))
 
     def _terminate(self, pool: str, pp: PoolProvider, instance_ids: list[str], reason: str | None) -> None:
         try:
@@ -346,8 +359,8 @@ class Autoscaler:
             log.info("event=orphans_terminated pool=%s ids=%s", pool, instance_ids)
 
     def default_user_data(self, pool: str, launch_id: str, token: str, pp: PoolProvider) -> str:
-        if pp.settings.type in ("local", "static"):
-            return token  # local processes and SSH-bootstrapped hosts just need their credential
+        if pp.provider_type.user_data is UserDataKind.TOKEN:
+            return token  # the provider starts the agent itself and only needs its credential
         from agent_bootstrap.cloud_init import BootstrapParams, render_user_data
 
         return render_user_data(BootstrapParams(
@@ -369,7 +382,7 @@ class Autoscaler:
             with transaction(self.master.sessions) as s:
                 row = s.get(ResourcePool, name)
                 if row is not None:
-                    row.state = POOL_DISABLED
+                    row.state = st.transition(PoolState(row.state), PoolState.DISABLED)
             state = self._pool(name)
             if state.provider is None:
                 continue
@@ -379,7 +392,8 @@ class Autoscaler:
                 count += len(ids)
             with transaction(self.master.sessions) as s:
                 now = self.master.clock()
-                for row in s.scalars(select(Instance).where(Instance.pool == name, Instance.state != INST_TERMINATED)):
+                for row in s.scalars(select(Instance).where(Instance.pool == name,
+                                                             Instance.state != InstanceState.TERMINATED)):
                     self._close_row(s, row, now, "cluster or pool taken down")
         log.info("event=teardown pools=%s instances_terminated=%d", pool or "all", count)
         return count
@@ -387,8 +401,24 @@ class Autoscaler:
     def enable(self, pool: str) -> None:
         with transaction(self.master.sessions) as s:
             row = s.get(ResourcePool, pool)
-            if row is not None and row.state == POOL_DISABLED:
-                row.state = "ok"
+            if row is not None and row.state == PoolState.DISABLED:
+                row.state = PoolState.OK
+
+
+def _instance_move(row: Instance, target: InstanceState) -> bool:
+    """Move the row to `target` if its state machine allows it; whether it did."""
+    current = InstanceState(row.state)
+    if not st.can_transition(current, target):
+        log.debug("event=instance_state_kept launch_id=%s state=%s refused=%s", row.launch_id, current, target)
+        return False
+    row.state = target
+    return True
+
+
+def _pool_move(row: ResourcePool, target: PoolState) -> PoolState:
+    """`target` if the pool's state machine allows the change, else its current state."""
+    current = PoolState(row.state)
+    return target if st.can_transition(current, target) else current
 
 
 def register(master: Master, autoscaler: Autoscaler | None = None, interval_s: float = 3.0) -> Autoscaler:

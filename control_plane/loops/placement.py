@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.core import states as st
-from control_plane.core.scheduling.priority import AgentSlots, PendingAllocation, RunningAllocation, schedule
+from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation, scheduling_policy
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation
 from control_plane.master import Master
@@ -92,7 +92,7 @@ def place(s: Session, master: Master, pool: str) -> None:
     if not pending:
         return
     pool_cfg = master.config.pool(pool)
-    decision = schedule(
+    decision = scheduling_policy(pool_cfg.scheduler.type if pool_cfg else None).schedule(
         [PendingAllocation(a.id, a.slots_needed, a.priority, a.created_at.timestamp()) for a in pending],
         [
             RunningAllocation(a.id, a.agent_id or "", tuple(str(x) for x in a.slot_ids), a.priority,

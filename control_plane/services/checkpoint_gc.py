@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from control_plane.core import metrics as metric_values
 from control_plane.core import states as st
 from control_plane.core.checkpoint_gc import CheckpointInfo, GCPolicy, checkpoints_to_delete
+from control_plane.core.expconf import ExperimentConfig
 from control_plane.db.models import Allocation, Checkpoint, Experiment, Metric, ModelVersion
 from control_plane.master import Master
 
@@ -20,13 +21,13 @@ log = logging.getLogger("shipyard.gc")
 
 
 def policy_of(exp: Experiment) -> GCPolicy:
-    storage = exp.config.get("checkpoint_storage") or {}
-    searcher = exp.config.get("searcher") or {}
+    cfg = ExperimentConfig.from_stored(exp.config)
+    storage = cfg.checkpoint_storage
     return GCPolicy(
-        save_experiment_best=int(storage.get("save_experiment_best") or 0),
-        save_trial_best=int(storage.get("save_trial_best") if storage.get("save_trial_best") is not None else 1),
-        save_trial_latest=int(storage.get("save_trial_latest") if storage.get("save_trial_latest") is not None else 1),
-        smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+        save_experiment_best=storage.save_experiment_best,
+        save_trial_best=storage.save_trial_best,
+        save_trial_latest=storage.save_trial_latest,
+        smaller_is_better=cfg.searcher.smaller_is_better,
     )
 
 
@@ -35,7 +36,7 @@ def mark_for_gc(s: Session, exp: Experiment) -> list[str]:
                                                     Checkpoint.state.in_(st.CKPT_LIVE))))
     if not ckpts:
         return []
-    metric_name = (exp.config.get("searcher") or {}).get("metric")
+    metric_name = ExperimentConfig.from_stored(exp.config).searcher.metric
     trial_ids = {c.trial_id for c in ckpts if c.trial_id is not None}
     metrics: dict[tuple[int, int], float] = {}
     if metric_name and trial_ids:

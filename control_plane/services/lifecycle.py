@@ -19,7 +19,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from control_plane.config import SchedulerConfig
 from control_plane.core import states as st
+from control_plane.core.expconf import ExperimentConfig, hyperparameters_to_dict
 from control_plane.core.searcher import (
     BaseSearchMethod,
     Close,
@@ -48,16 +50,18 @@ def _lock(s: Session, exp: Experiment) -> Experiment:
     return locked
 
 
-def _seed(exp: Experiment) -> int:
-    return int((exp.config.get("reproducibility") or {}).get("experiment_seed") or 0)
+def _config(exp: Experiment) -> ExperimentConfig:
+    return ExperimentConfig.from_stored(exp.config)
 
 
 def _method(exp: Experiment) -> BaseSearchMethod:
-    cfg = exp.config
+    cfg = _config(exp)
+    searcher = cfg.searcher.model_dump(mode="json")
+    hparams = hyperparameters_to_dict(cfg.hyperparameters)
     state = exp.searcher_state or {}
     if "method" in state:
-        return restore_search_method(cfg["searcher"], cfg.get("hyperparameters") or {}, _seed(exp), state["method"])
-    return new_search_method(cfg["searcher"], cfg.get("hyperparameters") or {}, _seed(exp))
+        return restore_search_method(searcher, hparams, cfg.searcher_seed, state["method"])
+    return new_search_method(searcher, hparams, cfg.searcher_seed)
 
 
 def _save(exp: Experiment, method: BaseSearchMethod, shutdown: dict[str, Any] | None = None) -> None:
@@ -99,7 +103,7 @@ def _apply(s: Session, master: Master, exp: Experiment, method: BaseSearchMethod
             trial = _trial_by_request(s, exp, op.request_id)
             if trial is not None:
                 trial.searcher_target_length = op.length
-                trial.rung = _rung_of(exp, op.length)
+                trial.rung = op.rung
         elif isinstance(op, Close):
             trial = _trial_by_request(s, exp, op.request_id)
             if trial is not None:
@@ -111,27 +115,6 @@ def _apply(s: Session, master: Master, exp: Experiment, method: BaseSearchMethod
     master.notify(s)
 
 
-def _rung_of(exp: Experiment, length: int) -> int:
-    """Index of the ASHA rung a target length belongs to (0 for other searchers)."""
-    cfg = exp.config.get("searcher") or {}
-    if cfg.get("name") != "adaptive_asha":
-        return 0
-    divisor = float(cfg.get("divisor") or 4)
-    max_len = _max_length(cfg)
-    if not max_len or length <= 0:
-        return 0
-    return max(0, int(cfg.get("max_rungs") or 5) - 1 - round(math.log(max_len / length, divisor)))
-
-
-def _max_length(searcher_cfg: dict[str, Any]) -> int | None:
-    if searcher_cfg.get("max_time"):
-        return int(searcher_cfg["max_time"])
-    ml = searcher_cfg.get("max_length")
-    if isinstance(ml, dict) and ml:
-        return int(next(iter(ml.values())))
-    return int(ml) if ml else None
-
-
 # -- entry points --------------------------------------------------------------------------------
 def on_experiment_created(s: Session, master: Master, exp: Experiment) -> None:
     exp = _lock(s, exp)
@@ -140,30 +123,16 @@ def on_experiment_created(s: Session, master: Master, exp: Experiment) -> None:
     reconcile_experiment(s, master, exp)
 
 
-_TRANSITIONS = {
-    "activate": ({st.EXP_PAUSED, st.EXP_ACTIVE}, st.EXP_ACTIVE),
-    "pause": ({st.EXP_ACTIVE, st.EXP_PAUSED}, st.EXP_PAUSED),
-    "cancel": ({st.EXP_ACTIVE, st.EXP_PAUSED, st.EXP_STOPPING_CANCELED}, st.EXP_STOPPING_CANCELED),
-    "kill": ({st.EXP_ACTIVE, st.EXP_PAUSED, st.EXP_STOPPING_CANCELED, st.EXP_STOPPING_KILLED,
-              st.EXP_STOPPING_COMPLETED, st.EXP_STOPPING_ERROR}, st.EXP_STOPPING_KILLED),
-}
-_TARGET_ALIASES = {
-    st.EXP_ACTIVE: "activate", st.EXP_PAUSED: "pause",
-    st.EXP_STOPPING_CANCELED: "cancel", st.EXP_CANCELED: "cancel",
-    st.EXP_STOPPING_KILLED: "kill",
-}
-
-
 def set_experiment_state(s: Session, master: Master, exp: Experiment, target: str) -> None:
     """`target`: activate | pause | cancel | kill (or the matching state name)."""
-    action = _TARGET_ALIASES.get(target, target)
-    if action not in _TRANSITIONS:
+    action = st.experiment_action(target)
+    if action is None:
         raise Invalid(f"unknown experiment action {target!r}")
     exp = _lock(s, exp)
-    allowed, new_state = _TRANSITIONS[action]
-    if exp.state in st.EXP_TERMINAL and action in ("cancel", "kill"):
+    new_state = st.ACTION_TARGETS[action]
+    if exp.state in st.EXP_TERMINAL and action in (st.ExperimentAction.CANCEL, st.ExperimentAction.KILL):
         return  # already over: nothing to stop
-    if exp.state not in allowed:
+    if not st.can_transition(exp.state, new_state):
         raise Conflict(f"cannot {action} an experiment in state {exp.state}")
     if exp.state != new_state:
         log.info("event=experiment_state experiment_id=%s from=%s to=%s", exp.id, exp.state, new_state)
@@ -180,13 +149,13 @@ def on_metrics_reported(
     exp = s.get(Experiment, trial.experiment_id)
     if exp is None:
         return
-    metric_name = (exp.config.get("searcher") or {}).get("metric")
+    metric_name = _config(exp).searcher.metric
     target = trial.searcher_target_length
     if target is None or steps_completed < target or trial.searcher_closed:
         return
     if trial.searcher_completed_length is not None and trial.searcher_completed_length >= target:
         return
-    value = metrics.get(metric_name) if metric_name else None
+    value = metrics.get(metric_name)
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(float(value)):
         warning = (
             f"trial {trial.id} reported validation metrics at step {steps_completed} without the "
@@ -237,10 +206,9 @@ def on_allocation_exited(s: Session, master: Master, alloc: Allocation) -> None:
     exp = s.get(Experiment, trial.experiment_id)
     assert exp is not None
     exp = _lock(s, exp)
-    cfg = exp.config
     if alloc.end_cause == st.CAUSE_EXITED and alloc.exit_code not in (0, None):
         trial.restarts += 1
-        max_restarts = int(cfg.get("max_restarts", 5))
+        max_restarts = _config(exp).max_restarts
         log.info("event=trial_failed trial_id=%s exit_code=%s restarts=%s max_restarts=%s",
                  trial.id, alloc.exit_code, trial.restarts, max_restarts)
         if trial.restarts > max_restarts:
@@ -344,9 +312,8 @@ def _steer_live(master: Master, exp: Experiment, trial: Trial, alloc: Allocation
 
 
 def _allocate(s: Session, master: Master, exp: Experiment, trial: Trial) -> None:
-    resources = exp.config.get("resources") or {}
     pool_cfg = master.config.pool(exp.resource_pool)
-    default_priority = pool_cfg.scheduler.default_priority if pool_cfg else 42
+    default_priority = (pool_cfg.scheduler if pool_cfg else SchedulerConfig()).default_priority
     trial.run_id += 1
     alloc = Allocation(
         id=f"{trial.task_id}.{trial.run_id}",
@@ -354,7 +321,7 @@ def _allocate(s: Session, master: Master, exp: Experiment, trial: Trial) -> None
         trial_id=trial.id,
         experiment_id=exp.id,
         pool=exp.resource_pool,
-        slots_needed=int(resources.get("slots_per_trial", 1)),
+        slots_needed=_config(exp).resources.slots_per_trial,
         priority=exp.priority if exp.priority is not None else default_priority,
         weight=exp.weight,
         state=st.ALLOC_PENDING,
@@ -388,7 +355,7 @@ def _finish_experiment_if_done(
         final = st.EXP_ERROR if shutdown.get("failure") else st.EXP_COMPLETED
     if final is None:
         return
-    exp.state = final
+    exp.state = st.transition(exp.state, final)
     exp.end_time = master.clock()
     if final == st.EXP_COMPLETED:
         exp.progress = 1.0

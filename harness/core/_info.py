@@ -11,23 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-ENV_VARS = (
-    "DET_MASTER",
-    "DET_SESSION_TOKEN",
-    "DET_CLUSTER_ID",
-    "DET_TRIAL_ID",
-    "DET_EXPERIMENT_ID",
-    "DET_ALLOCATION_ID",
-    "DET_TASK_ID",
-    "DET_TASK_TYPE",
-    "DET_TRIAL_RUN_ID",
-    "DET_TRIAL_SEED",
-    "DET_HPARAMS",
-    "DET_EXPERIMENT_CONFIG",
-    "DET_LATEST_CHECKPOINT",
-    "DET_SLOT_IDS",
-    "DET_AGENT_ID",
-)
+from shipyard_common.task_env import TRIAL_ENV_VARS
+
+# The names the master sets (shipyard_common/task_env.py writes them).
+ENV_VARS = TRIAL_ENV_VARS
 
 
 class ClusterInfoError(ValueError):

@@ -4,27 +4,20 @@ Metrics are whatever the training loop hands us: floats that may be NaN or infin
 torch scalars, tuples. Strict JSON has no NaN/Infinity tokens, so non-finite floats travel as the
 strings "NaN", "Infinity" and "-Infinity" (the master stores them back as floats). Anything with
 `.item()` (numpy/torch scalars) or `.tolist()` (arrays) is converted without importing either
-library; anything else unknown is sent as its str().
+library; anything else unknown is sent as its str(). The conventions themselves (those strings, the
+timestamp shape) are shipyard_common.wire's, shared with the master and the agent.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-NAN = "NaN"
-POS_INF = "Infinity"
-NEG_INF = "-Infinity"
+from shipyard_common.wire import NAN, NEG_INF, POS_INF, encode_float
+from shipyard_common.wire import rfc3339_epoch as rfc3339
 
-
-def _float(x: float) -> float | str:
-    if math.isfinite(x):
-        return float(x)
-    if x != x:
-        return NAN
-    return POS_INF if x > 0 else NEG_INF
+__all__ = ["NAN", "NEG_INF", "POS_INF", "dumps", "jsonable", "rfc3339"]
 
 
 def jsonable(value: Any) -> Any:
@@ -34,7 +27,7 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
-        return _float(value)
+        return encode_float(value)
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -64,19 +57,3 @@ def dumps(value: Any) -> bytes:
         return _strict.encode(value).encode()
     except (ValueError, TypeError):
         return _strict.encode(jsonable(value)).encode()
-
-
-_second_cache: tuple[int, str] = (-1, "")
-
-
-def rfc3339(epoch_s: float) -> str:
-    """The timestamp shape grpc-gateway (and so Determined's API) uses: 2024-05-01T12:00:00.123456Z.
-    strftime is slow and reports come thousands per second, so the per-second prefix is cached."""
-    global _second_cache
-    sec = int(epoch_s)
-    cached_sec, prefix = _second_cache
-    if sec != cached_sec:
-        prefix = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        _second_cache = (sec, prefix)
-    micros = min(999_999, int((epoch_s - sec) * 1_000_000))
-    return f"{prefix}.{micros:06d}Z"

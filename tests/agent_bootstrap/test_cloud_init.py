@@ -32,6 +32,7 @@ from agent_bootstrap.cloud_init import (
 )
 from agent_bootstrap.package import build_agent_package
 from tests.e2e.boot import FakeMetadataServer, parse_unit, parse_user_data, write_files
+from tests.pg import missing_part
 
 TOKEN = "bootstrap-SECRET-token-0123456789abcdef"
 
@@ -54,7 +55,7 @@ def files_of(text: str) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("provider", ["aws", "gcp"])
 def test_user_data_passes_cloud_init_schema(provider: str, tmp_path: Path) -> None:
     if shutil.which("cloud-init") is None:
-        pytest.skip("the cloud-init binary is not installed (apt-get install cloud-init)")
+        missing_part("the cloud-init binary is not installed (apt-get install cloud-init)")
     path = tmp_path / "user-data"
     path.write_text(render_user_data(params(provider, startup_script="echo prepare\n")))
     proc = subprocess.run(["cloud-init", "schema", "--config-file", str(path)], capture_output=True, text=True,

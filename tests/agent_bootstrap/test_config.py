@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,15 @@ def test_backoff_grows_then_caps() -> None:
     assert no_jitter == [5, 10, 20, 40, 60, 60, 60]
     full_jitter = [backoff_delay(n, 5, 60, 0.999999) for n in range(1, 3)]
     assert full_jitter[0] == pytest.approx(2.5, rel=1e-3) and full_jitter[1] == pytest.approx(5, rel=1e-3)
+
+
+def test_an_unknown_runtime_is_a_configuration_error(tmp_path: Path) -> None:
+    assert load_config(["--runtime", "process"], env={}).runtime == "process"
+    assert load_config([], env={"DET_AGENT_RUNTIME": "docker"}).runtime == "docker"  # checked at start-up
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent_bootstrap.agent", "--runtime", "podman", "--token", "x",
+         "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=60, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert proc.returncode == 2  # EXIT_CONFIG
+    assert "det-agent: runtime: no task runtime named 'podman' (known: process)" in proc.stderr

@@ -4,7 +4,9 @@ place of the master (events are read from the outbox, log lines from a list sink
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from agent_bootstrap.agent.client import StartCommand, TaskSpec
 from agent_bootstrap.agent.config import AgentConfig
 from agent_bootstrap.agent.daemon import SETUP_FAILED, Agent, task_environment
 from agent_bootstrap.agent.devices import Slot
 from agent_bootstrap.agent.logship import LogLine, LogShipper
-from agent_bootstrap.agent.runtime import ProcessRuntime
+from agent_bootstrap.agent.runtime import LaunchSpec, ProcessRuntime, TaskHandle
+from shipyard_common.agent_protocol import StartCommand, TaskSpec
 
 GPUS = [Slot(id="0", type="cuda", brand="A10G", uuid="GPU-aaa", index=0),
         Slot(id="1", type="cuda", brand="A10G", uuid="GPU-bbb", index=1)]
@@ -136,3 +138,73 @@ def test_task_environment_cpu_slots_hide_gpus() -> None:
     assert env["A"] == "1" and "DET_AGENT_TOKEN" not in env
     # The agent's own interpreter comes first (tasks run in its environment), then the inherited PATH.
     assert env["PATH"] == os.path.dirname(sys.executable) + ":/bin"
+
+
+class ThreadRuntime:
+    """A second implementation of the runtime seam, to hold the daemon to it: a task is a thread that
+    prints a line, then exits with argv[1] as its code, or (argv[1] == "wait") waits until SIGTERM."""
+
+    name = "thread"
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    def start(self, spec: LaunchSpec) -> TaskHandle:
+        stop = threading.Event()
+        result: dict[str, int] = {}
+
+        def run() -> None:
+            spec.output("stdout", f"hello from {spec.argv[0]}\n")
+            if spec.argv[1] == "wait":
+                stop.wait(60)
+                result["code"] = 128 + signal.SIGTERM
+            else:
+                result["code"] = int(spec.argv[1])
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return TaskHandle(id=f"thread-{spec.allocation_id}", allocation_id=spec.allocation_id, runtime=self.name,
+                          data=(thread, stop, result))
+
+    def signal(self, handle: TaskHandle, sig: int) -> None:
+        if sig in (signal.SIGTERM, signal.SIGKILL):
+            handle.data[1].set()
+
+    def wait(self, handle: TaskHandle, timeout: float | None = None) -> int | None:
+        thread, _, result = handle.data
+        thread.join(timeout)
+        return None if thread.is_alive() else result["code"]
+
+    def release(self, handle: TaskHandle) -> None:
+        self.released.append(handle.id)
+
+    def clean_up_leftovers(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_daemon_drives_any_runtime_through_the_seam(tmp_path: Path) -> None:
+    config = AgentConfig(master_url="http://127.0.0.1:9", agent_id="agent-1", work_dir=tmp_path / "work")
+    runtime = ThreadRuntime()
+    a = Agent(config, "agent-secret", GPUS, runtime, base_env={})
+    a.tasks_dir.mkdir(parents=True)
+    a.shipper = LogShipper(ListSink(), flush_interval=0.01).start()
+    try:
+        start(a, "t1", ["job", "3"])
+        start(a, "t2", ["job", "wait"])
+        join(a, "t1")
+        deadline = time.monotonic() + 30
+        while "hello" not in shipped(a, "t2") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        a._kill("t2", 5, "killed at the master's request")
+        join(a, "t2")
+        t1, t2 = events(a, "t1"), events(a, "t2")
+        assert [e["type"] for e in t1] == ["starting", "running", "exited"] and t1[1]["pid"] is None
+        assert (t1[2]["exitCode"], t1[2]["message"]) == (3, "exited with code 3")
+        assert (t2[-1]["exitCode"], t2[-1]["message"]) == (143, "killed at the master's request")
+        assert shipped(a, "t1") == "hello from job\n"
+        assert sorted(runtime.released) == ["thread-t1", "thread-t2"]
+    finally:
+        a.shipper.close(timeout=5)

@@ -18,9 +18,15 @@ from agent_bootstrap.agent.runtime import (
     MARKER_ENV,
     LaunchSpec,
     ProcessRuntime,
+    RuntimeOptions,
     StartFailed,
+    TaskHandle,
     TaskPidfile,
+    UnknownRuntime,
+    create_runtime,
     exit_code_of,
+    runtime_names,
+    stop_task,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +85,7 @@ def script(tmp_path: Path, name: str, body: str) -> Path:
 
 
 def start(rt: ProcessRuntime, argv: list[str], cwd: Path, out: Collector, alloc: str = "alloc-1"):  # type: ignore[no-untyped-def]
-    return rt.start(LaunchSpec(allocation_id=alloc, argv=argv), dict(os.environ), cwd, out)
+    return rt.start(LaunchSpec(allocation_id=alloc, argv=argv, env=dict(os.environ), workdir=cwd, output=out))
 
 
 class ListSink:
@@ -107,7 +113,7 @@ def test_output_binary_garbage_and_a_1mb_line_are_shipped_in_chunks(runtime: Pro
     def output(stream: str, text: str) -> None:
         shipper.add(LogLine(allocation_id="alloc-1", task_id="t", text=text, stdtype=stream))  # type: ignore[arg-type]
 
-    handle = runtime.start(LaunchSpec("alloc-1", [sys.executable, str(child)]), dict(os.environ), tmp_path, output)
+    handle = runtime.start(LaunchSpec("alloc-1", [sys.executable, str(child)], dict(os.environ), tmp_path, output))
     assert runtime.wait(handle) == 0
     runtime.release(handle)
     assert shipper.flush()
@@ -122,8 +128,8 @@ def test_output_binary_garbage_and_a_1mb_line_are_shipped_in_chunks(runtime: Pro
 def test_environment_cwd_and_marker(runtime: ProcessRuntime, tmp_path: Path) -> None:
     out = Collector()
     env = {"PATH": os.environ["PATH"], "FOO": "bar"}
-    handle = runtime.start(LaunchSpec("a", ["sh", "-c", f'echo "$FOO $(pwd) ${{{MARKER_ENV}:+marked}}"']),
-                           env, tmp_path, out)
+    handle = runtime.start(LaunchSpec("a", ["sh", "-c", f'echo "$FOO $(pwd) ${{{MARKER_ENV}:+marked}}"'],
+                                      env, tmp_path, out))
     assert runtime.wait(handle) == 0
     runtime.release(handle)
     assert out.text("stdout") == f"bar {tmp_path} marked\n"
@@ -141,7 +147,7 @@ def test_kill_sends_sigterm_then_sigkill_after_grace(runtime: ProcessRuntime, tm
     out = Collector(wait_for="ready")
     handle = start(runtime, [sys.executable, str(child)], tmp_path, out)
     assert out.seen.wait(20)
-    assert runtime.kill(handle, grace=0.5) == 128 + signal.SIGKILL
+    assert stop_task(runtime, handle, grace=0.5) == 128 + signal.SIGKILL
     assert flag.read_text() == "TERM"  # it was asked first
     runtime.release(handle)
 
@@ -151,7 +157,7 @@ def test_kill_of_a_cooperative_child_ends_with_sigterm(runtime: ProcessRuntime, 
     handle = start(runtime, [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
                    tmp_path, out)
     assert out.seen.wait(20)
-    assert runtime.kill(handle, grace=30) == 128 + signal.SIGTERM
+    assert stop_task(runtime, handle, grace=30) == 128 + signal.SIGTERM
     runtime.release(handle)
 
 
@@ -189,7 +195,7 @@ def test_no_orphan_after_kill_even_if_the_grandchild_ignores_sigterm(runtime: Pr
     assert wait_until(lambda: out.text("stdout").strip() != "")
     grandchild = int(out.text("stdout").strip())
     assert alive(grandchild)
-    runtime.kill(handle, grace=0.3)
+    stop_task(runtime, handle, grace=0.3)
     runtime.release(handle)
     assert wait_until(lambda: not alive(grandchild))
 
@@ -218,8 +224,8 @@ import os, sys, time
 from pathlib import Path
 from agent_bootstrap.agent.runtime import LaunchSpec, ProcessRuntime, TaskPidfile
 rt = ProcessRuntime(TaskPidfile(Path(sys.argv[1])))
-h = rt.start(LaunchSpec("alloc-1", [sys.executable, sys.argv[2]]), dict(os.environ), Path(sys.argv[3]),
-             lambda stream, text: print(text, end="", flush=True))
+h = rt.start(LaunchSpec("alloc-1", [sys.executable, sys.argv[2]], dict(os.environ), Path(sys.argv[3]),
+                        lambda stream, text: print(text, end="", flush=True)))
 time.sleep(600)
 """
 
@@ -268,3 +274,66 @@ def test_pidfile_of_another_boot_is_ignored(tmp_path: Path) -> None:
 def test_exit_code_of() -> None:
     assert exit_code_of(0) == 0 and exit_code_of(3) == 3
     assert exit_code_of(-9) == 137 and exit_code_of(-15) == 143
+
+
+# ---- the seam: registry, opaque handles, a grace for the whole task ---------------------------------
+
+
+def test_runtimes_are_created_by_name(tmp_path: Path) -> None:
+    assert "process" in runtime_names()
+    rt = create_runtime("process", RuntimeOptions(work_dir=tmp_path))
+    try:
+        assert isinstance(rt, ProcessRuntime) and rt.name == "process"
+        assert rt.pidfile is not None and rt.pidfile.path == tmp_path / "tasks.pids"
+        assert rt.clean_up_leftovers() == 0
+        assert (tmp_path / "tasks.pids").exists()  # reset for this agent's tasks
+    finally:
+        rt.close()
+    with pytest.raises(UnknownRuntime, match=r"no task runtime named 'podman' \(known: .*process"):
+        create_runtime("podman", RuntimeOptions(work_dir=tmp_path))
+
+
+def test_the_handle_is_opaque_and_bound_to_its_runtime(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    handle = start(runtime, [sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, Collector())
+    assert handle.runtime == "process" and handle.id == str(handle.pid) and handle.allocation_id == "alloc-1"
+    assert runtime.wait(handle, 0) is None  # still running: just looked
+    foreign = TaskHandle(id="c0ffee", allocation_id="alloc-1", runtime="docker", data=object())
+    with pytest.raises(ValueError, match="not a process task"):
+        runtime.signal(foreign, signal.SIGTERM)
+    assert stop_task(runtime, handle, grace=30) == 128 + signal.SIGTERM
+    runtime.release(handle)
+    runtime.release(handle)  # idempotent
+
+
+def test_the_process_runtime_refuses_an_image(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    with pytest.raises(StartFailed) as e:
+        runtime.start(LaunchSpec("a", ["true"], dict(os.environ), tmp_path, Collector(), image="pytorch:2"))
+    assert e.value.exit_code == 125 and "image" in e.value.message
+
+
+@linux_only
+def test_stop_gives_the_grace_to_the_whole_group(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    """The leader ends at once on SIGTERM; its child takes a moment to save its work. The task has
+    ended only when both have, so the child is not SIGKILLed by release() halfway through."""
+    saved = tmp_path / "saved"
+    child = (
+        "import pathlib, signal, sys, time\n"
+        "def term(*a):\n"
+        "    time.sleep(0.5)\n"
+        f"    pathlib.Path({str(saved)!r}).write_text('ok')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    leader = script(tmp_path, "leader.py", (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+        "time.sleep(600)\n"
+    ))
+    out = Collector(wait_for="ready")
+    handle = start(runtime, [sys.executable, str(leader)], tmp_path, out)
+    assert out.seen.wait(20)
+    assert stop_task(runtime, handle, grace=20) == 128 + signal.SIGTERM
+    runtime.release(handle)
+    assert saved.read_text() == "ok"

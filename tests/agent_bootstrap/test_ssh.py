@@ -29,11 +29,11 @@ import pytest
 import yaml
 
 from agent_bootstrap.ssh import SshBootstrapError, StaticHost, StepResult, bootstrap_host, stop_agent
-from provisioners.base import ErrorKind, InstanceState, LaunchSpec
+from provisioners.base import CloudState, ErrorKind, LaunchSpec
 from provisioners.static import StaticPoolConfig, StaticProvider
 from tests.conftest import LiveMaster
 from tests.e2e.boot import MARKER_ENV, processes_of
-from tests.pg import free_port
+from tests.pg import free_port, missing_part
 
 POOL = "static"
 
@@ -438,7 +438,7 @@ def test_static_provider_launch_list_terminate(sshd: InProcessSshd, key_file: Pa
     [inst] = result.launched
     assert inst.id == "static-provider-host" and inst.launch_id == launch_id
     [listed] = provider.list()
-    assert listed.id == inst.id and listed.launch_id == launch_id and listed.state == InstanceState.RUNNING
+    assert listed.id == inst.id and listed.launch_id == launch_id and listed.state == CloudState.RUNNING
     wait_for(lambda: connected(static_master, inst.id), 30, "the provider's agent registered")
     # The same launch again is the same host (idempotent); one more launch finds no free host.
     pid = pid_of(sshd.home)
@@ -463,7 +463,7 @@ def real_sshd(tmp_path: Path) -> Iterator[tuple[int, Path, str]]:
     sshd_bin = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
     keygen = shutil.which("ssh-keygen")
     if sshd_bin is None or keygen is None:
-        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+        missing_part("OpenSSH server not installed (apt-get install openssh-server)")
     if os.geteuid() != 0:
         pytest.skip("a throwaway sshd needs root here (it logs in as the current user via privilege separation)")
     d = tmp_path / "sshd"
@@ -485,7 +485,7 @@ def real_sshd(tmp_path: Path) -> Iterator[tuple[int, Path, str]]:
     try:
         wait_for(lambda: _port_open(port) or proc.poll() is not None, 15, "sshd listening")
         if proc.poll() is not None:
-            pytest.skip(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
+            missing_part(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
         host_key = " ".join((d / "host_key.pub").read_text().split()[:2])
         yield port, d / "client_key", host_key
     finally:

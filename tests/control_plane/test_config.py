@@ -43,3 +43,21 @@ def test_bad_config_is_one_clear_error(tmp_path, text: str, needle: str) -> None
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="cannot read master config"):
         load_config(tmp_path / "nope.yaml", env={})
+
+
+@pytest.mark.parametrize("policy", ["fair_share", "round_robin", "lottery"])
+def test_scheduler_type_must_be_a_registered_policy(tmp_path, policy: str) -> None:
+    path = tmp_path / "master.yaml"
+    path.write_text(f"resource_pools:\n  - name: default\n    scheduler:\n      type: {policy}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env={})
+    message = str(e.value)
+    assert "resource_pools.0.scheduler.type" in message
+    assert f"unknown scheduler type {policy!r}; expected one of: priority" in message
+
+
+def test_scheduler_type_defaults_to_the_registered_default(tmp_path) -> None:
+    path = tmp_path / "master.yaml"
+    path.write_text("resource_pools:\n  - name: default\n  - name: gpu\n    scheduler:\n      type: priority\n")
+    cfg = load_config(path, env={})
+    assert [p.scheduler.type for p in cfg.resource_pools] == ["priority", "priority"]

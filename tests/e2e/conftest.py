@@ -82,14 +82,15 @@ class E2E:
         return self.tmp / "shipyard.db"
 
     def start_master(self, pools: list[dict[str, Any]], default_pool: str, env: dict[str, str] | None = None,
-                     ) -> LiveMaster:
+                     module: str = "control_plane") -> LiveMaster:
+        """`module`: the master's entry point (tests/e2e/crash_after_launch.py wraps its providers)."""
         cfg = self.tmp / "master.yaml"
         cfg.write_text(yaml.safe_dump({"resource_pools": pools, "default_resource_pool": default_pool,
                                        "log_level": "info"}, sort_keys=False))
         # The local provider's agents and their trials run `python3` from PATH: the test's Python.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         self.master = LiveMaster(f"sqlite:///{self.db_path}", self.tmp / "master-state",
-                                 extra_env={"PATH": path, **(env or {})}, config_path=cfg)
+                                 extra_env={"PATH": path, **(env or {})}, config_path=cfg, module=module)
         self.master.start()
         return self.master
 

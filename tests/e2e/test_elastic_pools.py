@@ -26,6 +26,7 @@ from provisioners.base import (
 )
 from tests.e2e.boot import BootHarness, EmulatedInstance, GceFakeCloud, MotoCloud
 from tests.e2e.conftest import AGENT_OPTIONS, E2E, REGION, aws_pool, default_subnet, wait_for
+from tests.e2e.crash_after_launch import EXIT_STATUS
 
 if TYPE_CHECKING:
     from tests.fakes.gce import GceFake
@@ -130,13 +131,13 @@ def test_crash_between_launch_and_record_is_adopted_without_a_second_launch(
 ) -> None:
     subnet = default_subnet(moto_reset, aws_session)
     master = e2e.start_master([aws_pool("aws", ec2_faults.url, moto_image, subnet, max_idle_agent_period="5m")],
-                              "aws", env={"SHIPYARD_FAILPOINT": "after_launch"})
+                              "aws", module="tests.e2e.crash_after_launch")
     cluster_id = e2e.cluster_id()
     trial_id = e2e.create_experiment("aws")["trialIds"][0]
 
     # The master dies right after RunInstances returned, before it recorded the result.
     assert master.proc is not None
-    assert master.proc.wait(timeout=40) == 137
+    assert master.proc.wait(timeout=40) == EXIT_STATUS
     assert "event=failpoint name=after_launch" in e2e.master_log()
     [run] = launches(ec2_faults)
     [cloud_inst] = cluster_instances(ec2(moto_reset, aws_session), cluster_id)
@@ -151,7 +152,7 @@ def test_crash_between_launch_and_record_is_adopted_without_a_second_launch(
     [inst] = harness.instances.values()
     assert inst.id == cloud_inst["InstanceId"] and inst.state == "booting"
 
-    master.env.pop("SHIPYARD_FAILPOINT")
+    master.module = "control_plane"  # the plain master from here on
     master.start()  # same port, same database
     one_booted(harness)
     wait_for(lambda: e2e.instance_rows("aws")[0]["instance_id"] == inst.id, 20, "the instance adopted")
@@ -241,7 +242,7 @@ def test_gcp_pool_scales_up_from_zero_runs_a_trial_and_reaps_the_idle_instance(e
             "agent": dict(AGENT_OPTIONS),
         },
     }
-    e2e.start_master([pool], "gcp", env={"SHIPYARD_GCP_ANONYMOUS": "1"})
+    e2e.start_master([pool], "gcp", module="tests.e2e.gce_fake_master")  # anonymous credentials for the fake
     harness = e2e.boot(GceFakeCloud(gce_fake))
     assert gce_fake.instances == []
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from shipyard_common.processes import pid_alive  # noqa: F401 (the tests import it from here)
 from tests.pg import free_port
 
 MODEL_DIR = Path(__file__).parent / "model"
@@ -178,18 +179,6 @@ def cluster_factory(tmp_path: Path, db_url: str) -> Iterator[Any]:
             os.environ.pop("SHIPYARD_CLI_DIR", None)
         else:
             os.environ["SHIPYARD_CLI_DIR"] = old
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def kill9(pid: int) -> None:

@@ -25,9 +25,9 @@ from provisioners.base import (
     TAG_MANAGED_BY,
     TAG_MASTER,
     TAG_POOL,
+    CloudState,
     ErrorKind,
     ErrorScope,
-    InstanceState,
     LaunchSpec,
 )
 
@@ -162,7 +162,7 @@ def test_launch_tags_user_data_imdsv2_shutdown_and_root_volume(net: Net, ec2_fau
     assert [i.launch_id for i in result.launched] == ["launch-1", "launch-2"]
     ec2 = _client(net.session, net.moto_url)
     for launched in result.launched:
-        assert launched.state in (InstanceState.PENDING, InstanceState.RUNNING)
+        assert launched.state in (CloudState.PENDING, CloudState.RUNNING)
         assert launched.location == net.subnet_a
         assert launched.instance_type == "g4dn.12xlarge"
         assert launched.spot is False
@@ -334,11 +334,11 @@ def test_list_returns_only_this_cluster_and_pool(
 
     assert sorted(i.id for i in listed) == sorted(i.id for i in mine[1:])
     by_id = {i.id: i for i in listed}
-    assert by_id[mine[1].id].state is InstanceState.STOPPING  # stopped by hand: still ours to clean
+    assert by_id[mine[1].id].state is CloudState.STOPPING  # stopped by hand: still ours to clean
     for launched in mine[2:]:
         got = by_id[launched.id]
         assert got.launch_id == launched.launch_id
-        assert got.state in (InstanceState.PENDING, InstanceState.RUNNING)
+        assert got.state in (CloudState.PENDING, CloudState.RUNNING)
         assert got.location == net.subnet_a
         assert got.private_ip == launched.private_ip
         assert got.tags[TAG_MASTER] == MASTER

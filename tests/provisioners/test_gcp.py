@@ -21,9 +21,9 @@ from provisioners.base import (
     TAG_LAUNCH_ID,
     TAG_MASTER,
     TAG_POOL,
+    CloudState,
     ErrorKind,
     ErrorScope,
-    InstanceState,
     LaunchSpec,
     ProviderError,
 )
@@ -311,7 +311,7 @@ def test_launch_sends_a_complete_instance(fake: GceFake) -> None:
     (insert,) = fake.calls_to("insert")
     assert insert.params["requestId"] == request_id("Launch-0001", ZONE_A)
 
-    assert inst.state is InstanceState.PENDING
+    assert inst.state is CloudState.PENDING
     assert inst.launch_id == "Launch-0001"
     assert inst.location == ZONE_A and inst.instance_type == "n1-standard-8" and inst.spot is True
     assert inst.private_ip and inst.public_ip
@@ -372,7 +372,7 @@ def test_list_selects_only_this_cluster_and_pool(fake: GceFake) -> None:
     listed = mine.list()
 
     assert sorted(i.launch_id or "" for i in listed) == ["a", "b"]
-    assert {i.state for i in listed} == {InstanceState.RUNNING}  # PROVISIONING was read once at launch
+    assert {i.state for i in listed} == {CloudState.RUNNING}  # PROVISIONING was read once at launch
     assert all(i.tags[TAG_CLUSTER] == "c1" and i.tags[TAG_LAUNCH_ID] == i.launch_id for i in listed)
     flt = fake.calls_to("aggregatedList")[-1].params["filter"]
     assert 'labels.shipyard-cluster-id = "c1"' in flt and 'labels.shipyard-pool = "gpu"' in flt
@@ -415,8 +415,8 @@ def test_list_maps_states_and_skips_terminated(fake: GceFake) -> None:
     by_id = {i.launch_id: i for i in prov.list()}
 
     assert set(by_id) == {"s1", "s2"}
-    assert by_id["s1"].state is InstanceState.RUNNING and by_id["s1"].spot is True
-    assert by_id["s2"].state is InstanceState.STOPPING
+    assert by_id["s1"].state is CloudState.RUNNING and by_id["s1"].spot is True
+    assert by_id["s2"].state is CloudState.STOPPING
 
 
 @pytest.mark.integration
@@ -426,7 +426,7 @@ def test_terminate_is_idempotent_and_never_touches_foreign_instances(fake: GceFa
     foreign = fake.add_instance(project=PROJECT, zone=ZONE_A, name="someone-elses")
 
     prov.terminate([*ids, foreign["name"]])
-    assert {i.state for i in prov.list()} == {InstanceState.STOPPING}
+    assert {i.state for i in prov.list()} == {CloudState.STOPPING}
     prov.terminate(ids)  # again, while they are stopping
     assert prov.list() == []  # gone after their next read
     prov.terminate(ids)  # and once more after they are gone
@@ -563,7 +563,7 @@ def test_slow_operation_is_reported_pending_within_the_bound(fake: GceFake) -> N
 
     assert result.error is None
     (inst,) = result.launched
-    assert inst.state is InstanceState.PENDING and inst.launch_id == "slow"
+    assert inst.state is CloudState.PENDING and inst.launch_id == "slow"
     assert len(fake.calls_to("operations.wait")) >= 1
 
 

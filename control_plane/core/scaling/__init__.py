@@ -1,4 +1,5 @@
-"""Scaling of elastic resource pools: the pure scale decider (see decider.py)."""
+"""Scaling of elastic resource pools: the pure scale decider (decider.py) and the launch-error
+backoff (backoff.py)."""
 
 from control_plane.core.scaling.decider import (
     DEFAULT_MAX_AGENT_STARTING_PERIOD,

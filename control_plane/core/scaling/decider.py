@@ -31,9 +31,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
 
-InstanceState = Literal["requested", "starting", "running", "stopping", "terminated"]
+from control_plane.core.states import InstanceState
 
 #: Shipyard's defaults. The idle period is short because a relaunch only costs one boot (about 90 s
 #: on AWS/GCP GPU images) while every idle minute bills a whole GPU instance; see
@@ -42,7 +41,7 @@ DEFAULT_MAX_IDLE_AGENT_PERIOD = timedelta(minutes=5)
 DEFAULT_MAX_AGENT_STARTING_PERIOD = timedelta(minutes=20)
 DEFAULT_MAX_DISCONNECTED_PERIOD = timedelta(minutes=10)
 
-_GONE_STATES = frozenset({"stopping", "terminated"})
+_GONE_STATES = frozenset({InstanceState.STOPPING, InstanceState.TERMINATED})
 
 
 @dataclass(frozen=True)

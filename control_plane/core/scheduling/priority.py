@@ -10,48 +10,25 @@ running allocations from one agent, choosing the agent that needs the fewest evi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from control_plane.core.scheduling.policy import (
+    AgentSlots,
+    Assignment,
+    PendingAllocation,
+    RunningAllocation,
+    ScheduleDecision,
+    SchedulingPolicy,
+)
 
-@dataclass(frozen=True)
-class AgentSlots:
-    agent_id: str
-    slot_ids: tuple[str, ...]  # every slot of the agent
-    used_slot_ids: frozenset[str] = frozenset()
-    schedulable: bool = True  # connected and enabled
-
-
-@dataclass(frozen=True)
-class PendingAllocation:
-    id: str
-    slots: int
-    priority: int = 42
-    order: float = 0.0  # submission order (e.g. created timestamp)
-
-
-@dataclass(frozen=True)
-class RunningAllocation:
-    id: str
-    agent_id: str
-    slot_ids: tuple[str, ...]
-    priority: int = 42
-    preemptible: bool = True
-    stopping: bool = False  # already asked to stop: its slots are about to free up
-
-
-@dataclass(frozen=True)
-class Assignment:
-    allocation_id: str
-    agent_id: str
-    slot_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ScheduleDecision:
-    assignments: tuple[Assignment, ...] = ()
-    preemptions: tuple[str, ...] = ()  # running allocation ids to stop gracefully
-    unplaced: tuple[str, ...] = ()  # pending allocation ids left waiting (the pool's demand)
-    reasons: dict[str, str] = field(default_factory=dict)  # allocation id -> why it waits
+__all__ = [
+    "POLICY",
+    "AgentSlots",
+    "Assignment",
+    "PendingAllocation",
+    "RunningAllocation",
+    "ScheduleDecision",
+    "schedule",
+]
 
 
 def schedule(
@@ -131,3 +108,6 @@ def _victims(
         if have >= p.slots and chosen and (best is None or len(chosen) < len(best)):
             best = chosen
     return best or []
+
+
+POLICY = SchedulingPolicy(name="priority", schedule=schedule)

@@ -31,6 +31,7 @@ Deliberate differences from Determined, all in edge cases:
 from __future__ import annotations
 
 import bisect
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,10 +61,26 @@ class BracketPlan:
 
 def _floor_log(x: float, base: float) -> int:
     """Largest k with base**k <= x, for x >= 1 and base > 1, without float-log rounding."""
-    k = 0
+    # Start from the float estimate and correct it by exact powers: counting up from 0 would take
+    # millions of steps for a divisor just above 1.
+    k = max(int(math.log(x) / math.log(base)), 0) if x >= 1 else 0
+    while k > 0 and base**k > x * (1 + 1e-12):
+        k -= 1
     while base ** (k + 1) <= x * (1 + 1e-12):
         k += 1
     return k
+
+
+def rungs_that_fit(length: float, divisor: float) -> int:
+    """How many rungs of at least one unit each fit in ``length`` (the top rung is ``length``,
+    each one below is ``divisor`` times shorter). The plan never uses more; config validation
+    reports a ``max_rungs`` above it."""
+    return _floor_log(length, divisor) + 1
+
+
+def smallest_rung_length(length: float, num_rungs: int, divisor: float) -> float:
+    """The bottom rung's length before rounding: ``length / divisor**(num_rungs-1)``."""
+    return length / divisor ** (num_rungs - 1)
 
 
 def rung_lengths(length: int, num_rungs: int, divisor: float) -> tuple[int, ...]:
@@ -74,7 +91,7 @@ def rung_lengths(length: int, num_rungs: int, divisor: float) -> tuple[int, ...]
     # that window take Determined's length, then bump rungs that truncation made equal (only
     # possible with a divisor close to 1). The bumps stay inside the windows.
     lengths = [
-        min(max(int(length / divisor ** (num_rungs - 1 - i)), i + 1), length - (num_rungs - 1 - i))
+        min(max(int(smallest_rung_length(length, num_rungs - i, divisor)), i + 1), length - (num_rungs - 1 - i))
         for i in range(num_rungs)
     ]
     for i in range(1, num_rungs):
@@ -121,10 +138,11 @@ def adaptive_asha_plan(searcher_cfg: Mapping[str, Any]) -> list[BracketPlan]:
         raise ValueError("searcher.max_length: adaptive_asha needs max_length (or max_time)")
     if length < 1:
         raise ValueError("searcher.max_length: must be at least 1 unit")
-    divisor = float(searcher_cfg.get("divisor", 4.0))
+    # The config comes defaulted (expconf is the one home of searcher defaults): no fallbacks here.
+    divisor = float(searcher_cfg["divisor"])
     if not divisor > 1.0:
         raise ValueError("searcher.divisor: must be greater than 1")
-    max_rungs = int(searcher_cfg.get("max_rungs", 5))
+    max_rungs = int(searcher_cfg["max_rungs"])
     if max_rungs < 1:
         raise ValueError("searcher.max_rungs: must be at least 1")
     max_trials = int(searcher_cfg["max_trials"])
@@ -133,14 +151,14 @@ def adaptive_asha_plan(searcher_cfg: Mapping[str, Any]) -> list[BracketPlan]:
     max_concurrent = int(searcher_cfg.get("max_concurrent_trials") or 0)
     if max_concurrent < 0:
         raise ValueError("searcher.max_concurrent_trials: must not be negative")
-    mode = str(searcher_cfg.get("mode", "standard"))
+    mode = str(searcher_cfg["mode"])
 
     # Like Determined, fewer rungs when max_length or max_trials cannot feed max_rungs of them
     # (each rung needs >= 1 unit and the top rung needs >= 1 trial); also never more rungs than
     # distinct integer lengths.
     max_rungs = max(
         1,
-        min(max_rungs, _floor_log(length, divisor) + 1, _floor_log(max_trials, divisor) + 1, length),
+        min(max_rungs, rungs_that_fit(length, divisor), _floor_log(max_trials, divisor) + 1, length),
     )
     brackets = sorted(_mode_brackets(mode, max_rungs), reverse=True)
     if 0 < max_concurrent < len(brackets):
@@ -226,13 +244,13 @@ class AshaBracket:
         self.trial_rungs[rid] = 0
         self.rung_outstanding[0] += 1
         self.running[rid] = self.lengths[0]
-        return [create, ValidateAfter(rid, self.lengths[0])]
+        return [create, ValidateAfter(rid, self.lengths[0], rung=0)]
 
     def _resume(self, rid: str, rung: int) -> ValidateAfter:
         self.trial_rungs[rid] = rung
         self.rung_outstanding[rung] += 1
         self.running[rid] = self.lengths[rung]
-        return ValidateAfter(rid, self.lengths[rung])
+        return ValidateAfter(rid, self.lengths[rung], rung=rung)
 
     def _close(self, rid: str) -> Close:
         self.closed.add(rid)
@@ -280,6 +298,13 @@ class AshaBracket:
             self.early_exit.add(rid)
             self.closed.add(rid)
 
+    def _rank_at_top(self, rid: str, metric: float) -> list[Operation]:
+        """A result at the top rung: ranked there, and the trial is done."""
+        self.rung_metrics[self.top].append([metric, rid, False])
+        if rid in self.closed:  # exited, or closed out before it was ranked here
+            return []
+        return [self._close(rid)]
+
     # ---- promotion-based ASHA ----------------------------------------------------------------
 
     def _promotions(self, rung: int, rid: str, metric: float) -> list[str]:
@@ -304,24 +329,29 @@ class AshaBracket:
     def _report(self, new_trial: NewTrial, rid: str, metric: float) -> list[Operation]:
         rung = self.trial_rungs[rid]
         self.rung_outstanding[rung] -= 1
+        if rung == self.top:
+            return self._after_report(new_trial, self._rank_at_top(rid, metric), added_work=False)
+        return self._below_top(new_trial, rung, rid, metric)
+
+    def _below_top(self, new_trial: NewTrial, rung: int, rid: str, metric: float) -> list[Operation]:
         ops: list[Operation] = []
         added_work = False
-        if rung == self.top:
-            self.rung_metrics[rung].append([metric, rid, False])
-            if rid not in self.closed:  # not exited, nor closed out before it was ranked here
-                ops.append(self._close(rid))
-        else:
-            for promoted in self._promotions(rung, rid, metric):
-                if promoted in self.closed:
-                    # It cannot train any more: rank it at the next rung as if it had reported
-                    # the worst possible result there. Besides early exits this covers a trial
-                    # already closed out when an invalid_hp removal reordered its rung
-                    # (Determined would send work to the closed trial).
-                    self.trial_rungs[promoted] = rung + 1
-                    self.rung_outstanding[rung + 1] += 1
-                    return ops + self._report(new_trial, promoted, WORST_METRIC)
-                ops.append(self._resume(promoted, rung + 1))
-                added_work = True
+        for promoted in self._promotions(rung, rid, metric):
+            if promoted in self.closed:
+                # It cannot train any more: rank it at the next rung as if it had reported
+                # the worst possible result there. Besides early exits this covers a trial
+                # already closed out when an invalid_hp removal reordered its rung
+                # (Determined would send work to the closed trial).
+                self.trial_rungs[promoted] = rung + 1
+                self.rung_outstanding[rung + 1] += 1
+                return ops + self._report(new_trial, promoted, WORST_METRIC)
+            ops.append(self._resume(promoted, rung + 1))
+            added_work = True
+        return self._after_report(new_trial, ops, added_work)
+
+    def _after_report(self, new_trial: NewTrial, ops: list[Operation], added_work: bool) -> list[Operation]:
+        """Each result yields one unit of new work: a promotion, else a new trial while the budget
+        lasts. Then rungs nothing can reach any more are closed out."""
         if not added_work and self._all_trials() < self.plan.max_trials:
             ops += self._start_new(new_trial)
         if len(self.rung_metrics[0]) == self.plan.max_trials:
@@ -391,25 +421,22 @@ class AshaStoppingBracket(AshaBracket):
         metrics.insert(index, [metric, rid, promote])
         return promote
 
-    def _report(self, new_trial: NewTrial, rid: str, metric: float) -> list[Operation]:
-        rung = self.trial_rungs[rid]
-        self.rung_outstanding[rung] -= 1
+    def _below_top(self, new_trial: NewTrial, rung: int, rid: str, metric: float) -> list[Operation]:
         ops: list[Operation] = []
         added_work = False
-        if rung == self.top:
-            self.rung_metrics[rung].append([metric, rid, False])
-            if rid not in self.closed:  # not exited, nor closed out before it was ranked here
+        # Rank even an exited trial, so the rung's cutoff accounts for it; but an exited trial
+        # never occupies a place in a higher rung.
+        keep_going = self._continue_training(rung, rid, metric)
+        if rid not in self.early_exit:
+            if keep_going:
+                ops.append(self._resume(rid, rung + 1))
+                added_work = True
+            else:
                 ops.append(self._close(rid))
-        else:
-            # Rank even an exited trial, so the rung's cutoff accounts for it; but an exited trial
-            # never occupies a place in a higher rung.
-            keep_going = self._continue_training(rung, rid, metric)
-            if rid not in self.early_exit:
-                if keep_going:
-                    ops.append(self._resume(rid, rung + 1))
-                    added_work = True
-                else:
-                    ops.append(self._close(rid))
+        return self._after_report(new_trial, ops, added_work)
+
+    def _after_report(self, new_trial: NewTrial, ops: list[Operation], added_work: bool) -> list[Operation]:
+        # Stopped trials never resume, so there is no rung to close out.
         if not added_work and self._all_trials() < self.plan.max_trials:
             ops += self._start_new(new_trial)
         return ops
@@ -426,8 +453,8 @@ class AdaptiveAshaSearch(BaseSearchMethod):
     ) -> None:
         super().__init__(searcher_cfg, hparams_cfg, experiment_seed)
         self.plans = adaptive_asha_plan(searcher_cfg)
-        divisor = float(searcher_cfg.get("divisor", 4.0))
-        smaller_is_better = bool(searcher_cfg.get("smaller_is_better", True))
+        divisor = float(searcher_cfg["divisor"])
+        smaller_is_better = bool(searcher_cfg["smaller_is_better"])
         bracket_cls = AshaStoppingBracket if searcher_cfg.get("stop_once") else AshaBracket
         self.brackets: list[AshaBracket] = [bracket_cls(p, divisor, smaller_is_better) for p in self.plans]
         self._trial_bracket: dict[str, int] = {}

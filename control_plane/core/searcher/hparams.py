@@ -138,6 +138,24 @@ def grid_values(spec: Any, path: Path = ("?",)) -> list[Any]:
     raise ValueError(f"{_dotted(path)}: unknown hyperparameter type {kind!r}")
 
 
+def axis_length(spec: Any, path: Path = ("?",)) -> int:
+    """``len(grid_values(spec))`` without building the list (a count can be huge)."""
+    if not isinstance(spec, Mapping):
+        return 1
+    kind = spec["type"]
+    if kind == "const":
+        return 1
+    if kind == "categorical":
+        return len(spec["vals"])
+    count = _count(spec, path)
+    if kind == "int":
+        # grid_values' clamp: its points are then at least one apart, so none collapse.
+        return min(count, int(spec["maxval"]) - int(spec["minval"]) + 1)
+    if kind in ("double", "log"):
+        return count
+    raise ValueError(f"{_dotted(path)}: unknown hyperparameter type {kind!r}")
+
+
 class Grid:
     """The cartesian product of every hyperparameter's grid values, indexed without materializing it.
 
@@ -146,8 +164,8 @@ class Grid:
 
     def __init__(self, hparams_cfg: Mapping[str, Any]) -> None:
         self._hparams_cfg = hparams_cfg
+        self.size = grid_size(hparams_cfg)
         self._axes = [(path, grid_values(spec, path)) for path, spec in _leaves(hparams_cfg)]
-        self.size = math.prod(len(vals) for _, vals in self._axes)
 
     def point(self, index: int) -> dict[str, Any]:
         if not 0 <= index < self.size:
@@ -160,12 +178,13 @@ class Grid:
 
 
 def grid_size(hparams_cfg: Mapping[str, Any]) -> int:
-    """Number of trials a grid search over ``hparams_cfg`` creates.
+    """Number of trials a grid search over ``hparams_cfg`` creates: the one place that counts it
+    (config validation asks this too).
 
     Raises ``ValueError`` (message starts with the field path) when a numeric hyperparameter has no
     ``count``, so config validation can report it like any other bad field.
     """
-    return Grid(hparams_cfg).size
+    return math.prod(axis_length(spec, path) for path, spec in _leaves(hparams_cfg))
 
 
 class TrialFactory:

@@ -4,7 +4,8 @@ Operations take effect as soon as the experiment receives them (there is no per-
 
 - ``Create``: make a new trial with these hyperparameters and seed.
 - ``ValidateAfter``: train the trial until ``length`` units *in total* (not an increment), then
-  validate and report the searcher metric through ``validation_completed``.
+  validate and report the searcher metric through ``validation_completed``. ``rung`` says which
+  rung of the search that length is (ASHA), so nobody else recomputes rung arithmetic.
 - ``Close``: the trial has no further work; stop it and report ``trial_closed`` once it is gone.
 - ``Shutdown``: the search is over (every trial it asked for has ended).
 
@@ -41,6 +42,10 @@ class Create:
 class ValidateAfter:
     request_id: str
     length: int
+    # The searcher's own label for this length: the ASHA rung (index into its bracket's rung
+    # lengths) the trial is training toward; 0 for searchers without rungs. The shell stores it
+    # as is and never derives it from the length.
+    rung: int = 0
 
 
 @dataclass(frozen=True)

@@ -1528,3 +1528,72 @@ def test_lone_surrogate_is_refused() -> None:
     assert only_error(text) == FieldError(
         "description", "must be valid Unicode (found an unpaired surrogate)"
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading a stored config back: ExperimentConfig.from_stored
+# ----------------------------------------------------------------------------------------------
+
+
+def test_from_stored_gives_back_the_config_that_was_stored() -> None:
+    cfg, _ = parse(with_(searcher(name="adaptive_asha", metric="acc", smaller_is_better=False,
+                                  max_length={"batches": 10}, max_trials=4),
+                         max_restarts=2, resources={"slots_per_trial": 3}), refuse_short_asha_rungs=False)
+    stored = json.loads(json.dumps(config_to_dict(cfg)))  # what a JSON column hands back
+    assert ExperimentConfig.from_stored(stored) == cfg
+
+
+def test_from_stored_fills_todays_defaults_into_an_older_row() -> None:
+    # A row from before these fields were stored, with Determined-style nulls.
+    old = {"entrypoint": "python3 train.py", "searcher": {"name": "random", "metric": "loss", "max_trials": 2,
+                                                          "smaller_is_better": None},
+           "checkpoint_storage": {"type": "shared_fs", "host_path": "/ckpt"}, "max_restarts": None}
+    cfg = ExperimentConfig.from_stored(old)
+    assert cfg.max_restarts == 5 and cfg.resources.slots_per_trial == 1
+    assert cfg.searcher.smaller_is_better is True
+    assert isinstance(cfg.searcher, RandomSearcher) and cfg.searcher.max_concurrent_trials == 16
+    assert (cfg.checkpoint_storage.save_experiment_best, cfg.checkpoint_storage.save_trial_best,
+            cfg.checkpoint_storage.save_trial_latest) == (0, 1, 1)
+    assert cfg.searcher_seed == 0  # no seed was ever chosen for it
+
+
+def test_from_stored_is_cached_by_content() -> None:
+    cfg, _ = parse(MINIMAL)
+    stored = config_to_dict(cfg)
+    reordered = dict(reversed(list(stored.items())))
+    assert ExperimentConfig.from_stored(stored) is ExperimentConfig.from_stored(reordered)
+    changed = with_(stored, max_restarts=9)
+    assert ExperimentConfig.from_stored(changed).max_restarts == 9
+
+
+def test_from_stored_refuses_a_row_that_no_longer_validates() -> None:
+    with pytest.raises(ConfigInvalid) as e:
+        ExperimentConfig.from_stored({"entrypoint": "x", "searcher": {"name": "single", "metric": "loss"},
+                                      "checkpoint_storage": {"type": "shared_fs", "host_path": "/c"},
+                                      "max_restarts": -1})
+    assert e.value.errors == [FieldError("max_restarts", "must be >= 0 (got -1)")]
+
+
+def test_grid_size_is_the_searchers_count() -> None:
+    from control_plane.core.searcher import grid_size as searcher_grid_size
+
+    hps = {"a": {"type": "int", "minval": 1, "maxval": 3, "count": 10},
+           "g": {"d": {"type": "log", "minval": 0, "maxval": 1, "base": 2, "count": 4}}, "c": 5}
+    cfg, _ = parse(with_(searcher(name="grid", metric="loss"), hyperparameters=hps))
+    assert grid_size(cfg.hyperparameters) == searcher_grid_size(hps) == 12
+    # huge axes are counted, not built
+    huge = {f"h{i}": {"type": "double", "minval": 0, "maxval": 1, "count": 2**31 - 1} for i in range(3)}
+    assert only_error(with_(searcher(name="grid", metric="loss"), hyperparameters=huge)).reason.startswith(
+        f"grid search would create {(2**31 - 1) ** 3} trials"
+    )
+
+
+def test_short_asha_rungs_are_judged_by_the_searchers_rung_count() -> None:
+    # max_length 10, divisor 4: the searcher fits 2 rungs, so max_rungs 2 is fine and 3 is not.
+    base = dict(name="adaptive_asha", metric="loss", max_length={"batches": 10}, max_trials=4)
+    parse(searcher(**base, max_rungs=2))
+    err = only_error(searcher(**base, max_rungs=3))
+    assert err.path == "searcher.max_length" and err.reason.endswith("or set max_rungs to 2 or less")
+    # A divisor just above 1 fits millions of rungs; counting them must not take millions of steps.
+    cfg, warnings = parse(searcher(**base, divisor=1.0000001, max_rungs=30))
+    assert cfg.searcher.max_rungs == 30 and not [w for w in warnings if "rung" in w]

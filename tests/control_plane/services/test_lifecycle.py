@@ -178,3 +178,38 @@ def test_environment_variables_reach_the_task(client, master, admin_headers) -> 
     (cmd,) = commands(client, tok, session)
     env = cmd["spec"]["env"]
     assert env["A"] == "1" and env["B"] == "x=y" and "cpu" not in env and "cuda" not in env
+
+
+def test_asha_trials_are_labelled_with_the_searchers_own_rungs(client, master, admin_headers) -> None:
+    # max_length 10 with the default divisor (4) and max_rungs (5): the searcher plans two rungs,
+    # 2 and 10 batches. The trials must say rung 0 then 1 (they used to say 3 and 4).
+    config = {**CONFIG, "searcher": {"name": "adaptive_asha", "metric": "loss", "max_length": {"batches": 10},
+                                     "max_trials": 4, "mode": "aggressive"}}
+    exp_id = submit(client, admin_headers, config)
+    tok = agent_token(master)
+    session = register(client, tok, slots=4)
+    placement.tick(master)
+    specs = [c["spec"] for c in commands(client, tok, session)]
+    assert len(specs) == 4
+
+    def trials() -> dict[int, dict[str, Any]]:
+        r = client.get(f"/api/v1/experiments/{exp_id}/trials", headers=admin_headers)
+        return {t["id"]: t for t in r.json()["trials"]}
+
+    def operation(spec: dict[str, Any]) -> dict[str, Any]:
+        auth_ = {"Authorization": f"Bearer {spec['token']}"}
+        return client.get(f"/api/v1/trials/{spec['trialId']}/searcher/operation", headers=auth_).json()
+
+    assert {t["rung"] for t in trials().values()} == {0}
+    assert all(operation(spec)["op"] == {"validateAfter": {"length": 2}} for spec in specs)
+    for loss, spec in zip((0.1, 0.2, 0.3, 0.4), specs, strict=True):
+        r = client.post(f"/api/v1/trials/{spec['trialId']}/metrics",
+                        headers={"Authorization": f"Bearer {spec['token']}"},
+                        json={"group": "validation", "metrics": {
+                            "trialId": spec["trialId"], "trialRunId": 1, "stepsCompleted": 2,
+                            "metrics": {"avgMetrics": {"loss": loss}}}})
+        assert r.status_code == 200, r.text
+    best = specs[0]
+    assert operation(best)["op"] == {"validateAfter": {"length": 10}}
+    rungs = {tid: t["rung"] for tid, t in trials().items()}
+    assert rungs == {s["trialId"]: (1 if s is best else 0) for s in specs}

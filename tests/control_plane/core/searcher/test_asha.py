@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from control_plane.core.searcher import (
+    AdaptiveAshaSearch,
     BracketPlan,
     Close,
     Create,
@@ -163,7 +164,7 @@ def test_a_paused_trial_is_promoted_when_the_rung_fills() -> None:
     assert [type(op) for op in ops] == [Create, ValidateAfter]
     t1 = ops[0].request_id
     # second result: the rung now promotes its best, t0, which was waiting
-    assert s.validation_completed(t1, 0.5, 1) == [ValidateAfter(t0, 2)]
+    assert s.validation_completed(t1, 0.5, 1) == [ValidateAfter(t0, 2, rung=1)]
 
 
 def test_stop_once_stops_trials_outside_the_top_fraction_at_once() -> None:
@@ -209,17 +210,17 @@ def test_a_closed_out_trial_made_due_by_an_invalid_hp_removal_gets_no_work() -> 
     s = new_search_method(cfg, HPARAMS, 0)
     t0 = s.initial_operations()[0].request_id
     t1 = s.validation_completed(t0, 0.1, 1)[0].request_id
-    assert s.validation_completed(t1, 0.2, 1) == [ValidateAfter(t0, 2)]
+    assert s.validation_completed(t1, 0.2, 1) == [ValidateAfter(t0, 2, rung=1)]
     t2 = s.validation_completed(t0, 0.1, 2)[0].request_id
     t3 = s.validation_completed(t2, 0.3, 1)[0].request_id
     # rung 0 is full: t1 is promoted, t2 and t3 can never be, so they are closed out
-    assert s.validation_completed(t3, 0.4, 1) == [ValidateAfter(t1, 2), Close(t2), Close(t3)]
+    assert s.validation_completed(t3, 0.4, 1) == [ValidateAfter(t1, 2, rung=1), Close(t2), Close(t3)]
     ops = s.trial_exited_early(t1, ExitedReason.INVALID_HP)
     t4 = ops[0].request_id
     assert ops == [Create(t4, ops[0].hparams, ops[0].trial_seed), ValidateAfter(t4, 1)]
     # t1's removal makes the closed t2 due at rung 0: it ranks last at rung 1 instead of getting
     # work, which in turn promotes t0 to the top
-    assert s.validation_completed(t4, 0.5, 1) == [ValidateAfter(t0, 4), Close(t4)]
+    assert s.validation_completed(t4, 0.5, 1) == [ValidateAfter(t0, 4, rung=2), Close(t4)]
 
 
 def test_a_closed_out_trial_ranked_into_the_top_rung_is_not_closed_twice() -> None:
@@ -228,9 +229,9 @@ def test_a_closed_out_trial_ranked_into_the_top_rung_is_not_closed_twice() -> No
     s = new_search_method(cfg, HPARAMS, 0)
     t0, t1 = (op.request_id for op in s.initial_operations() if isinstance(op, Create))
     t2 = s.validation_completed(t0, 0.1, 1)[0].request_id
-    assert s.validation_completed(t1, 0.2, 1) == [ValidateAfter(t0, 2)]
+    assert s.validation_completed(t1, 0.2, 1) == [ValidateAfter(t0, 2, rung=1)]
     t3 = s.validation_completed(t2, 0.3, 1)[0].request_id
-    assert s.validation_completed(t3, 0.4, 1) == [ValidateAfter(t1, 2), Close(t2), Close(t3)]
+    assert s.validation_completed(t3, 0.4, 1) == [ValidateAfter(t1, 2, rung=1), Close(t2), Close(t3)]
     t4 = s.trial_exited_early(t1, ExitedReason.INVALID_HP)[0].request_id
     # t2 becomes due again and is ranked (worst) in the top rung; it was closed already
     assert s.validation_completed(t4, 0.5, 1) == [Close(t4)]
@@ -507,3 +508,46 @@ def test_close_out_bookkeeping_matches_a_full_rescan(
         if not moved or fast.shutdown is not None:
             break
     assert fast.shutdown is not None
+
+
+# ---- the rung a ValidateAfter is for ------------------------------------------------------------
+
+
+def test_validate_after_carries_the_rung_of_the_searchers_plan() -> None:
+    # max_length 10 with the default divisor and max_rungs: two rungs (2 and 10 batches), so the
+    # trials' rungs are 0 then 1 (the shell used to derive 3 and 4 from the length).
+    cfg = searcher_cfg("adaptive_asha", max_length={"batches": 10}, max_trials=4, mode="aggressive")
+    (plan,) = adaptive_asha_plan(cfg)
+    assert plan.rung_lengths == (2, 10)
+    s = new_search_method(cfg, HPARAMS, 0)
+    first = [op for op in s.initial_operations() if isinstance(op, ValidateAfter)]
+    assert [(op.length, op.rung) for op in first] == [(2, 0)] * 4
+    ops = []
+    for metric, op in zip((0.1, 0.2, 0.3, 0.4), first, strict=True):
+        ops += s.validation_completed(op.request_id, metric, 2)
+    assert ValidateAfter(first[0].request_id, 10, rung=1) in ops
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    length=st.integers(1, 300),
+    divisor=st.sampled_from([2.0, 3.0, 4.0, 1.5]),
+    max_rungs=st.integers(1, 6),
+    mode=st.sampled_from(["aggressive", "standard", "conservative"]),
+    stop_once=st.booleans(),
+)
+def test_every_validate_after_length_is_the_length_of_its_rung(
+    length: int, divisor: float, max_rungs: int, mode: str, stop_once: bool
+) -> None:
+    cfg = searcher_cfg("adaptive_asha", max_length={"batches": length}, max_trials=12, divisor=divisor,
+                       max_rungs=max_rungs, mode=mode, stop_once=stop_once)
+    plans = adaptive_asha_plan(cfg)
+    method = new_search_method(cfg, HPARAMS, 1)
+    assert isinstance(method, AdaptiveAshaSearch)
+    sim = SearchSimulation(method)
+    sim.run(lambda t, n: float((t.index * 7) % 5))
+    validates = [op for op in sim.log if isinstance(op, ValidateAfter)]
+    assert validates
+    for op in validates:
+        plan = plans[method._trial_bracket[op.request_id]]
+        assert op.rung < plan.num_rungs and plan.rung_lengths[op.rung] == op.length, op

@@ -1,4 +1,4 @@
-"""How the agent runs a task: the TaskRuntime seam and ProcessRuntime, its plain-process implementation.
+"""ProcessRuntime: the `process` task runtime (runtime/base.py), a task as a process group on the host.
 
 A task is one process group. ProcessRuntime starts the entrypoint in a new session (so the task is its
 own process group and a signal to the group reaches its children) with stdin from /dev/null and its
@@ -6,9 +6,9 @@ stdout/stderr drained continuously by two reader threads into an output callback
 child on a full pipe).
 
 No orphans — what is chosen and why:
-  * kill(grace): SIGTERM to the whole group, then SIGKILL to the group once the grace is over; the
-    kill is complete only when the leader has exited *and* the group is empty, so grandchildren get
-    the same grace and are gone afterwards.
+  * stop_task(grace): SIGTERM to the whole group, then SIGKILL to the group once the grace is over;
+    after a SIGTERM, wait() reports the end only when the leader has exited *and* the group is
+    empty, so grandchildren get the same grace and are gone afterwards.
   * when the leader exits on its own, release() SIGKILLs whatever is left in its group, like a
     container whose main process ends.
   * every task process carries a random marker in its environment (SHIPYARD_TASK_NONCE); release()
@@ -18,7 +18,8 @@ No orphans — what is chosen and why:
     ends, not the process, so every child is forked by one long-lived spawner thread that lives as
     long as the runtime. Grandchildren are not covered by pdeathsig; for them the markers of live
     tasks are recorded in a pidfile in the work dir (`tasks.pids`, with the kernel boot id) and the
-    next agent start kills every process still carrying one of those markers before it registers.
+    next agent start (clean_up_leftovers) kills every process still carrying one of those markers
+    before it registers.
     A marker is recorded before the fork, so a crash between fork and bookkeeping leaves no hole;
     markers are random, so a reused pid is never killed by mistake.
 """
@@ -42,62 +43,40 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from agent_bootstrap.agent.logship import LineAssembler
+from agent_bootstrap.agent.runtime.base import (
+    LaunchSpec,
+    OutputFn,
+    RuntimeOptions,
+    StartFailed,
+    Stream,
+    TaskHandle,
+    register_runtime,
+)
+from shipyard_common.processes import group_alive, signal_group
 
 log = logging.getLogger("shipyard.agent.runtime")
 
 MARKER_ENV = "SHIPYARD_TASK_NONCE"
 IS_LINUX = sys.platform.startswith("linux")
+NAME = "process"
 
-Stream = Literal["stdout", "stderr"]
-OutputFn = Callable[[Stream, str], None]
-
-
-class StartFailed(Exception):
-    """The entrypoint could not be started; `exit_code` follows the shell (127 not found, 126 not
-    executable) so the master sees the same code a shell would have given."""
-
-    def __init__(self, exit_code: int, message: str) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.message = message
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    allocation_id: str
-    argv: list[str]
+# Signals after which the task is ending: wait() then also waits for the rest of the group.
+_TERMINATING = frozenset({int(signal.SIGTERM), int(signal.SIGINT)})
 
 
 @dataclass(eq=False)
-class TaskHandle:
-    allocation_id: str
-    pid: int
+class _Task:
+    """The runtime's data in a TaskHandle."""
+
     pgid: int
     nonce: str
     proc: subprocess.Popen[bytes] = field(repr=False)
     readers: list[threading.Thread] = field(default_factory=list, repr=False)
+    terminating: bool = False
     released: bool = False
-
-
-class TaskRuntime(Protocol):
-    """start / signal / poll / wait / kill / release. A DockerRuntime would implement the same."""
-
-    def start(self, spec: LaunchSpec, env: dict[str, str], workdir: Path, output: OutputFn) -> TaskHandle: ...
-
-    def signal(self, handle: TaskHandle, sig: int) -> None: ...
-
-    def poll(self, handle: TaskHandle) -> int | None: ...
-
-    def wait(self, handle: TaskHandle, timeout: float | None = None) -> int | None: ...
-
-    def kill(self, handle: TaskHandle, grace: float) -> int: ...
-
-    def release(self, handle: TaskHandle, output_timeout: float = 5.0) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def exit_code_of(returncode: int) -> int:
@@ -134,21 +113,6 @@ def _child_setup(parent_pid: int) -> None:  # runs in the forked child, before e
     # The agent may have died between fork and prctl; then no signal will ever come.
     if os.getppid() != parent_pid:
         os._exit(125)
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def processes_with_marker(nonce: str) -> list[int]:
@@ -321,22 +285,33 @@ def _pump(stream: Stream, pipe: Any, output: OutputFn, allocation_id: str) -> No
             pipe.close()
 
 
+def _task(handle: TaskHandle) -> _Task:
+    if handle.runtime != NAME or not isinstance(handle.data, _Task):
+        raise ValueError(f"handle {handle.id} of allocation {handle.allocation_id} is not a process task")
+    return handle.data
+
+
 class ProcessRuntime:
+    name = NAME
+
     def __init__(self, pidfile: TaskPidfile | None = None, poll_interval: float = 0.05) -> None:
         self.pidfile = pidfile
         self.poll_interval = poll_interval
         self._spawner = _Spawner()
 
-    def start(self, spec: LaunchSpec, env: dict[str, str], workdir: Path, output: OutputFn) -> TaskHandle:
+    def start(self, spec: LaunchSpec) -> TaskHandle:
         argv = list(spec.argv)
+        if spec.image:
+            raise StartFailed(125, f"the process runtime cannot run image {spec.image!r}")
         if not argv or not argv[0]:
             raise StartFailed(127, "entrypoint is empty")
         nonce = secrets.token_hex(16)
-        child_env = dict(env)
+        child_env = dict(spec.env)
         child_env[MARKER_ENV] = nonce
         if self.pidfile is not None:
             self.pidfile.add(spec.allocation_id, nonce)
         parent = os.getpid()
+        workdir = spec.workdir
 
         def spawn() -> subprocess.Popen[bytes]:
             return subprocess.Popen(
@@ -361,67 +336,73 @@ class ProcessRuntime:
             raise
         if self.pidfile is not None:
             self.pidfile.set_pid(spec.allocation_id, proc.pid)
-        handle = TaskHandle(allocation_id=spec.allocation_id, pid=proc.pid, pgid=proc.pid, nonce=nonce, proc=proc)
+        task = _Task(pgid=proc.pid, nonce=nonce, proc=proc)
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            t = threading.Thread(target=_pump, args=(stream, pipe, output, spec.allocation_id),
+            t = threading.Thread(target=_pump, args=(stream, pipe, spec.output, spec.allocation_id),
                                  name=f"task-{stream}-{spec.allocation_id}", daemon=True)
             t.start()
-            handle.readers.append(t)
+            task.readers.append(t)
         log.info("event=task_process_started allocation=%s pid=%d argv0=%r", spec.allocation_id, proc.pid, argv[0])
-        return handle
+        return TaskHandle(id=str(proc.pid), allocation_id=spec.allocation_id, runtime=NAME, pid=proc.pid, data=task)
 
     def signal(self, handle: TaskHandle, sig: int) -> None:
         """Signal the task's whole process group."""
-        if handle.released:
+        task = _task(handle)
+        if task.released:
             return  # the group id may have been reused since
-        _signal_group(handle.pgid, sig)
-
-    def poll(self, handle: TaskHandle) -> int | None:
-        rc = handle.proc.poll()
-        return None if rc is None else exit_code_of(rc)
+        if int(sig) in _TERMINATING:
+            task.terminating = True
+        elif int(sig) == int(signal.SIGKILL):
+            task.terminating = False  # nothing in the group can outlive SIGKILL: wait for the leader only
+        signal_group(task.pgid, sig)
 
     def wait(self, handle: TaskHandle, timeout: float | None = None) -> int | None:
-        try:
-            return exit_code_of(handle.proc.wait(timeout=timeout))
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self, handle: TaskHandle, grace: float) -> int:
-        """SIGTERM to the group; SIGKILL to the group after `grace` seconds unless the leader has
-        exited and the group is empty by then. Returns the leader's exit code."""
-        if self.poll(handle) is None or group_alive(handle.pgid):
-            self.signal(handle, signal.SIGTERM)
-            log.info("event=task_sigterm allocation=%s pgid=%d grace=%s", handle.allocation_id, handle.pgid, grace)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if self.poll(handle) is not None and not group_alive(handle.pgid):
-                break
+        task = _task(handle)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not task.terminating:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    return exit_code_of(task.proc.wait(timeout=remaining))
+                except subprocess.TimeoutExpired:
+                    return None
+            rc = task.proc.poll()
+            if rc is not None and not group_alive(task.pgid):
+                return exit_code_of(rc)
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
             time.sleep(self.poll_interval)
-        else:
-            log.info("event=task_sigkill allocation=%s pgid=%d", handle.allocation_id, handle.pgid)
-            self.signal(handle, signal.SIGKILL)
-        code = self.wait(handle)
-        assert code is not None
-        return code
 
     def release(self, handle: TaskHandle, output_timeout: float = 5.0) -> None:
         """After the leader has exited: kill what is left of the task (its group, and processes that
         left the group but carry its marker), let the readers finish, forget the pidfile entry."""
-        if handle.released:
+        task = _task(handle)
+        if task.released:
             return
-        if handle.proc.poll() is None:
+        if task.proc.poll() is None:
             raise RuntimeError("release() before the task's process exited")
-        self.signal(handle, signal.SIGKILL)
-        handle.released = True
-        kill_marked(handle.nonce)
-        for t in handle.readers:
+        signal_group(task.pgid, signal.SIGKILL)
+        task.released = True
+        kill_marked(task.nonce)
+        for t in task.readers:
             t.join(output_timeout)
             if t.is_alive():
                 log.warning("event=task_output_still_open allocation=%s thread=%s", handle.allocation_id, t.name)
         if self.pidfile is not None:
             self.pidfile.remove(handle.allocation_id)
 
+    def clean_up_leftovers(self) -> int:
+        """Kill what the tasks of a previous agent with this pidfile left behind."""
+        return self.pidfile.kill_leftovers() if self.pidfile is not None else 0
+
     def close(self) -> None:
         """Stop the spawner thread. Children still running get their pdeathsig when it ends, so call
-        this only after the tasks were killed."""
+        this only after the tasks were stopped."""
         self._spawner.close()
+
+
+def _create(options: RuntimeOptions) -> ProcessRuntime:
+    return ProcessRuntime(TaskPidfile(options.work_dir / "tasks.pids"))
+
+
+register_runtime(NAME, _create)

@@ -1,0 +1,249 @@
+"""Metric reports and queries of trials.
+
+- Reports: `POST /api/v1/trials/{id}/metrics` (Determined), the legacy `training_metrics` /
+  `validation_metrics`, and Shipyard's `…/metrics/batch` (services/metrics.py stores them:
+  idempotent per trial, group and step).
+- Queries: Determined's streaming `GET /api/v1/trials/metrics/trial_metrics` (and its training /
+  validation forms) and Shipyard's paged `GET /api/v1/trials/{id}/metrics`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.api import deps, serializers
+from control_plane.api.streams import STREAM_BATCH, STREAM_MEDIA_TYPE, ndjson, stream_error
+from control_plane.api.wire import StrictWire, ts
+from control_plane.auth import Principal
+from control_plane.db.models import Metric, Trial
+from control_plane.errors import bad_request, not_found
+from control_plane.master import Master
+from control_plane.services import access
+from control_plane.services import metrics as trial_metrics
+from control_plane.services.metrics import MetricRange, MetricReport
+
+log = logging.getLogger("shipyard.api.metrics")
+router = APIRouter()
+
+
+# -- reports ---------------------------------------------------------------------------------------
+# Determined: a group names a time series; it cannot contain '.' (metric ids are "group.name").
+_GROUP_PATTERN = r"^[^.\x00-\x1f\x7f]{1,64}$"
+
+
+class MetricsBody(StrictWire):
+    avg_metrics: dict[str, Any]
+    batch_metrics: list[dict[str, Any]] | None = None
+
+
+class TrialMetricsBody(StrictWire):
+    trial_id: int
+    trial_run_id: int = Field(ge=0)
+    steps_completed: int = Field(ge=0)
+    metrics: MetricsBody
+    report_time: str | None = None
+
+
+class ReportMetricsRequest(StrictWire):
+    metrics: TrialMetricsBody
+    group: str = Field(pattern=_GROUP_PATTERN)
+
+
+class BatchReportRequest(StrictWire):
+    reports: list[ReportMetricsRequest] = Field(min_length=1, max_length=10_000)
+
+
+def _report(group: str, body: TrialMetricsBody, where: str) -> MetricReport:
+    return MetricReport(
+        group=group,
+        trial_id=body.trial_id,
+        trial_run_id=body.trial_run_id,
+        steps_completed=body.steps_completed,
+        avg_metrics=body.metrics.avg_metrics,
+        batch_metrics=body.metrics.batch_metrics,
+        report_time=serializers.parse_time(body.report_time, f"{where}.reportTime"),
+        field=where,
+    )
+
+
+def _store(db: Session, master: Master, p: Principal, trial_id: int,
+           items: list[tuple[str, TrialMetricsBody, str]]) -> int:
+    """Authorise and lock first (a foreign token gets its 403 whatever it sent), then store."""
+    deps.require_trial_access(p, trial_id)
+    trial, exp = trial_metrics.lock_for_reports(db, trial_id, {group for group, _, _ in items})
+    access.require_trial_writer(p, trial, exp)
+    reports = [_report(group, body, where) for group, body, where in items]
+    return trial_metrics.store_reports(db, master, trial, exp, reports)
+
+
+@router.post("/api/v1/trials/{trialId}/metrics")
+def report_metrics(
+    trialId: int,
+    body: ReportMetricsRequest,
+    p: Principal = Depends(deps.user_or_allocation),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    _store(db, master, p, trialId, [(body.group, body.metrics, "metrics")])
+    return {}
+
+
+@router.post("/api/v1/trials/{trialId}/metrics/batch")
+def report_metrics_batch(
+    trialId: int,
+    body: BatchReportRequest,
+    p: Principal = Depends(deps.user_or_allocation),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    """Shipyard: many reports of one trial in one transaction (all or nothing)."""
+    items = [(r.group, r.metrics, f"reports[{i}].metrics") for i, r in enumerate(body.reports)]
+    stored = _store(db, master, p, trialId, items)
+    return {"stored": stored, "duplicates": len(body.reports) - stored}
+
+
+def _legacy(group: str) -> Callable[..., dict[str, Any]]:
+    def handler(
+        trialId: int,
+        body: TrialMetricsBody,
+        p: Principal = Depends(deps.user_or_allocation),
+        master: Master = Depends(deps.get_master),
+        db: Session = Depends(deps.get_db, scope="function"),
+    ) -> dict[str, Any]:
+        _store(db, master, p, trialId, [(group, body, "(body)")])
+        return {}
+
+    handler.__name__ = f"report_{group}_metrics"
+    return handler
+
+
+router.post("/api/v1/trials/{trialId}/training_metrics")(_legacy("training"))
+router.post("/api/v1/trials/{trialId}/validation_metrics")(_legacy("validation"))
+
+
+# -- queries ---------------------------------------------------------------------------------------
+def _metric_report_json(m: Metric) -> dict[str, Any]:
+    """Determined's v1MetricsReport; `metrics` is the stored document ({"avg_metrics", "batch_metrics"}
+    or {"validation_metrics"}), as Determined's client expects."""
+    end = m.report_time.replace(microsecond=m.report_time.microsecond // 1000 * 1000)
+    return {
+        "id": m.id,
+        "trialId": m.trial_id,
+        "trialRunId": m.trial_run_id,
+        "totalBatches": m.steps_completed,
+        "endTime": ts(end),
+        "metrics": m.metrics,
+        "group": m.group_name,
+        "archived": False,
+    }
+
+
+def _readable_trials(db: Session, p: Principal, trial_ids: list[int]) -> None:
+    if not trial_ids:
+        raise bad_request("at least one trialIds is required", "trialIds")
+    if len(set(trial_ids)) != len(trial_ids):
+        raise bad_request("duplicate trial ids", "trialIds")
+    found = {t.id: t for t in db.scalars(select(Trial).where(Trial.id.in_(trial_ids)))}
+    for tid in trial_ids:
+        if tid not in found:
+            raise not_found(f"trial {tid}")
+        access.require_read_trial(p, found[tid])
+
+
+def _metrics_stream(master: Master, trial_ids: list[int], group: str, rng: MetricRange, limit: int) -> StreamingResponse:
+    async def gen() -> AsyncIterator[bytes]:
+        sent = 0
+        for tid in sorted(trial_ids):
+            after = -1
+            while True:
+                batch = STREAM_BATCH if not limit else min(STREAM_BATCH, limit - sent)
+                if batch <= 0:
+                    return
+
+                def fetch(tid: int = tid, after: int = after, batch: int = batch) -> list[dict[str, Any]]:
+                    with master.read_sessions() as s:
+                        rows = trial_metrics.metrics_after(s, tid, group, after, rng, batch)
+                        return [_metric_report_json(m) for m in rows]
+
+                try:
+                    reports = await run_in_threadpool(fetch)
+                except Exception:
+                    log.exception("event=metrics_stream_error trial_id=%s", tid)
+                    yield stream_error("internal error")
+                    return
+                if reports:
+                    yield ndjson({"result": {"metrics": reports}})
+                    sent += len(reports)
+                    after = reports[-1]["totalBatches"]
+                if len(reports) < batch:
+                    break
+
+    return StreamingResponse(gen(), media_type=STREAM_MEDIA_TYPE)
+
+
+def _metrics_stream_endpoint(fixed_group: str | None) -> Callable[..., StreamingResponse]:
+    def handler(
+        p: Principal = Depends(deps.principal),
+        master: Master = Depends(deps.get_master),
+        trialIds: Annotated[list[int], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+        group: str | None = None,
+        startBatches: int | None = None,
+        endBatches: int | None = None,
+        limit: Annotated[int, Query(ge=0)] = 0,
+    ) -> StreamingResponse:
+        chosen = fixed_group or group
+        serializers.reject_nul(group=chosen)
+        if not chosen:
+            raise bad_request("a metric group is required (e.g. training, validation)", "group")
+        with master.read_sessions() as db:
+            _readable_trials(db, p, trialIds)
+        return _metrics_stream(master, trialIds, chosen, MetricRange(start=startBatches, end=endBatches), limit)
+
+    handler.__name__ = f"stream_{fixed_group or 'trial'}_metrics"
+    return handler
+
+
+router.get("/api/v1/trials/metrics/trial_metrics")(_metrics_stream_endpoint(None))
+router.get("/api/v1/trials/metrics/training_metrics")(_metrics_stream_endpoint("training"))
+router.get("/api/v1/trials/metrics/validation_metrics")(_metrics_stream_endpoint("validation"))
+
+
+def metric_row_json(m: Metric) -> dict[str, Any]:
+    doc = m.metrics or {}
+    return {
+        "stepsCompleted": m.steps_completed,
+        "group": m.group_name,
+        "trialRunId": m.trial_run_id,
+        "metrics": doc.get("validation_metrics", doc.get("avg_metrics", {})),
+        "batchMetrics": doc.get("batch_metrics"),
+        "reportTime": ts(m.report_time),
+    }
+
+
+@router.get("/api/v1/trials/{trialId}/metrics")
+def list_trial_metrics(
+    trialId: int,
+    p: Principal = Depends(deps.principal),
+    db: Session = Depends(deps.get_db, scope="function"),
+    group: str | None = None,
+    startStep: int | None = None,
+    endStep: int | None = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=0)] = 0,
+) -> dict[str, Any]:
+    """Shipyard: a trial's reports in step order, `startStep` ≤ step ≤ `endStep`; limit 0 = all."""
+    serializers.reject_nul(group=group)
+    trial = access.get_trial(db, trialId)
+    access.require_read_trial(p, trial)
+    rows, total = trial_metrics.metric_page(db, trial.id, MetricRange(group, startStep, endStep), offset, limit)
+    return {"metrics": [metric_row_json(m) for m in rows],
+            "pagination": serializers.pagination_json(offset, limit, total, len(rows))}

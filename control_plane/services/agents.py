@@ -1,0 +1,253 @@
+"""Agents: their credentials, registration (and reconciliation after a restart of either side),
+the commands they are owed, the task events they report, and the task spec of an allocation.
+
+The wire models are the protocol's own (shipyard_common.agent_protocol), the same the agent uses;
+docs/PROTOCOL.md describes the exchange. Every function works inside the caller's transaction and
+raises control_plane.errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane import auth
+from control_plane.auth import Principal, TokenKind
+from control_plane.core import states as st
+from control_plane.core.expconf import ConfigInvalid, ExperimentConfig
+from control_plane.db.models import Agent, Allocation, Experiment, Instance, Token, Trial
+from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
+from control_plane.master import Master
+from control_plane.services import allocations
+from shipyard_common.agent_protocol import (
+    Command,
+    EventsRequest,
+    KillCommand,
+    RegisterRequest,
+    RegisterResponse,
+    StartCommand,
+    TaskEvent,
+    TaskSpec,
+)
+from shipyard_common.task_env import TrialEnvironment
+
+log = logging.getLogger("shipyard.agents")
+
+# How often an agent is asked to poll; the long-poll is its heartbeat.
+HEARTBEAT_INTERVAL_S = 5.0
+
+# A task event's effect on its allocation and on the allocation's trial.
+_EVENT_STATES: dict[str, tuple[st.AllocationState, st.TrialState]] = {
+    "pulling": (st.AllocationState.PULLING, st.TrialState.PULLING),
+    "starting": (st.AllocationState.STARTING, st.TrialState.STARTING),
+    "running": (st.AllocationState.RUNNING, st.TrialState.RUNNING),
+}
+
+
+def issue_agent_token(s: Session, master: Master, *, pool: str, agent_id: str | None = None,
+                      ttl_hours: float | None = None) -> str:
+    """A credential for agents of `pool` (for one agent id, if given)."""
+    if master.config.pool(pool) is None:
+        raise bad_request(f"no resource pool named {pool!r}", "resourcePool")
+    return auth.issue_token(s, TokenKind.AGENT, now=master.clock(),
+                            ttl=timedelta(hours=ttl_hours) if ttl_hours else None, pool=pool, agent_id=agent_id)
+
+
+def check_agent_credential(s: Session, p: Principal, agent_id: str, pool: str, instance_id: str | None) -> None:
+    if p.pool != pool:
+        raise forbidden(f"this credential is for resource pool {p.pool!r}, not {pool!r}")
+    if p.agent_id is not None and p.agent_id != agent_id:
+        raise forbidden("this credential belongs to another agent")
+    if p.kind is TokenKind.BOOTSTRAP:
+        # A bootstrap credential is bound to one launch; the instance presenting it must be the
+        # one the cloud reports for that launch.
+        inst = s.get(Instance, p.launch_id) if p.launch_id else None
+        if inst is None or inst.pool != pool:
+            raise forbidden("this credential is not bound to a known instance of this pool")
+        if inst.state in (st.InstanceState.STOPPING, st.InstanceState.TERMINATED):
+            raise forbidden("this credential's instance has been terminated")
+        if not instance_id:
+            raise forbidden("a bootstrap credential must be presented with the instance id")
+        if inst.instance_id is None:
+            # The launch call has not returned yet: the first instance to present the secret
+            # binds it (only that launch's user-data carries it).
+            inst.instance_id = instance_id
+        elif instance_id != inst.instance_id:
+            raise forbidden("this credential belongs to another instance")
+
+
+def register_agent(s: Session, master: Master, p: Principal, req: RegisterRequest) -> RegisterResponse:
+    """Record the agent and its slots under a new session, and reconcile what it reports running
+    with what the master wants there: keep what is still wanted on this agent, tell it to kill the
+    rest; anything the master thought ran there but the agent no longer has is lost."""
+    pool_cfg = master.config.pool(req.resource_pool)
+    if pool_cfg is None:
+        raise bad_request(f"no resource pool named {req.resource_pool!r}", "resourcePool")
+    check_agent_credential(s, p, req.agent_id, req.resource_pool, req.instance_id)
+    ids = [sl.id for sl in req.slots]
+    if len(set(ids)) != len(ids):
+        raise bad_request("slot ids must be unique", "slots")
+    now = master.clock()
+    agent = s.get(Agent, req.agent_id)
+    if agent is not None and agent.pool != req.resource_pool:
+        raise forbidden(f"agent {req.agent_id!r} is registered in pool {agent.pool!r}")
+    session_id = secrets.token_hex(16)
+    slots = [sl.model_dump(by_alias=True) for sl in req.slots]
+    if pool_cfg.max_slots_per_agent is not None:
+        slots = slots[: pool_cfg.max_slots_per_agent]
+    if agent is None:
+        agent = Agent(id=req.agent_id, pool=req.resource_pool, session_id=session_id, registered_at=now)
+        s.add(agent)
+    agent.session_id = session_id
+    agent.state = st.AGENT_CONNECTED
+    agent.slots = slots
+    agent.version = req.version
+    agent.addresses = req.addresses
+    agent.instance_id = req.instance_id
+    agent.last_seen = now
+    agent.disconnected_at = None
+    if p.launch_id:
+        inst = s.get(Instance, p.launch_id)
+        if inst is not None:
+            inst.agent_id = agent.id
+        # Used once, the bootstrap credential lives as long as its instance (it is revoked when
+        # the instance ends), so an agent restarted by systemd can register again.
+        tok = s.get(Token, p.token_id)
+        if tok is not None:
+            tok.expires_at = None
+    reported = set(req.running_allocations)
+    wanted = {a.id for a in _on_agent(s, agent.id)}
+    keep = reported & wanted
+    kill = sorted(reported - wanted)
+    allocations.end_agent_allocations(s, master, agent.id, st.CAUSE_AGENT_LOST, "agent restarted without it", keep=keep)
+    log.info("event=agent_registered agent_id=%s pool=%s slots=%d keep=%d kill=%d",
+             agent.id, agent.pool, len(slots), len(keep), len(kill))
+    master.notify(s)
+    return RegisterResponse(session_id=session_id, heartbeat_interval_s=HEARTBEAT_INTERVAL_S, kill=kill,
+                            cluster_id=master.cluster_id)
+
+
+def touch_agent(s: Session, master: Master, p: Principal, agent_id: str, session_id: str) -> Agent:
+    """The agent, if `p` may act for it and `session_id` is its current session; marks it seen."""
+    agent = s.get(Agent, agent_id)
+    if agent is None:
+        raise not_found(f"agent {agent_id}")
+    if p.pool != agent.pool or (p.agent_id is not None and p.agent_id != agent_id):
+        raise forbidden("this credential does not belong to that agent")
+    if agent.session_id != session_id or agent.state != st.AGENT_CONNECTED:
+        raise Conflict("stale agent session: register again")
+    agent.last_seen = master.clock()
+    return agent
+
+
+def pending_commands(s: Session, master: Master, p: Principal, agent_id: str, session_id: str) -> list[Command]:
+    """What the agent must do now (an empty list: nothing yet). Level-triggered: a start is repeated
+    until the agent reports the task, a kill until it reports the exit."""
+    agent = touch_agent(s, master, p, agent_id, session_id)
+    commands: list[Command] = []
+    for alloc in _on_agent(s, agent.id):
+        if alloc.kill_requested:
+            commands.append(KillCommand(allocation_id=alloc.id, grace_seconds=master.config.task_kill_grace_s))
+        elif alloc.state == st.ALLOC_ASSIGNED:
+            commands.append(StartCommand(allocation_id=alloc.id, spec=task_spec(s, master, alloc, agent)))
+    return commands
+
+
+def apply_events(s: Session, master: Master, p: Principal, agent_id: str, req: EventsRequest) -> None:
+    """Task events move allocations (and their trials) forward; an exit ends the allocation.
+    Events are idempotent: a repeated, late or foreign one changes nothing."""
+    agent = touch_agent(s, master, p, agent_id, req.session_id)
+    for ev in req.events:
+        alloc = s.get(Allocation, ev.allocation_id)
+        if alloc is None or alloc.agent_id != agent.id or alloc.state == st.ALLOC_TERMINATED:
+            continue
+        _apply_event(s, master, alloc, ev)
+    master.notify(s)
+
+
+def _apply_event(s: Session, master: Master, alloc: Allocation, ev: TaskEvent) -> None:
+    if ev.type == "exited":
+        allocations.end_allocation(s, master, alloc, cause=st.CAUSE_EXITED, reason=ev.message, exit_code=ev.exit_code)
+        return
+    alloc_state, trial_state = _EVENT_STATES[ev.type]
+    # Forward only: a late "starting" after "running" is ignored.
+    if alloc.state == alloc_state or not st.can_transition(alloc.state, alloc_state):
+        return
+    alloc.state = alloc_state
+    if alloc_state == st.ALLOC_RUNNING:
+        alloc.started_at = master.clock()
+    trial = s.get(Trial, alloc.trial_id) if alloc.trial_id else None
+    if trial is not None and trial.state not in st.TRIAL_TERMINAL:
+        trial.state = trial_state
+
+
+def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> TaskSpec:
+    """What the agent needs to run the allocation's trial: the entrypoint, the environment the
+    harness reads (harness/core/_info.py), the allocation's token and where the code is."""
+    trial = s.get(Trial, alloc.trial_id) if alloc.trial_id else None
+    exp = s.get(Experiment, alloc.experiment_id) if alloc.experiment_id else None
+    if trial is None or exp is None:
+        raise Internal(f"allocation {alloc.id} has no trial")
+    try:
+        cfg = ExperimentConfig.from_stored(exp.config)
+    except ConfigInvalid as e:
+        raise Internal(f"experiment {exp.id}: the stored config no longer validates: {e}") from None
+    token = allocations.ensure_allocation_token(s, master, alloc)
+    argv = list(cfg.entrypoint) if isinstance(cfg.entrypoint, list) else ["sh", "-c", str(cfg.entrypoint)]
+    slot_ids = [str(x) for x in alloc.slot_ids]
+    env = cfg.environment.environment_variables.as_dict(agent_device_type(agent))
+    env.update(TrialEnvironment(
+        master_url=master.config.advertised_url, cluster_id=master.cluster_id, agent_id=agent.id,
+        task_id=alloc.task_id, allocation_id=alloc.id, session_token=token, trial_id=trial.id,
+        experiment_id=exp.id, trial_seed=trial.seed, trial_run_id=alloc.run_id, slot_ids=slot_ids,
+        hparams=trial.hparams, experiment_config=exp.config, latest_checkpoint=trial.latest_checkpoint_uuid,
+    ).to_env())
+    return TaskSpec(
+        allocation_id=alloc.id, task_id=alloc.task_id, trial_id=trial.id, experiment_id=exp.id,
+        run_id=alloc.run_id, entrypoint=argv, env=env, slot_ids=slot_ids, token=token,
+        model_definition_path=f"/api/v1/experiments/{exp.id}/model_def",
+        kill_grace_seconds=master.config.task_kill_grace_s,
+    )
+
+
+def agent_device_type(agent: Agent) -> str:
+    """The device type whose environment variables a task on this agent gets (Determined keeps
+    them per device: cpu, cuda, rocm)."""
+    types = {sl.get("type") for sl in agent.slots}
+    if "cuda" in types:
+        return "cuda"
+    return "rocm" if "rocm" in types else "cpu"
+
+
+@dataclass(frozen=True)
+class AgentView:
+    agent: Agent
+    allocations: list[Allocation]
+
+
+def list_agents(s: Session, pool: str | None = None) -> list[AgentView]:
+    """Every agent (of `pool`), each with the allocations on it."""
+    q = select(Agent).order_by(Agent.id)
+    if pool:
+        q = q.where(Agent.pool == pool)
+    by_agent: dict[str, list[Allocation]] = {}
+    for a in s.scalars(select(Allocation).where(Allocation.state.in_(st.ALLOC_ON_AGENT))):
+        by_agent.setdefault(a.agent_id or "", []).append(a)
+    return [AgentView(agent, by_agent.get(agent.id, [])) for agent in s.scalars(q)]
+
+
+def get_agent(s: Session, agent_id: str) -> AgentView:
+    agent = s.get(Agent, agent_id)
+    if agent is None:
+        raise not_found(f"agent {agent_id}")
+    return AgentView(agent, list(_on_agent(s, agent_id)))
+
+
+def _on_agent(s: Session, agent_id: str) -> list[Allocation]:
+    return list(s.scalars(
+        select(Allocation).where(Allocation.agent_id == agent_id, Allocation.state.in_(st.ALLOC_ON_AGENT))))

@@ -1,0 +1,231 @@
+"""Task logs: who may ship lines for a task, storing them, and reading them back page by page.
+
+A task is a trial's run or any other allocation's work (task ids are on trials and allocations).
+Lines are stored as sent (NUL and lone surrogates cleaned, over-long lines truncated) with a level
+from Determined's set; readers page by row id, which is also what a following stream waits on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, func, insert, select
+from sqlalchemy.orm import Session
+
+from control_plane.auth import Principal, TokenKind
+from control_plane.core import states as st
+from control_plane.db.models import Allocation, TaskLog, Trial
+from control_plane.errors import bad_request, forbidden, not_found
+from control_plane.master import Master
+from control_plane.services import access
+from control_plane.services.text import clean_text
+
+log = logging.getLogger("shipyard.logs")
+
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "UNSPECIFIED")
+MAX_LOG_LINE_BYTES = 64 * 1024
+
+
+def normalize_level(value: str | None, where: str) -> str:
+    """`LOG_LEVEL_WARNING`, `warning` and `WARN` are all WARNING; none means INFO."""
+    if value in (None, ""):
+        return "INFO"
+    name = value.upper().removeprefix("LOG_LEVEL_")
+    if name == "WARN":
+        name = "WARNING"
+    if name not in LOG_LEVELS:
+        raise bad_request(f"unknown log level {value!r}", where)
+    return name
+
+
+def truncate_line(text: str) -> str:
+    raw = text.encode("utf-8")
+    if len(raw) <= MAX_LOG_LINE_BYTES:
+        return text
+    kept = raw[:MAX_LOG_LINE_BYTES].decode("utf-8", "ignore")
+    newline = "\n" if text.endswith("\n") else ""
+    return f"{kept} [shipyard: line truncated, {len(raw) - MAX_LOG_LINE_BYTES} more bytes dropped]{newline}"
+
+
+# -- ingest ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LogLine:
+    """One shipped line; `level` as sent (normalised when stored), `timestamp` None = now."""
+
+    task_id: str
+    log: str
+    allocation_id: str | None = None
+    agent_id: str | None = None
+    rank: int | None = None
+    timestamp: datetime | None = None
+    level: str | None = None
+    stdtype: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class LogTarget:
+    """What a writer names for one line: the task and, optionally, its allocation."""
+
+    task_id: str
+    allocation_id: str | None = None
+
+
+def require_log_writer(s: Session, p: Principal, targets: list[LogTarget]) -> None:
+    """Admin: any task. Allocation token: its own task (and allocation). Agent token: tasks with
+    an allocation in its pool (on its own agent when the token is bound to one). Every task must
+    exist. Field paths name `logs[i]`, the request's list."""
+    for i, t in enumerate(targets):
+        if "\x00" in t.task_id:
+            raise bad_request("must not contain NUL characters", f"logs[{i}].taskId")
+    tasks = {t.task_id for t in targets}
+    known = set(s.scalars(select(Trial.task_id).where(Trial.task_id.in_(tasks))))
+    known |= set(s.scalars(select(Allocation.task_id).where(Allocation.task_id.in_(tasks))))
+    for i, t in enumerate(targets):
+        if t.task_id not in known:
+            raise not_found(f"task {t.task_id!r} (logs[{i}].taskId)")
+    if p.kind is TokenKind.USER:
+        if not p.admin:
+            raise forbidden("only an admin, the task's agent or the task itself can post its logs")
+        return
+    if p.kind is TokenKind.ALLOCATION:
+        own_task: str | None = None
+        if p.allocation_id is not None:
+            own_task = s.scalar(select(Allocation.task_id).where(Allocation.id == p.allocation_id))
+        if own_task is None and p.trial_id is not None:
+            own_task = s.scalar(select(Trial.task_id).where(Trial.id == p.trial_id))
+        for i, t in enumerate(targets):
+            if t.task_id != own_task:
+                raise forbidden(f"logs[{i}]: this token belongs to another task")
+            if t.allocation_id is not None and p.allocation_id is not None and t.allocation_id != p.allocation_id:
+                raise forbidden(f"logs[{i}]: this token belongs to another allocation")
+        return
+    if p.kind is TokenKind.AGENT:
+        allocs = list(s.scalars(select(Allocation).where(Allocation.task_id.in_(tasks))))
+        for i, t in enumerate(targets):
+            ok = any(
+                a.task_id == t.task_id
+                and a.pool == p.pool
+                and (t.allocation_id is None or a.id == t.allocation_id)
+                and (p.agent_id is None or a.agent_id == p.agent_id)
+                for a in allocs
+            )
+            if not ok:
+                raise forbidden(f"logs[{i}]: task {t.task_id!r} does not run on an agent of this credential")
+        return
+    raise forbidden(f"a {p.kind.value} token cannot post logs")
+
+
+def ingest(s: Session, master: Master, lines: list[LogLine]) -> int:
+    """Store the lines (already authorised with `require_log_writer`); returns how many."""
+    if not lines:
+        return 0
+    now = master.clock()
+    rows = [
+        {
+            "task_id": line.task_id,
+            "allocation_id": clean_text(line.allocation_id) if line.allocation_id else None,
+            "agent_id": clean_text(line.agent_id) if line.agent_id else None,
+            "rank": line.rank,
+            "timestamp": line.timestamp or now,
+            "level": normalize_level(line.level, f"logs[{i}].level"),
+            "stdtype": clean_text(line.stdtype or "stdout"),
+            "source": clean_text(line.source or "task"),
+            "log": truncate_line(clean_text(line.log)),
+        }
+        for i, line in enumerate(lines)
+    ]
+    s.execute(insert(TaskLog), rows)  # one executemany, not an ORM object per line
+    return len(rows)
+
+
+# -- read ------------------------------------------------------------------------------------------
+@dataclass
+class LogFilter:
+    """Which lines of a task a reader wants. Levels are normalised names (`normalize_level`)."""
+
+    levels: list[str] = field(default_factory=list)
+    stdtypes: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    agent_ids: list[str] = field(default_factory=list)
+    rank_ids: list[int] = field(default_factory=list)
+    allocation_ids: list[str] = field(default_factory=list)
+    after: datetime | None = None
+    before: datetime | None = None
+    search_text: str | None = None
+    enable_regex: bool = False
+    regex: re.Pattern[str] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.search_text = self.search_text or None
+        if self.search_text and self.enable_regex:
+            try:
+                self.regex = re.compile(self.search_text)
+            except re.error as e:
+                raise bad_request(f"invalid regular expression: {e}", "searchText") from None
+
+    def apply(self, q: Select[Any]) -> Select[Any]:
+        if self.levels:
+            q = q.where(TaskLog.level.in_(self.levels))
+        if self.stdtypes:
+            q = q.where(TaskLog.stdtype.in_(self.stdtypes))
+        if self.sources:
+            q = q.where(TaskLog.source.in_(self.sources))
+        if self.agent_ids:
+            q = q.where(TaskLog.agent_id.in_(self.agent_ids))
+        if self.rank_ids:
+            q = q.where(TaskLog.rank.in_(self.rank_ids))
+        if self.allocation_ids:
+            q = q.where(TaskLog.allocation_id.in_(self.allocation_ids))
+        if self.after is not None:
+            q = q.where(TaskLog.timestamp > self.after)
+        if self.before is not None:
+            q = q.where(TaskLog.timestamp < self.before)
+        if self.search_text and self.regex is None:
+            # Case-insensitive on both databases (SQLite's LIKE already is, PostgreSQL's is not).
+            q = q.where(func.lower(TaskLog.log).contains(self.search_text.lower(), autoescape=True))
+        return q
+
+    def keep(self, row: TaskLog) -> bool:
+        return self.regex is None or self.regex.search(row.log) is not None
+
+
+@dataclass
+class LogPage:
+    rows: list[TaskLog]  # only those the filter keeps
+    cursor: int | None  # the last row id read (kept or not): where the next page starts
+    fetched: int  # rows read, before the regex filter; a full batch means there may be more
+
+
+def log_page(s: Session, task_id: str, flt: LogFilter, cursor: int | None, *, desc: bool, batch: int) -> LogPage:
+    q = flt.apply(select(TaskLog).where(TaskLog.task_id == task_id))
+    if cursor is not None:
+        q = q.where(TaskLog.id < cursor if desc else TaskLog.id > cursor)
+    rows = list(s.scalars(q.order_by(TaskLog.id.desc() if desc else TaskLog.id.asc()).limit(batch)))
+    return LogPage([r for r in rows if flt.keep(r)], rows[-1].id if rows else cursor, len(rows))
+
+
+def readable_task(s: Session, p: Principal, task_id: str) -> int | None:
+    """Check that `p` may read the task's logs; returns its trial's id (None: not a trial's task)."""
+    trial = s.scalar(select(Trial).where(Trial.task_id == task_id))
+    if trial is not None:
+        access.require_read_trial(p, trial)
+        return trial.id
+    if s.scalar(select(func.count()).where(Allocation.task_id == task_id)) == 0:
+        raise not_found(f"task {task_id!r}")
+    if p.kind is not TokenKind.USER:
+        raise forbidden(f"a {p.kind.value} token cannot read this task's logs")
+    return None
+
+
+def task_over(s: Session, task_id: str, trial_id: int | None) -> bool:
+    """Has the task ended (so a following reader may stop)? A trial's task ends with the trial."""
+    if trial_id is not None:
+        state = s.scalar(select(Trial.state).where(Trial.id == trial_id))
+        return state is None or state in st.TRIAL_TERMINAL
+    live = s.scalar(select(func.count()).where(Allocation.task_id == task_id, Allocation.state.in_(st.ALLOC_LIVE)))
+    return not live

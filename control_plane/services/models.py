@@ -1,0 +1,104 @@
+"""The model registry: named models whose versions point at checkpoints. A version holds its
+checkpoint: it can only point at a live one, and keeps it from deletion and garbage collection."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from control_plane.auth import Principal
+from control_plane.core import states as st
+from control_plane.db.models import Checkpoint, Model, ModelVersion
+from control_plane.errors import Conflict, bad_request, conflict, forbidden, not_found
+from control_plane.master import Master
+
+log = logging.getLogger("shipyard.models")
+
+
+@dataclass(frozen=True)
+class NewModel:
+    name: str
+    description: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    labels: list[str] = field(default_factory=list)
+    notes: str = ""
+
+
+def create_model(s: Session, master: Master, owner: Principal, new: NewModel) -> Model:
+    if s.scalar(select(Model).where(Model.name == new.name)) is not None:
+        raise conflict(f"model {new.name!r} already exists")
+    now = master.clock()
+    m = Model(name=new.name, description=new.description, metadata_=new.metadata, labels=new.labels,
+              notes=new.notes, owner_id=owner.user_id, created_at=now, modified_at=now)
+    s.add(m)
+    s.flush()
+    log.info("event=model_created model=%s by=%s", m.name, owner.username)
+    return m
+
+
+def get_model(s: Session, name: str) -> Model:
+    m = s.scalar(select(Model).where(Model.name == name))
+    if m is None:
+        raise not_found(f"model {name!r}")
+    return m
+
+
+def list_models(s: Session, name: str | None = None, archived: bool | None = None) -> list[Model]:
+    """Models in id order; `name` matches a part of the name."""
+    q = select(Model).order_by(Model.id)
+    if name:
+        q = q.where(Model.name.contains(name))
+    if archived is not None:
+        q = q.where(Model.archived == archived)
+    return list(s.scalars(q))
+
+
+def version_count(s: Session, m: Model) -> int:
+    return s.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.model_id == m.id)) or 0
+
+
+@dataclass(frozen=True)
+class NewModelVersion:
+    checkpoint_uuid: str
+    name: str = ""
+    comment: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    labels: list[str] = field(default_factory=list)
+    notes: str = ""
+
+
+def register_version(s: Session, master: Master, by: Principal, m: Model, new: NewModelVersion) -> ModelVersion:
+    """The model's next version, pointing at a live checkpoint; the model's owner or an admin."""
+    if not by.admin and m.owner_id != by.user_id:
+        raise forbidden("only the model's owner or an admin can register versions")
+    ckpt = s.get(Checkpoint, new.checkpoint_uuid)
+    if ckpt is None:
+        raise bad_request(f"no checkpoint {new.checkpoint_uuid}", "checkpointUuid")
+    if ckpt.state not in st.CKPT_LIVE:
+        raise Conflict(f"checkpoint {ckpt.uuid} is {st.checkpoint_wire_state(ckpt.state)}")
+    last = s.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.model_id == m.id)) or 0
+    now = master.clock()
+    v = ModelVersion(model_id=m.id, version=last + 1, checkpoint_uuid=ckpt.uuid, name=new.name,
+                     comment=new.comment, notes=new.notes, metadata_=new.metadata, labels=new.labels,
+                     owner_id=by.user_id, created_at=now)
+    s.add(v)
+    m.modified_at = now
+    s.flush()
+    log.info("event=model_version_registered model=%s version=%s checkpoint=%s by=%s",
+             m.name, v.version, ckpt.uuid, by.username)
+    return v
+
+
+def list_versions(s: Session, m: Model) -> list[ModelVersion]:
+    return list(s.scalars(select(ModelVersion).where(ModelVersion.model_id == m.id).order_by(ModelVersion.version)))
+
+
+def get_version(s: Session, m: Model, number: int) -> ModelVersion:
+    v = s.scalar(select(ModelVersion).where(ModelVersion.model_id == m.id, ModelVersion.version == number))
+    if v is None:
+        raise not_found(f"version {number} of model {m.name!r}")
+    return v

@@ -1,0 +1,150 @@
+"""The agent protocol (docs/PROTOCOL.md), defined once for both ends: the master's API parses and
+answers with these models, the agent sends and parses the same ones.
+
+Strictness follows the direction: what the agent sends (registration, events) is a StrictWire, so a
+field the master does not know is refused with its name; what the master sends (the registration
+answer, commands, task specs) is a lenient Wire, so a newer master can add fields without breaking
+older agents.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, get_args
+
+from pydantic import AliasChoices, Field, ValidationError, field_serializer, field_validator
+
+from shipyard_common.wire import rfc3339
+from shipyard_common.wire_model import StrictWire, Wire
+
+# The paths of the protocol, relative to the master's URL.
+TOKENS_PATH = "/api/v1/agents/tokens"
+REGISTER_PATH = "/api/v1/agents/register"
+COMMANDS_PATH = "/api/v1/agents/{agentId}/commands"
+EVENTS_PATH = "/api/v1/agents/{agentId}/events"
+
+# How a task's life is reported, in the order it goes through it. "pulling" is reported by runtimes
+# that fetch an image first; the process runtime goes from "starting" to "running".
+TaskEventType = Literal["pulling", "starting", "running", "exited"]
+TASK_EVENT_TYPES: tuple[str, ...] = get_args(TaskEventType)
+SlotType = Literal["cuda", "cpu", "rocm"]
+
+MAX_EVENT_MESSAGE = 8192
+MAX_EVENTS_PER_POST = 10_000
+MAX_SLOTS = 1024
+
+
+class SlotInfo(StrictWire):
+    id: str = Field(min_length=1, max_length=64)
+    type: SlotType = "cpu"
+    uuid: str | None = None
+    brand: str | None = None
+    memory_mb: int | None = None
+
+
+class RegisterRequest(StrictWire):
+    agent_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+    resource_pool: str
+    version: str = ""
+    addresses: list[str] = Field(default_factory=list)
+    instance_id: str | None = None
+    slots: list[SlotInfo] = Field(default_factory=list, max_length=MAX_SLOTS)
+    # The allocations whose tasks this agent still runs: the master keeps those it still wants
+    # there and lists the others in the answer's `kill`.
+    running_allocations: list[str] = Field(default_factory=list)
+
+
+class RegisterResponse(Wire):
+    session_id: str = Field(min_length=1)
+    heartbeat_interval_s: float | None = Field(default=None, validation_alias=AliasChoices(
+        "heartbeatIntervalS", "heartbeatIntervalSeconds", "heartbeat_interval_s"))
+    kill: list[str] = Field(default_factory=list)
+    cluster_id: str | None = None
+
+
+class TaskSpec(Wire):
+    allocation_id: str = Field(min_length=1)
+    task_id: str = ""
+    trial_id: int | None = None
+    experiment_id: int | None = None
+    run_id: int | None = None
+    entrypoint: list[str] | str
+    env: dict[str, str] = Field(default_factory=dict)
+    slot_ids: list[str] = Field(default_factory=list)
+    token: str | None = Field(default=None, repr=False)
+    model_definition_path: str | None = None
+    kill_grace_seconds: float | None = Field(default=None, ge=0)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: object) -> object:
+        # Environment values are strings; a number or bool from a config is passed as its text.
+        if isinstance(v, dict):
+            return {str(k): ("" if val is None else (str(val).lower() if isinstance(val, bool) else str(val)))
+                    for k, val in v.items()}
+        return v
+
+    @field_validator("slot_ids", mode="before")
+    @classmethod
+    def _slot_strings(cls, v: object) -> object:
+        return [str(s) for s in v] if isinstance(v, list) else v
+
+    @property
+    def argv(self) -> list[str]:
+        """The command to run: an argv list as is, a string through `sh -c`."""
+        if isinstance(self.entrypoint, str):
+            return ["sh", "-c", self.entrypoint]
+        return list(self.entrypoint)
+
+
+class StartCommand(Wire):
+    type: Literal["start"] = "start"
+    allocation_id: str
+    spec: TaskSpec
+
+
+class KillCommand(Wire):
+    type: Literal["kill"] = "kill"
+    allocation_id: str
+    grace_seconds: float | None = Field(default=None, ge=0)
+
+
+Command = StartCommand | KillCommand
+
+
+class CommandsResponse(Wire):
+    commands: list[Command] = Field(default_factory=list)
+
+
+class TaskEvent(Wire):
+    allocation_id: str
+    type: TaskEventType
+    pid: int | None = None
+    exit_code: int | None = None
+    message: str | None = Field(default=None, max_length=MAX_EVENT_MESSAGE)
+    time: datetime | None = None
+
+    @field_serializer("time")
+    def _time(self, value: datetime | None) -> str | None:
+        return None if value is None else rfc3339(value)
+
+
+class EventsRequest(StrictWire):
+    session_id: str
+    events: list[TaskEvent] = Field(default_factory=list, max_length=MAX_EVENTS_PER_POST)
+
+
+def parse_command(raw: dict[str, object]) -> Command:
+    """One command of a long-poll answer; raises ValueError with a readable reason, so the agent can
+    refuse one bad command and carry on with the others."""
+    kind = raw.get("type")
+    try:
+        if kind == "start":
+            return StartCommand.model_validate(raw)
+        if kind == "kill":
+            return KillCommand.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ValueError(f"{loc}: {err['msg']}") from None
+    raise ValueError(f"unknown command type {kind!r}")

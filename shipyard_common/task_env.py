@@ -1,0 +1,68 @@
+"""The environment of a trial process: the master writes it into the TaskSpec (`env`), the agent
+passes it on, the harness reads it back (harness/core/_info.py, `ClusterInfo.from_env`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Every variable the master sets for a trial (the agent adds CUDA_VISIBLE_DEVICES and its own
+# DET_AGENT_ID on top).
+TRIAL_ENV_VARS = (
+    "DET_MASTER",
+    "DET_SESSION_TOKEN",
+    "DET_CLUSTER_ID",
+    "DET_TRIAL_ID",
+    "DET_EXPERIMENT_ID",
+    "DET_ALLOCATION_ID",
+    "DET_TASK_ID",
+    "DET_TASK_TYPE",
+    "DET_TRIAL_RUN_ID",
+    "DET_TRIAL_SEED",
+    "DET_HPARAMS",
+    "DET_EXPERIMENT_CONFIG",
+    "DET_LATEST_CHECKPOINT",
+    "DET_SLOT_IDS",
+    "DET_AGENT_ID",
+)
+
+
+@dataclass(frozen=True)
+class TrialEnvironment:
+    master_url: str
+    cluster_id: str
+    agent_id: str
+    task_id: str
+    allocation_id: str
+    session_token: str = field(repr=False)
+    trial_id: int
+    experiment_id: int
+    trial_seed: int
+    trial_run_id: int
+    slot_ids: list[str]
+    hparams: dict[str, Any]
+    experiment_config: dict[str, Any]
+    latest_checkpoint: str | None = None
+    task_type: str = "TRIAL"
+
+    def to_env(self) -> dict[str, str]:
+        env = {
+            "DET_MASTER": self.master_url,
+            "DET_CLUSTER_ID": self.cluster_id,
+            "DET_AGENT_ID": self.agent_id,
+            "DET_SLOT_IDS": json.dumps([str(x) for x in self.slot_ids]),
+            "DET_TASK_ID": self.task_id,
+            "DET_ALLOCATION_ID": self.allocation_id,
+            "DET_SESSION_TOKEN": self.session_token,
+            "DET_TRIAL_ID": str(self.trial_id),
+            "DET_EXPERIMENT_ID": str(self.experiment_id),
+            "DET_TRIAL_SEED": str(self.trial_seed),
+            "DET_TRIAL_RUN_ID": str(self.trial_run_id),
+            "DET_HPARAMS": json.dumps(self.hparams),
+            "DET_EXPERIMENT_CONFIG": json.dumps(self.experiment_config),
+            "DET_LATEST_CHECKPOINT": self.latest_checkpoint or "",
+            "DET_TASK_TYPE": self.task_type,
+        }
+        assert set(env) == set(TRIAL_ENV_VARS)
+        return env

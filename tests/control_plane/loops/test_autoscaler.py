@@ -1,0 +1,407 @@
+"""The autoscaler loop against an in-memory cloud (the Provider interface) and a fake clock, on
+both databases: launch, adopt after a crash, orphans, vanished instances, backoff, idle scale-down,
+teardown. Each test ticks the loop by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from control_plane import auth
+from control_plane.core.states import InstanceState, PoolState
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, Allocation, Instance, ResourcePool, Token
+from control_plane.loops.autoscaler import REQUEST_GRACE, Autoscaler
+from control_plane.master import Master
+from provisioners.base import (
+    CloudInstance,
+    CloudState,
+    ErrorKind,
+    ErrorScope,
+    LaunchResult,
+    LaunchSpec,
+    ProviderError,
+)
+from tests.control_plane.loops.conftest import (
+    ELASTIC,
+    ELASTIC_PROVIDER,
+    T0,
+    FakeClock,
+    FakeCloud,
+    add_agent,
+    add_allocation,
+    agent,
+    allocation,
+    fetch,
+    make_master,
+)
+
+
+def instance_rows(master: Master) -> list[Instance]:
+    with master.sessions() as s:
+        rows = list(s.scalars(select(Instance).order_by(Instance.requested_at, Instance.launch_id)))
+        s.expunge_all()
+        return rows
+
+
+def pool_row(master: Master) -> ResourcePool:
+    return fetch(master, ResourcePool, ELASTIC)
+
+
+def scaler_for(master: Master, cloud: FakeCloud) -> Autoscaler:
+    """An autoscaler whose elastic pool talks to `cloud` (the wrapper replaces the cloud edge)."""
+    cloud.cluster_id = master.cluster_id
+    return Autoscaler(master, wrap_provider=lambda _pool, _provider: cloud)
+
+
+@pytest.fixture
+def cloud(clock: FakeClock) -> FakeCloud:
+    return FakeCloud(clock)
+
+
+def run_on_agent(master: Master, alloc_id: str, agent_id: str) -> None:
+    with transaction(master.sessions) as s:
+        row = s.get(Allocation, alloc_id)
+        assert row is not None
+        row.state, row.agent_id, row.slot_ids, row.started_at = "running", agent_id, ["0"], master.clock()
+
+
+def finish(master: Master, alloc_id: str) -> None:
+    with transaction(master.sessions) as s:
+        row = s.get(Allocation, alloc_id)
+        assert row is not None
+        row.state, row.ended_at, row.end_cause = "terminated", master.clock(), "exited"
+
+
+def booted(master: Master, scaler: Autoscaler, cloud: FakeCloud, clock: FakeClock, alloc_id: str = "a1",
+           ) -> CloudInstance:
+    """Demand, a launch, and the instance running with its agent connected."""
+    add_allocation(master, alloc_id)
+    scaler.tick()
+    [inst] = cloud.instances.values()
+    cloud.set_state(inst.id, CloudState.RUNNING)
+    clock.advance(seconds=5)
+    add_agent(master, inst.id, instance_id=inst.id)
+    scaler.tick()
+    return cloud.instances[inst.id]
+
+
+# -- launch --------------------------------------------------------------------------------------
+
+
+def test_launch_writes_the_row_before_the_call_then_records_the_instance(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    rows_during_call: list[list[tuple[str, str, str | None]]] = []
+    cloud.before_launch = lambda specs: rows_during_call.append(
+        [(r.launch_id, r.state, r.instance_id) for r in instance_rows(loop_master)])
+    add_allocation(loop_master, "a1", slots=2)
+    scaler = scaler_for(loop_master, cloud)
+
+    scaler.tick()
+
+    [[spec]] = cloud.launches
+    assert rows_during_call == [[(spec.launch_id, InstanceState.REQUESTED, None)]]
+    [inst] = cloud.instances.values()
+    [row] = instance_rows(loop_master)
+    assert (row.launch_id, row.state, row.instance_id, row.provider) == (spec.launch_id, "starting", inst.id, "local")
+    assert (row.launched_at, row.location, row.instance_type) == (T0, "zone-a", "fake.large")
+    # A local pool's provider takes only the bootstrap token, bound to this launch and pool.
+    with loop_master.sessions() as s:
+        principal = auth.resolve_token(s, spec.user_data, now=clock())
+    assert principal is not None and principal.kind is auth.TokenKind.BOOTSTRAP
+    assert (principal.launch_id, principal.pool) == (spec.launch_id, ELASTIC)
+    pool = pool_row(loop_master)
+    assert pool.state == PoolState.OK and pool.last_decision is not None and pool.last_decision["launch"] == 1
+
+    # The next ticks see the instance booting, then running: the same demand launches nothing more.
+    clock.advance(seconds=10)
+    scaler.tick()
+    cloud.set_state(inst.id, CloudState.RUNNING)
+    scaler.tick()
+    assert len(cloud.launches) == 1
+    assert [r.state for r in instance_rows(loop_master)] == [InstanceState.RUNNING]
+
+
+class Crash(BaseException):
+    """The master dying at a given point (BaseException: no `except Exception` in the loop catches it)."""
+
+
+class CrashAround:
+    """Wraps the cloud: the master dies right before or right after the launch call."""
+
+    def __init__(self, inner: FakeCloud, *, after: bool) -> None:
+        self.inner, self.after = inner, after
+
+    def launch(self, specs: Sequence[LaunchSpec]) -> LaunchResult:
+        if self.after:
+            self.inner.launch(specs)
+        raise Crash
+
+    def list(self) -> list[CloudInstance]:
+        return self.inner.list()
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        self.inner.terminate(ids)
+
+
+def test_a_crash_between_launch_and_record_is_adopted_without_a_second_launch(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock, db_url: str, tmp_path: Path,
+) -> None:
+    cloud.cluster_id = loop_master.cluster_id
+    add_allocation(loop_master, "a1")
+    with pytest.raises(Crash):
+        Autoscaler(loop_master, wrap_provider=lambda _pool, _p: CrashAround(cloud, after=True)).tick()
+    [row] = instance_rows(loop_master)
+    [inst] = cloud.instances.values()
+    assert (row.state, row.instance_id) == (InstanceState.REQUESTED, None) and inst.launch_id == row.launch_id
+
+    # A new master process on the same database finds the instance by its launch id tag.
+    clock.advance(seconds=20)
+    restarted = make_master(db_url, tmp_path / "state", clock)
+    try:
+        scaler_for(restarted, cloud).tick()
+    finally:
+        restarted.stop()
+    [row] = instance_rows(loop_master)
+    assert (row.state, row.instance_id, row.launched_at) == (InstanceState.STARTING, inst.id, T0)
+    assert len(cloud.launches) == 1 and cloud.terminated == []
+
+
+def test_a_launch_never_confirmed_is_closed_after_the_grace_and_launched_again(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    cloud.cluster_id = loop_master.cluster_id
+    add_allocation(loop_master, "a1")
+    with pytest.raises(Crash):  # the master dies before the call reached the cloud
+        Autoscaler(loop_master, wrap_provider=lambda _pool, _p: CrashAround(cloud, after=False)).tick()
+    scaler = scaler_for(loop_master, cloud)
+    clock.advance(seconds=REQUEST_GRACE.total_seconds() - 1)
+    scaler.tick()  # the launch may still be in flight: it holds the demand
+    assert cloud.launches == [] and [r.state for r in instance_rows(loop_master)] == [InstanceState.REQUESTED]
+
+    clock.advance(seconds=2)
+    scaler.tick()
+    first, second = instance_rows(loop_master)
+    assert (first.state, first.terminate_reason) == (InstanceState.TERMINATED, "launch never confirmed")
+    assert second.state == InstanceState.STARTING and len(cloud.launches) == 1
+
+
+# -- what the cloud has that the record does not, and the reverse ----------------------------------
+
+
+def test_instances_with_this_clusters_tags_and_no_row_are_terminated(
+    loop_master: Master, cloud: FakeCloud,
+) -> None:
+    scaler = scaler_for(loop_master, cloud)
+    orphan = cloud.add("a-launch-id-this-master-never-recorded")
+    scaler.tick()
+    assert cloud.terminated == [orphan.id]
+    assert instance_rows(loop_master) == []  # the sweep records nothing
+    assert cloud.launches == []  # and no demand launches nothing
+
+
+def test_an_instance_that_vanished_closes_its_row_and_ends_its_allocations(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    scaler = scaler_for(loop_master, cloud)
+    inst = booted(loop_master, scaler, cloud, clock)
+    run_on_agent(loop_master, "a1", inst.id)
+    [row] = instance_rows(loop_master)
+    assert row.agent_id == inst.id  # the agent was matched to its instance
+
+    del cloud.instances[inst.id]  # a spot reclaim, or someone deleting it in the console
+    clock.advance(seconds=30)
+    scaler.tick()
+
+    [row] = instance_rows(loop_master)
+    assert row.state == InstanceState.TERMINATED and row.terminate_reason == "instance disappeared from the cloud"
+    assert row.terminated_at == clock()
+    assert agent(loop_master, inst.id).state == "disconnected"
+    ended = allocation(loop_master, "a1")
+    assert (ended.state, ended.end_cause) == ("terminated", "instance_terminated")
+    with loop_master.sessions() as s:
+        [token] = s.scalars(select(Token).where(Token.launch_id == row.launch_id))
+        assert token.revoked_at == clock()  # the instance's bootstrap token dies with it
+    assert cloud.terminated == []
+
+
+# -- launch errors ---------------------------------------------------------------------------------
+
+
+def test_quota_errors_back_the_pool_off_exponentially_and_it_recovers(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    quota = ProviderError(ErrorKind.QUOTA, "vCPU limit reached", scope=ErrorScope.REGION, code="VcpuLimitExceeded",
+                          location="us-east-1")
+    cloud.errors = [quota, quota]
+    scaler = scaler_for(loop_master, cloud)
+    add_allocation(loop_master, "a1")
+
+    scaler.tick()
+    pool = pool_row(loop_master)
+    assert (pool.state, pool.launch_failures, pool.backoff_until) == (PoolState.BACKOFF, 1, T0 + timedelta(seconds=30))
+    assert pool.error is not None and "VcpuLimitExceeded" in pool.error and "region-wide quota" in pool.error
+    [row] = instance_rows(loop_master)
+    assert row.state == InstanceState.TERMINATED and row.terminate_reason.startswith("launch failed: quota")
+
+    clock.advance(seconds=29)
+    scaler.tick()
+    assert len(cloud.launches) == 1
+    decision = pool_row(loop_master).last_decision
+    assert decision is not None and any(r.startswith("not launching: backing off") for r in decision["reasons"])
+
+    clock.advance(seconds=1)
+    scaler.tick()  # over: tries again, fails again, waits twice as long
+    pool = pool_row(loop_master)
+    assert len(cloud.launches) == 2
+    assert (pool.state, pool.launch_failures, pool.backoff_until) == (PoolState.BACKOFF, 2, clock() + timedelta(seconds=60))
+
+    clock.advance(seconds=60)
+    scaler.tick()
+    pool = pool_row(loop_master)
+    assert len(cloud.launches) == 3 and len(cloud.instances) == 1
+    assert (pool.state, pool.launch_failures, pool.backoff_until, pool.error) == (PoolState.OK, 0, None, None)
+
+
+def test_capacity_out_in_one_zone_retries_soon_without_escalating(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    capacity = ProviderError(ErrorKind.CAPACITY, "no g5 in us-east-1a", scope=ErrorScope.ZONE,
+                             code="InsufficientInstanceCapacity", location="subnet-1")
+    cloud.errors = [capacity, capacity]
+    scaler = scaler_for(loop_master, cloud)
+    add_allocation(loop_master, "a1")
+    scaler.tick()
+    assert pool_row(loop_master).backoff_until == clock() + timedelta(seconds=15)
+    clock.advance(seconds=15)
+    scaler.tick()
+    pool = pool_row(loop_master)
+    assert (pool.launch_failures, pool.backoff_until) == (2, clock() + timedelta(seconds=15))
+    assert pool.error is not None and "zone-wide capacity" in pool.error
+    clock.advance(seconds=15)
+    scaler.tick()
+    assert len(cloud.launches) == 3 and pool_row(loop_master).state == PoolState.OK
+
+
+@pytest.mark.parametrize("kind, code", [(ErrorKind.AUTH, "UnauthorizedOperation"),
+                                        (ErrorKind.INVALID, "InvalidAMIID.NotFound")])
+def test_auth_and_invalid_errors_stop_the_pool_until_the_longest_backoff(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock, kind: ErrorKind, code: str,
+) -> None:
+    cloud.errors = [ProviderError(kind, "refused", scope=ErrorScope.CLOUD, code=code)]
+    scaler = scaler_for(loop_master, cloud)
+    add_allocation(loop_master, "a1")
+    scaler.tick()
+    pool = pool_row(loop_master)
+    assert (pool.state, pool.backoff_until) == (PoolState.ERROR, T0 + timedelta(minutes=10))
+    assert pool.error is not None and code in pool.error
+
+    clock.advance(minutes=9)
+    scaler.tick()
+    assert len(cloud.launches) == 1 and pool_row(loop_master).state == PoolState.ERROR
+
+    clock.advance(minutes=1)  # someone fixed the IAM policy: picked up without a restart
+    scaler.tick()
+    assert len(cloud.launches) == 2 and len(cloud.instances) == 1
+    assert pool_row(loop_master).state == PoolState.OK
+
+
+def test_a_pool_with_an_unusable_config_shows_the_error(
+    db_url: str, tmp_path: Path, clock: FakeClock, cloud: FakeCloud,
+) -> None:
+    master = make_master(db_url, tmp_path / "state", clock, {**ELASTIC_PROVIDER, "slots_per_instance": 0})
+    try:
+        scaler_for(master, cloud).tick()
+        pool = pool_row(master)
+    finally:
+        master.stop()
+    assert pool.state == PoolState.ERROR
+    assert pool.error is not None and pool.error.startswith("pool 'elastic' is not usable: slots_per_instance")
+    assert cloud.launches == []
+
+
+# -- scale down and teardown -----------------------------------------------------------------------
+
+
+def test_an_idle_instance_is_terminated_after_max_idle_agent_period(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    scaler = scaler_for(loop_master, cloud)
+    inst = booted(loop_master, scaler, cloud, clock)
+    run_on_agent(loop_master, "a1", inst.id)
+    scaler.tick()
+    finish(loop_master, "a1")
+    with transaction(loop_master.sessions) as s:  # what the placement loop records
+        row = s.get(Agent, inst.id)
+        assert row is not None
+        row.idle_since = clock()
+    idle_from = clock()
+
+    clock.advance(seconds=60)
+    scaler.tick()
+    assert cloud.terminated == []  # idle for exactly max_idle_agent_period: not past it
+
+    clock.advance(seconds=1)
+    scaler.tick()
+    assert cloud.terminated == [inst.id]
+    [row] = instance_rows(loop_master)
+    assert row.state == InstanceState.STOPPING and row.terminate_requested_at == clock()
+    assert row.terminate_reason == "idle for 1m1s (max_idle_agent_period 1m)"
+    assert agent(loop_master, inst.id).enabled is False  # nothing new lands on it meanwhile
+
+    clock.advance(seconds=5)
+    scaler.tick()  # gone from the cloud: the row ends with the reason it was terminated for
+    [row] = instance_rows(loop_master)
+    assert (row.state, row.terminate_reason) == (InstanceState.TERMINATED, "idle for 1m1s (max_idle_agent_period 1m)")
+    assert idle_from < row.terminated_at and len(cloud.launches) == 1
+
+
+def test_teardown_terminates_every_instance_and_enable_launches_again(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    scaler = scaler_for(loop_master, cloud)
+    add_allocation(loop_master, "a1")
+    scaler.tick()
+    orphan = cloud.add("someone-elses-launch")
+    [launched] = [i for i in cloud.instances.values() if i.id != orphan.id]
+
+    assert scaler.terminate_all(ELASTIC) == 2
+    assert sorted(cloud.terminated) == sorted([launched.id, orphan.id]) and cloud.instances == {}
+    [row] = instance_rows(loop_master)
+    assert (row.state, row.terminate_reason) == (InstanceState.TERMINATED, "cluster or pool taken down")
+    assert pool_row(loop_master).state == PoolState.DISABLED
+
+    clock.advance(seconds=10)
+    scaler.tick()  # the trial still waits, but a torn-down pool launches nothing
+    decision = pool_row(loop_master).last_decision
+    assert len(cloud.launches) == 1 and decision is not None
+    assert "not launching: the pool was torn down (enable it to launch again)" in decision["reasons"]
+
+    scaler.enable(ELASTIC)
+    assert pool_row(loop_master).state == PoolState.OK
+    scaler.tick()
+    assert len(cloud.launches) == 2 and len(cloud.instances) == 1
+
+
+def test_a_launch_that_lands_after_teardown_is_swept_as_an_orphan(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    scaler = scaler_for(loop_master, cloud)
+    cloud.before_launch = lambda specs: scaler.terminate_all(ELASTIC)  # teardown while the call is in flight
+    add_allocation(loop_master, "a1")
+    scaler.tick()
+    [inst] = cloud.instances.values()
+    [row] = instance_rows(loop_master)
+    # The closed row stays closed and the pool stays disabled, whatever the late launch reports.
+    assert (row.state, row.instance_id) == (InstanceState.TERMINATED, None)
+    assert pool_row(loop_master).state == PoolState.DISABLED
+
+    cloud.before_launch = None
+    clock.advance(seconds=5)
+    scaler.tick()
+    assert cloud.terminated == [inst.id] and len(cloud.launches) == 1

@@ -1,0 +1,252 @@
+"""The agent service (control_plane/services/agents.py) called directly, on SQLite and PostgreSQL:
+registration and its reconciliation after a restart, the commands an agent is owed, the task event
+state machine, exits, stale sessions and the task spec. The pool loop is ticked by hand."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+from control_plane import auth
+from control_plane.auth import Principal, TokenKind
+from control_plane.core import states as st
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, Allocation, Token, Trial
+from control_plane.errors import Conflict, Invalid, NotFound, PermissionDenied
+from control_plane.loops import placement
+from control_plane.services import agents as service
+from shipyard_common.agent_protocol import (
+    EventsRequest,
+    KillCommand,
+    RegisterRequest,
+    SlotInfo,
+    StartCommand,
+    TaskEvent,
+)
+from tests.control_plane.services import builders
+
+CONFIG: dict[str, Any] = {
+    "name": "agents",
+    "entrypoint": "python3 train.py --fast",
+    "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 20}},
+    "hyperparameters": {"lr": 0.1},
+    "environment": {"environment_variables": {"cpu": ["ON_CPU=1"], "cuda": ["ON_GPU=1"]}},
+}
+
+
+def submit(master, config: dict[str, Any] | None = None) -> int:  # type: ignore[no-untyped-def]
+    return builders.create_experiment(master, yaml.safe_dump(config or CONFIG))
+
+
+def agent_principal(master, pool: str = "default", agent_id: str | None = None) -> Principal:  # type: ignore[no-untyped-def]
+    with transaction(master.sessions) as s:
+        token = service.issue_agent_token(s, master, pool=pool, agent_id=agent_id)
+    with transaction(master.sessions) as s:
+        p = auth.resolve_token(s, token, now=master.clock())
+    assert p is not None and p.kind is TokenKind.AGENT
+    return p
+
+
+def register(master, p: Principal, agent_id: str = "a1", slots: int = 1,  # type: ignore[no-untyped-def]
+             running: list[str] | None = None, slot_type: str = "cpu"):
+    with transaction(master.sessions) as s:
+        return service.register_agent(s, master, p, RegisterRequest(
+            agent_id=agent_id, resource_pool="default", version="test",
+            slots=[SlotInfo(id=str(i), type=slot_type) for i in range(slots)],  # type: ignore[arg-type]
+            running_allocations=running or []))
+
+
+def commands(master, p: Principal, session: str, agent_id: str = "a1") -> list[Any]:  # type: ignore[no-untyped-def]
+    with transaction(master.sessions) as s:
+        return service.pending_commands(s, master, p, agent_id, session)
+
+
+def report(master, p: Principal, session: str, alloc: str, kind: str, exit_code: int | None = None,  # type: ignore[no-untyped-def]
+           message: str | None = None, agent_id: str = "a1") -> None:
+    with transaction(master.sessions) as s:
+        service.apply_events(s, master, p, agent_id, EventsRequest(session_id=session, events=[
+            TaskEvent(allocation_id=alloc, type=kind, exit_code=exit_code, message=message)]))  # type: ignore[arg-type]
+
+
+def states(master, alloc_id: str) -> tuple[str, str | None]:  # type: ignore[no-untyped-def]
+    """(allocation state, its trial's state)"""
+    with transaction(master.sessions) as s:
+        alloc = s.get(Allocation, alloc_id)
+        assert alloc is not None
+        trial = s.get(Trial, alloc.trial_id)
+        return alloc.state, trial.state if trial else None
+
+
+def started(master, p: Principal, session: str, count: int = 1) -> list[StartCommand]:  # type: ignore[no-untyped-def]
+    placement.tick(master)
+    cmds = commands(master, p, session)
+    assert len(cmds) == count and all(isinstance(c, StartCommand) for c in cmds)
+    return cmds
+
+
+def one_task(master, slot_type: str = "cpu") -> tuple[Principal, str, StartCommand]:  # type: ignore[no-untyped-def]
+    """A submitted single-trial experiment, a registered one-slot agent and the start it is owed:
+    (the agent's credential, its session, the start command)."""
+    submit(master)
+    p = agent_principal(master)
+    session = register(master, p, slot_type=slot_type).session_id
+    (cmd,) = started(master, p, session)
+    return p, session, cmd
+
+
+def test_register_records_the_agent_under_a_new_session(master) -> None:  # type: ignore[no-untyped-def]
+    p = agent_principal(master)
+    first = register(master, p, slots=2)
+    assert first.session_id and first.kill == [] and first.cluster_id == master.cluster_id
+    assert first.heartbeat_interval_s == service.HEARTBEAT_INTERVAL_S
+    with transaction(master.sessions) as s:
+        agent = s.get(Agent, "a1")
+        assert agent is not None and agent.state == st.AGENT_CONNECTED and agent.pool == "default"
+        assert [sl["id"] for sl in agent.slots] == ["0", "1"] and agent.version == "test"
+    second = register(master, p, slots=2)
+    assert second.session_id != first.session_id
+    # The first session is over: the agent must use the new one.
+    with pytest.raises(Conflict, match="stale agent session"):
+        commands(master, p, first.session_id)
+    assert commands(master, p, second.session_id) == []
+    assert [v.agent.id for v in _list(master)] == ["a1"]
+
+
+def _list(master) -> list[service.AgentView]:  # type: ignore[no-untyped-def]
+    with transaction(master.sessions) as s:
+        return service.list_agents(s, "default")
+
+
+def test_register_refusals(master) -> None:  # type: ignore[no-untyped-def]
+    p = agent_principal(master)
+    with pytest.raises(Invalid, match="slot ids must be unique"), transaction(master.sessions) as s:
+        service.register_agent(s, master, p, RegisterRequest(
+            agent_id="a1", resource_pool="default", slots=[SlotInfo(id="0"), SlotInfo(id="0")]))
+    with pytest.raises(Invalid, match="no resource pool named 'nope'"), transaction(master.sessions) as s:
+        service.register_agent(s, master, p, RegisterRequest(agent_id="a1", resource_pool="nope"))
+    with pytest.raises(Invalid, match="no resource pool named 'nope'"), transaction(master.sessions) as s:
+        service.issue_agent_token(s, master, pool="nope")
+    bound = agent_principal(master, agent_id="a2")
+    with pytest.raises(PermissionDenied, match="another agent"):
+        register(master, bound, agent_id="a1")
+    session = register(master, p).session_id
+    with pytest.raises(PermissionDenied, match="does not belong to that agent"):
+        commands(master, bound, session)
+    with pytest.raises(NotFound):
+        commands(master, p, session, agent_id="ghost")
+
+
+def test_start_command_carries_the_task_spec(master) -> None:  # type: ignore[no-untyped-def]
+    p, session, cmd = one_task(master)
+    spec = cmd.spec
+    exp_id = spec.experiment_id
+    assert spec.allocation_id == cmd.allocation_id and exp_id is not None
+    with transaction(master.sessions) as s:
+        trial = s.get(Trial, spec.trial_id)
+        assert trial is not None and trial.experiment_id == exp_id and spec.run_id is not None
+    assert spec.argv == ["sh", "-c", "python3 train.py --fast"]
+    assert spec.slot_ids == ["0"] and spec.model_definition_path == f"/api/v1/experiments/{exp_id}/model_def"
+    assert spec.kill_grace_seconds == master.config.task_kill_grace_s
+    env = spec.env
+    assert env["ON_CPU"] == "1" and "ON_GPU" not in env  # the variables of this agent's device type
+    assert env["DET_EXPERIMENT_ID"] == str(exp_id) and env["DET_TRIAL_ID"] == str(spec.trial_id)
+    assert env["DET_ALLOCATION_ID"] == cmd.allocation_id and env["DET_AGENT_ID"] == "a1"
+    assert json.loads(env["DET_HPARAMS"]) == {"lr": 0.1} and json.loads(env["DET_SLOT_IDS"]) == ["0"]
+    assert json.loads(env["DET_EXPERIMENT_CONFIG"])["entrypoint"] == CONFIG["entrypoint"]
+    assert env["DET_MASTER"] == master.config.advertised_url and env["DET_TASK_TYPE"] == "TRIAL"
+    # The token is the allocation's own credential, recorded for it.
+    assert env["DET_SESSION_TOKEN"] == spec.token
+    with transaction(master.sessions) as s:
+        trial_p = auth.resolve_token(s, spec.token or "", now=master.clock())
+    assert trial_p is not None and trial_p.kind is TokenKind.ALLOCATION
+    assert trial_p.allocation_id == cmd.allocation_id and trial_p.trial_id == spec.trial_id
+    # Level-triggered: the start is repeated until the agent reports the task.
+    assert [c.allocation_id for c in commands(master, p, session)] == [cmd.allocation_id]
+
+
+def test_a_gpu_agent_gets_the_cuda_variables(master) -> None:  # type: ignore[no-untyped-def]
+    _, _, cmd = one_task(master, slot_type="cuda")
+    assert cmd.spec.env["ON_GPU"] == "1" and "ON_CPU" not in cmd.spec.env
+
+
+def test_events_move_the_allocation_forward_only(master) -> None:  # type: ignore[no-untyped-def]
+    p, session, cmd = one_task(master)
+    alloc = cmd.allocation_id
+    assert states(master, alloc) == (st.ALLOC_ASSIGNED, st.TRIAL_QUEUED)
+    report(master, p, session, alloc, "pulling")
+    assert states(master, alloc) == (st.ALLOC_PULLING, st.TRIAL_PULLING)
+    assert commands(master, p, session) == []  # reported: no more start
+    report(master, p, session, alloc, "starting")
+    assert states(master, alloc) == (st.ALLOC_STARTING, st.TRIAL_STARTING)
+    report(master, p, session, alloc, "running")
+    assert states(master, alloc) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    with transaction(master.sessions) as s:
+        started_at = s.get(Allocation, alloc).started_at  # type: ignore[union-attr]
+    assert started_at is not None
+    # Late or repeated events change nothing.
+    report(master, p, session, alloc, "pulling")
+    report(master, p, session, alloc, "running")
+    assert states(master, alloc) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    with transaction(master.sessions) as s:
+        assert s.get(Allocation, alloc).started_at == started_at  # type: ignore[union-attr]
+    # An event for an allocation that is not there is ignored, not an error.
+    report(master, p, session, "no-such-allocation", "running")
+
+
+def test_exit_ends_the_allocation_and_revokes_its_token(master) -> None:  # type: ignore[no-untyped-def]
+    p, session, cmd = one_task(master)
+    alloc = cmd.allocation_id
+    report(master, p, session, alloc, "running")
+    report(master, p, session, alloc, "exited", exit_code=3, message="exited with code 3")
+    with transaction(master.sessions) as s:
+        row = s.get(Allocation, alloc)
+        assert row is not None and row.state == st.ALLOC_TERMINATED
+        assert (row.end_cause, row.exit_code, row.exit_reason) == (st.CAUSE_EXITED, 3, "exited with code 3")
+        tokens = list(s.scalars(select(Token).where(Token.allocation_id == alloc)))
+        assert tokens and all(t.revoked_at is not None for t in tokens)
+        assert auth.resolve_token(s, cmd.spec.token or "", now=master.clock()) is None
+    # A repeated exit is ignored.
+    report(master, p, session, alloc, "exited", exit_code=0)
+    with transaction(master.sessions) as s:
+        assert s.get(Allocation, alloc).exit_code == 3  # type: ignore[union-attr]
+
+
+def test_kill_is_commanded_until_the_exit_is_reported(master) -> None:  # type: ignore[no-untyped-def]
+    p, session, cmd = one_task(master)
+    report(master, p, session, cmd.allocation_id, "running")
+    with transaction(master.sessions) as s:
+        s.get(Allocation, cmd.allocation_id).kill_requested = True  # type: ignore[union-attr]
+    (kill,) = commands(master, p, session)
+    assert isinstance(kill, KillCommand) and kill.allocation_id == cmd.allocation_id
+    assert kill.grace_seconds == master.config.task_kill_grace_s
+    report(master, p, session, cmd.allocation_id, "exited", exit_code=143)
+    with transaction(master.sessions) as s:
+        assert s.get(Allocation, cmd.allocation_id).end_cause == st.CAUSE_KILLED  # type: ignore[union-attr]
+    assert commands(master, p, session) == []
+
+
+def test_reregistration_after_an_agent_restart_reconciles_its_tasks(master) -> None:  # type: ignore[no-untyped-def]
+    submit(master, {**CONFIG, "searcher": {"name": "random", "metric": "loss", "max_trials": 2,
+                                           "max_length": {"batches": 20}},
+                    "hyperparameters": {"lr": {"type": "double", "minval": 0.01, "maxval": 0.1}}})
+    p = agent_principal(master)
+    session = register(master, p, slots=2).session_id
+    kept, lost = (c.allocation_id for c in started(master, p, session, count=2))
+    for alloc in (kept, lost):
+        report(master, p, session, alloc, "running")
+    # The agent comes back still running one task, plus one the master never gave it.
+    again = register(master, p, slots=2, running=[kept, "from-before"])
+    assert again.kill == ["from-before"]
+    assert states(master, kept) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    with transaction(master.sessions) as s:
+        row = s.get(Allocation, lost)
+        assert row is not None and row.state == st.ALLOC_TERMINATED and row.end_cause == st.CAUSE_AGENT_LOST
+    # The old session is stale for events too.
+    with pytest.raises(Conflict):
+        report(master, p, session, kept, "exited", exit_code=0)
+    assert states(master, kept)[0] == st.ALLOC_RUNNING
+    assert [v.allocations[0].id for v in _list(master) if v.allocations] == [kept]
