@@ -47,12 +47,11 @@ PACKAGES = ("python3", "python3-venv", "python3-yaml", "python3-httpx", "python3
 # The same libraries for the venv fallback, pinned to the master's own versions when known.
 PIP_REQUIREMENTS = {"httpx": "httpx", "pyyaml": "PyYAML", "pydantic": "pydantic", "tenacity": "tenacity"}
 
-# Agent defaults for cloud instances: ride out a master restart (minutes), then give up and power
-# off rather than bill an instance nobody can use.
+# Agent defaults for cloud instances: ride out any master outage of less than half an hour (the
+# trials keep running meanwhile), then give up and power off rather than bill an instance nobody
+# can use. Time, not attempts: the wait between attempts is capped by the master.
 DEFAULT_AGENT_CONFIG: dict[str, Any] = {
-    "agent_reconnect_attempts": 20,
-    "agent_reconnect_backoff": 5,
-    "agent_reconnect_backoff_max": 30,
+    "reconnect_give_up_s": 1800,
     "on_connection_lost": "systemctl poweroff || shutdown -h now",
 }
 # Set by the bootstrap itself: a pool's `agent:` options may not change them.

@@ -52,12 +52,9 @@ DEPS_CHECK = (
     "assert int(pydantic.VERSION.split('.')[0]) >= 2, 'pydantic 2 needed'; "
     "print(sys.version.split()[0])"
 )
-# A static host keeps trying for hours (it is not billed by the minute), and is never powered off.
-STATIC_AGENT_DEFAULTS: dict[str, Any] = {
-    "agent_reconnect_attempts": 1000,
-    "agent_reconnect_backoff": 5,
-    "agent_reconnect_backoff_max": 60,
-}
+# A static host keeps trying for as long as it runs (it is not billed by the minute), and is never
+# powered off: the agent's own defaults (no give-up limit, backoff capped by the master).
+STATIC_AGENT_DEFAULTS: dict[str, Any] = {}
 
 
 class SshBootstrapError(Exception):

@@ -36,8 +36,8 @@ from sqlalchemy import event
 import control_plane.db.engine as engine_mod
 import control_plane.master as master_mod
 _orig = engine_mod.make_engine
-def make_engine(url):
-    engine = _orig(url)
+def make_engine(url, **kwargs):
+    engine = _orig(url, **kwargs)
     if url.startswith("sqlite"):
         @event.listens_for(engine, "connect")
         def _full(dbapi_conn, _record):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.errors import CliError
+from shipyard_common import private_files
 from shipyard_common.processes import pid_alive, start_session, stop_process_group
 
 
@@ -35,8 +36,7 @@ class LocalCluster:
             return {}
 
     def write(self, data: dict[str, Any]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.run_file.write_text(json.dumps(data, indent=2))
+        private_files.write_private(self.run_file, json.dumps(data, indent=2).encode())
 
 
 def alive(pid: int | None) -> bool:
@@ -70,16 +70,15 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
     current = cluster.read()
     if current and alive(current.get("master_pid")):
         raise CliError(f"a local cluster is already running at {current['master_url']} (det deploy local down first)")
-    state_dir.mkdir(parents=True, exist_ok=True)
+    # 0700: it holds the admin password, the agent token, the master's database and token key.
+    private_files.private_dir(state_dir)
     pw_file = state_dir / "admin-password"
     if pw_file.exists():
         password = pw_file.read_text().strip()
         new_password = False
     else:
         password = secrets.token_urlsafe(15)
-        fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(password)
+        private_files.write_private(pw_file, password.encode())
         new_password = True
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, SHIPYARD_ADMIN_PASSWORD=password)
@@ -101,9 +100,8 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
         s = session.Session(url, token)
         agent_token = s.post("/api/v1/agents/tokens", {"resourcePool": "default"})["token"]
         token_file = state_dir / "agent-token"
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(agent_token)
+        private_files.write_private(token_file, agent_token.encode())
+        private_files.private_dir(state_dir / "agents")
         agent_env = {k: v for k, v in os.environ.items() if k != "SHIPYARD_ADMIN_PASSWORD"}
         for i in range(agents):
             agent_id = f"local-{i}"

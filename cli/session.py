@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.errors import CliError
+from shipyard_common import private_files
 
 DEFAULT_MASTER = "http://localhost:8080"
 
@@ -38,12 +39,8 @@ class TokenStore:
             return {}
 
     def _save(self, data: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, self.path)
+        # 0600 from creation (a leftover temporary file with another mode is never reused).
+        private_files.write_private(self.path, json.dumps(data).encode())
 
     def get(self, master: str, user: str | None = None) -> tuple[str | None, str | None]:
         entry = self._load().get(master) or {}

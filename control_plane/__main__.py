@@ -70,8 +70,10 @@ def serve(config, *, wrap_provider: ProviderWrapper | None = None) -> int:  # ty
     start_background(master, wrap_provider=wrap_provider)
     app = create_app(master)
     server = uvicorn.Server(
+        # keep-alive longer than clients back off after a 503 (up to 15 s), so a client coming back
+        # does not race the server closing its idle connection (a reset instead of an answer).
         uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
-                       timeout_graceful_shutdown=5, log_config=None)
+                       timeout_graceful_shutdown=5, log_config=None, timeout_keep_alive=75)
     )
 
     def _term(_sig, _frm):  # type: ignore[no-untyped-def]

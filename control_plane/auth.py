@@ -4,16 +4,26 @@ Passwords: Determined's client hashes on its side (salted SHA-512, `isHashed=tru
 form is normalised to that same value, and only an Argon2id hash of it is stored. So both login
 forms work and a leaked database gives neither form away.
 
-Tokens: 32 random bytes, URL-safe; the database keeps only their SHA-256.
+Tokens: 32 random bytes, URL-safe; the database keeps only their SHA-256. Tokens the master must
+re-derive (an allocation's, sent again with every repeated start command) are an HMAC under a key
+kept in a 0600 file outside the database (`load_token_key`), so a copy of the database mints none.
+
+Logins: an unknown username costs one Argon2 verification like a known one (`verify_login`), and
+failures are throttled per username and per source address (`LoginThrottle`).
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
+import logging
+import math
 import secrets
+import threading
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -21,6 +31,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.db.models import Token, User
+from shipyard_common import private_files
+
+log = logging.getLogger("shipyard.auth")
 
 # Determined's client-side salt (determined/common/api/authentication.py); public by design.
 DETERMINED_PASSWORD_SALT = "GubPEmmotfiK9TMD6Zdw"
@@ -34,6 +47,9 @@ class TokenKind(enum.StrEnum):
     AGENT = "agent"
     ALLOCATION = "allocation"
     BOOTSTRAP = "bootstrap"
+    # One agent's own identity, issued at its enrolment (services/agents.py); the pool's agent
+    # tokens and bootstrap tokens only enrol.
+    AGENT_CREDENTIAL = "agent_credential"
 
 
 def client_hash(password: str) -> str:
@@ -49,6 +65,22 @@ def verify_password(stored: str, password: str, *, is_hashed: bool = False) -> b
         return _hasher.verify(stored, password if is_hashed else client_hash(password))
     except (VerificationError, InvalidHashError):
         return False
+
+
+_dummy_hash: str | None = None
+
+
+def verify_login(user: User | None, password: str, *, is_hashed: bool) -> bool:
+    """Whether `password` is `user`'s. For an unknown user (None) the same Argon2 verification runs
+    against a hash made with the same parameters, so the answer takes as long as for a known user
+    with a wrong password and timing does not tell which usernames exist."""
+    global _dummy_hash
+    if user is not None:
+        return verify_password(user.password_hash, password, is_hashed=is_hashed)
+    if _dummy_hash is None:
+        _dummy_hash = _hasher.hash(secrets.token_hex(16))
+    verify_password(_dummy_hash, password, is_hashed=is_hashed)
+    return False
 
 
 def password_problem(password: str) -> str | None:
@@ -154,3 +186,100 @@ def revoke_token(session: Session, token_id: int, *, now: datetime) -> None:
     row = session.get(Token, token_id)
     if row is not None and row.revoked_at is None:
         row.revoked_at = now
+
+
+# -- the token key ------------------------------------------------------------------------------
+TOKEN_KEY_BYTES = 32
+
+
+class TokenKeyError(Exception):
+    """The token key file is unusable; the message names the file and what is wrong."""
+
+
+def load_token_key(path: Path) -> bytes:
+    """The key allocation tokens are derived from, read from `path`, or created there (random,
+    mode 0600 in a 0700 directory) when there is none. Two masters creating a shared file at once
+    both end up with the one written first."""
+    if not path.exists():
+        key = secrets.token_bytes(TOKEN_KEY_BYTES)
+        if private_files.write_private(path, key.hex().encode() + b"\n", exclusive=True):
+            log.info("event=token_key_created path=%s", path)
+            return key
+    try:
+        text = path.read_text(encoding="ascii").strip()
+        key = bytes.fromhex(text)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise TokenKeyError(f"token secret file {path}: cannot read a hex key ({e})") from None
+    if len(key) < TOKEN_KEY_BYTES:
+        raise TokenKeyError(f"token secret file {path}: the key must be at least {TOKEN_KEY_BYTES} bytes "
+                            f"({2 * TOKEN_KEY_BYTES} hex digits)")
+    if (mode := private_files.loose_mode(path)) is not None:
+        log.warning("event=token_key_readable_by_others path=%s mode=%o hint=chmod_600", path, mode)
+    return key
+
+
+# -- login throttling ---------------------------------------------------------------------------
+class LoginThrottled(Exception):
+    def __init__(self, scope: str, retry_after_s: float) -> None:
+        super().__init__(scope)
+        self.scope = scope  # "user" or "address"
+        self.retry_after_s = retry_after_s
+
+
+class LoginThrottle:
+    """Failed logins per username and per source address in a sliding window, in memory (a
+    restart forgets them; that is one window's worth of extra guesses at most). Once a key has
+    `max_failures` failures in the window, attempts for it are refused until the oldest leaves the
+    window; a successful login clears its username's failures. Time is an argument (seconds)."""
+
+    MAX_KEYS = 100_000  # bounds memory under a spray of usernames; the oldest keys go first
+
+    def __init__(self, *, per_user: int, per_address: int, window_s: float) -> None:
+        self.limits = {"user": per_user, "address": per_address}
+        self.window_s = window_s
+        self._failures: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _recent(self, key: tuple[str, str], now: float) -> deque[float] | None:
+        q = self._failures.get(key)
+        if q is None:
+            return None
+        while q and q[0] <= now - self.window_s:
+            q.popleft()
+        if not q:
+            del self._failures[key]
+            return None
+        return q
+
+    def attempt(self, username: str, address: str | None, now: float) -> None:
+        """Count a login attempt as a failure up front, or raise LoginThrottled if the username or
+        the address has used up its failures. Counting before the password is checked means
+        concurrent guesses cannot all slip past the limit while their hashes are computed."""
+        keys = [(scope, value) for scope, value in (("user", username), ("address", address)) if value is not None]
+        with self._lock:
+            for key in keys:
+                q = self._recent(key, now)
+                if q is not None and len(q) >= self.limits[key[0]]:
+                    raise LoginThrottled(key[0], max(1.0, math.ceil(q[0] + self.window_s - now)))
+            for key in keys:
+                q = self._recent(key, now)
+                if q is None:
+                    q = self._failures[key] = deque()
+                q.append(now)
+                self._failures.move_to_end(key)
+            while len(self._failures) > self.MAX_KEYS:
+                self._failures.popitem(last=False)
+
+    def succeeded(self, username: str, address: str | None, attempted_at: float) -> None:
+        """The attempt made at `attempted_at` was a good password: forget the username's failures
+        and take this attempt back from the address's."""
+        with self._lock:
+            self._failures.pop(("user", username), None)
+            q = self._failures.get(("address", address)) if address is not None else None
+            if q is not None:
+                try:
+                    q.remove(attempted_at)
+                except ValueError:
+                    pass
+                if not q:
+                    del self._failures[("address", address)]  # type: ignore[arg-type]

@@ -18,6 +18,9 @@ from control_plane.core import scheduling
 
 ENV_PREFIX = "SHIPYARD_"
 DEFAULT_POOL = "default"
+# Connections of the pool kept for the background loops (placement, autoscaler, checkpoint GC, and
+# one spare), never taken by requests.
+LOOP_CONNECTIONS = 4
 
 
 class ConfigError(Exception):
@@ -67,14 +70,46 @@ class MasterConfig(_Strict):
     default_resource_pool: str = DEFAULT_POOL
     checkpoint_storage: dict[str, Any] | None = None
     token_ttl_hours: float = Field(24 * 7, gt=0)
+    # The key allocation tokens are derived from; kept out of the database so that a copy of the
+    # database cannot mint tokens. Default: <state_dir>/token-secret. Masters sharing a database
+    # must share this file.
+    token_secret_file: Path | None = None
+    # Login throttling: after this many failed logins in the window, further attempts for that
+    # username (or from that address) get 429 until the oldest failure leaves the window.
+    login_max_failures_per_user: int = Field(10, ge=1)
+    login_max_failures_per_address: int = Field(50, ge=1)
+    login_failure_window_s: float = Field(300.0, gt=0)
+    # Request bodies, enforced while they are read (413): `max_request_bytes` for creating an
+    # experiment (its model definition travels base64 in the JSON), `max_body_bytes` for any other.
     max_request_bytes: int = Field(160 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
     model_def_max_bytes: int = Field(96 * 1024 * 1024, gt=0)
     max_grid_trials: int = Field(10_000, gt=0)
+    # An agent that has not polled for this long is disconnected: nothing new is placed on it.
     agent_heartbeat_timeout_s: float = Field(20.0, gt=0)
+    # The longest wait between an agent's reconnect attempts. The master tells agents at
+    # registration and they never wait longer (their own agent_reconnect_backoff_max only lowers
+    # it). The agent-lost grace derives from it: an agent silent for agent_reconnect_cap_s +
+    # agent_heartbeat_timeout_s (counted from the master's start after a restart) is lost and its
+    # allocations end; a live agent retries within the cap, and the timeout covers one slow attempt.
+    agent_reconnect_cap_s: float = Field(15.0, gt=0, le=3600)
     scheduler_interval_s: float = Field(0.5, gt=0)
     task_kill_grace_s: float = Field(10.0, ge=0)
+    # Load: the connection pool, and how many requests that use the database run at once (default:
+    # the pool minus what the background loops keep for themselves). Past that, up to
+    # `request_queue` requests wait at most `request_queue_wait_s`; the rest get 503 + Retry-After.
+    db_pool_size: int = Field(12, ge=2, le=1000)
+    db_pool_timeout_s: float = Field(3.0, gt=0, le=60)
+    max_concurrent_requests: int | None = Field(default=None, ge=1)
+    # The cluster's own lane: agents (registration, command polls, events, log shipping) and trials
+    # (metrics, checkpoints, searcher, preemption). However busy users keep the master, agents
+    # still heartbeat and trials still report, so user load never fails a trial.
+    cluster_concurrent_requests: int = Field(3, ge=1, le=1000)
+    request_queue: int = Field(64, ge=0, le=100_000)
+    request_queue_wait_s: float = Field(1.0, ge=0, le=30)
+    retry_after_s: int = Field(1, ge=1, le=60)
 
-    @field_validator("state_dir", mode="before")
+    @field_validator("state_dir", "token_secret_file", mode="before")
     @classmethod
     def _expand(cls, v: Any) -> Any:
         return Path(os.path.expanduser(str(v))) if v is not None else v
@@ -91,11 +126,34 @@ class MasterConfig(_Strict):
             raise ValueError(
                 f"default_resource_pool: {self.default_resource_pool!r} is not one of the pools {names}"
             )
+        if self.request_limit + self.cluster_concurrent_requests > self.db_pool_size - 1:
+            raise ValueError(
+                f"max_concurrent_requests: {self.request_limit} plus cluster_concurrent_requests "
+                f"({self.cluster_concurrent_requests}) must stay below db_pool_size ({self.db_pool_size}), "
+                "or admitted requests would wait for a connection"
+            )
         return self
+
+    @property
+    def request_limit(self) -> int:
+        """User requests admitted at once: each holds at most one connection; the cluster's lane and
+        the background loops (LOOP_CONNECTIONS) keep their part of the pool."""
+        if self.max_concurrent_requests is not None:
+            return self.max_concurrent_requests
+        return max(1, self.db_pool_size - LOOP_CONNECTIONS - self.cluster_concurrent_requests)
 
     @property
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{self.state_dir / 'shipyard.db'}"
+
+    @property
+    def token_secret_path(self) -> Path:
+        return self.token_secret_file or self.state_dir / "token-secret"
+
+    @property
+    def agent_lost_grace_s(self) -> float:
+        """How long an agent may be silent (or, after a restart, absent) before it is lost."""
+        return self.agent_reconnect_cap_s + self.agent_heartbeat_timeout_s
 
     @property
     def advertised_url(self) -> str:
@@ -127,6 +185,12 @@ _ENV_FIELDS = (
     "log_level",
     "default_resource_pool",
     "token_ttl_hours",
+    "db_pool_size",
+    "max_concurrent_requests",
+    "cluster_concurrent_requests",
+    "request_queue",
+    "request_queue_wait_s",
+    "token_secret_file",
 )
 
 

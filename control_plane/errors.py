@@ -46,6 +46,14 @@ class TooLarge(DomainError):
     """A body or a value beyond its limit."""
 
 
+class TooManyRequests(DomainError):
+    """The caller already has as much of this under way as it may (a per-user limit); retry later."""
+
+    def __init__(self, message: str, retry_after_s: int = 1, details: list[FieldProblem] | None = None) -> None:
+        super().__init__(message, details)
+        self.retry_after_s = retry_after_s
+
+
 class Internal(DomainError):
     """The record is inconsistent: a bug, never the caller's fault."""
 

@@ -24,6 +24,7 @@ from control_plane.config import MasterConfig
 from control_plane.db import migrate
 from control_plane.db.engine import make_engine, make_session_factory, read_only, transaction
 from control_plane.db.models import ClusterInfo, ResourcePool, User
+from shipyard_common import private_files
 
 log = logging.getLogger("shipyard.master")
 
@@ -43,7 +44,8 @@ class Master:
     def __init__(self, config: MasterConfig, *, clock: Clock = system_clock) -> None:
         self.config = config
         self.clock = clock
-        self.engine = make_engine(config.database_url)
+        self.engine = make_engine(config.database_url, pool_size=config.db_pool_size,
+                                  pool_timeout_s=config.db_pool_timeout_s)
         self.sessions: sessionmaker[Session] = make_session_factory(self.engine)
         # Reads (token checks, GETs, long-poll checks) that never wait behind a writer on SQLite.
         self.read_sessions: sessionmaker[Session] = make_session_factory(read_only(self.engine))
@@ -58,7 +60,10 @@ class Master:
         self._wake_seq = 0
         self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
         self._waiters_lock = threading.Lock()
-        self.token_secret = b""
+        self.token_secret = b""  # loaded by prepare() from config.token_secret_path, never from the db
+        self.login_throttle = auth.LoginThrottle(per_user=config.login_max_failures_per_user,
+                                                 per_address=config.login_max_failures_per_address,
+                                                 window_s=config.login_failure_window_s)
         self.stopping = threading.Event()
         self.autoscaler: Any = None  # set by runtime.start_background when pools are elastic
         self._threads: list[threading.Thread] = []
@@ -66,21 +71,35 @@ class Master:
     # -- start-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
         """Migrate, create the cluster id and the first admin, sync pools. Idempotent."""
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        private_files.private_dir(self.config.state_dir)
+        if (mode := private_files.loose_mode(self.config.state_dir)) is not None:
+            log.warning("event=state_dir_readable_by_others path=%s mode=%o hint=chmod_700",
+                        self.config.state_dir, mode)
         migrate.upgrade(self.engine)
+        try:
+            self.token_secret = auth.load_token_key(self.config.token_secret_path)
+        except auth.TokenKeyError as e:
+            raise SystemExit(str(e)) from None
         with transaction(self.sessions) as s:
             row = s.get(ClusterInfo, "cluster_id")
             if row is None:
                 row = ClusterInfo(key="cluster_id", value=str(uuid.uuid4()))
                 s.add(row)
             self.cluster_id = row.value
-            secret = s.get(ClusterInfo, "token_secret")
-            if secret is None:
-                secret = ClusterInfo(key="token_secret", value=secrets.token_hex(32))
-                s.add(secret)
-            self.token_secret = bytes.fromhex(secret.value)
+            self._drop_token_key_from_db(s)
             self._ensure_admin(s)
             self._sync_pools(s)
+
+    @staticmethod
+    def _drop_token_key_from_db(s: Session) -> None:
+        """Older versions kept the token key in the database, where anyone who could read the file
+        could mint a token for any allocation. It is not carried over: the key in the file is a new
+        one, so that key is worthless from now on. Tokens already issued stay valid (the database
+        holds their hashes), so running trials are not disturbed; only new tokens use the new key."""
+        legacy = s.get(ClusterInfo, "token_secret")
+        if legacy is not None:
+            s.delete(legacy)
+            log.info("event=token_key_removed_from_database")
 
     def _ensure_admin(self, s: Session) -> None:
         if s.scalar(select(User).where(User.username == "admin")) is not None:

@@ -63,17 +63,18 @@ RESERVED_TAG_COUNT = 6  # Name + the five shipyard:* tags
 
 # States that still hold (or may soon hold) capacity or cost. "stopped" is included because the
 # Provider contract is "every non-terminated instance": a stopped pool instance (someone stopped it
-# by hand) must stay visible so that the autoscaler can terminate it.
+# by hand) still bills its EBS volumes and must stay visible so that the autoscaler terminates it.
 LISTED_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
 
 _STATE_MAP: dict[str, CloudState] = {
     "pending": CloudState.PENDING,
     "running": CloudState.RUNNING,
     "stopping": CloudState.STOPPING,
-    "stopped": CloudState.STOPPING,
+    "stopped": CloudState.STOPPED,
     "shutting-down": CloudState.STOPPING,
     "terminated": CloudState.TERMINATED,
 }
+DESCRIBE_IDS_CHUNK = 1000  # DescribeInstances takes up to 1000 InstanceIds per call
 
 # --- error taxonomy ---------------------------------------------------------------------------
 
@@ -564,6 +565,16 @@ class AwsProvider(Provider):
         except BotoCoreError as exc:
             raise _transport_error(exc, self.cfg.region) from exc
 
+    def describe(self, ids: Sequence[str]) -> dict[str, CloudInstance | None]:
+        """Each instance by id, whatever its state (a terminated one stays visible for about an
+        hour), or None for an id AWS does not know. Right after RunInstances AWS may answer
+        "not found" for an instance it has (eventual consistency): the caller weighs that."""
+        unique = list(dict.fromkeys(ids))
+        out: dict[str, CloudInstance | None] = {}
+        for start in range(0, len(unique), DESCRIBE_IDS_CHUNK):
+            out.update(self._describe_chunk(unique[start : start + DESCRIBE_IDS_CHUNK]))
+        return out
+
     def terminate(self, ids: Sequence[str]) -> None:
         """Terminate instances; ids that AWS no longer knows are skipped, not errors."""
         unique = tuple(dict.fromkeys(ids))
@@ -724,6 +735,36 @@ class AwsProvider(Provider):
                 not_launched=remaining,
             )
         )
+
+    def _describe_chunk(self, chunk: Sequence[str]) -> dict[str, CloudInstance | None]:
+        remaining = list(chunk)
+        out: dict[str, CloudInstance | None] = {}
+        while remaining:
+            try:
+                resp = self._call("DescribeInstances", self._ec2.describe_instances, InstanceIds=remaining)
+            except ClientError as exc:
+                if _error_code(exc) not in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
+                    raise classify_error(exc, self.cfg.region) from exc
+                # As with TerminateInstances, AWS names the unknown ids and describes none of them.
+                unknown = set(_INSTANCE_ID_RE.findall(_error_message(exc))) & set(remaining)
+                if not unknown:
+                    if len(remaining) > 1:
+                        for instance_id in remaining:  # unparseable message: one id at a time
+                            out.update(self._describe_chunk([instance_id]))
+                        return out
+                    unknown = set(remaining)
+                out.update({i: None for i in unknown})
+                remaining = [i for i in remaining if i not in unknown]
+                continue
+            except BotoCoreError as exc:
+                raise _transport_error(exc, self.cfg.region) from exc
+            found = {raw["InstanceId"]: _to_cloud_instance(raw)
+                     for reservation in resp.get("Reservations", []) for raw in reservation.get("Instances", [])}
+            out.update({i: found.get(i) for i in remaining})
+            log.info(_kv(event="aws_described", cluster=self.cluster_id, pool=self.pool,
+                         states=",".join(f"{i}:{found[i].state if i in found else 'not_found'}" for i in remaining)))
+            return out
+        return out
 
     def _terminate_chunk(self, chunk: Sequence[str]) -> None:
         remaining = list(chunk)

@@ -45,7 +45,10 @@ class CloudState(enum.StrEnum):
     PENDING = "pending"  # accepted by the cloud, not yet running
     RUNNING = "running"
     STOPPING = "stopping"  # shutting down / being deleted
-    TERMINATED = "terminated"
+    # Powered off but still there (AWS stopped, GCE TERMINATED or SUSPENDED): no agent runs, yet its
+    # disks (and, on AWS, Elastic IPs) keep billing. Listed so that the autoscaler deletes it.
+    STOPPED = "stopped"
+    TERMINATED = "terminated"  # gone for good (AWS keeps reporting it for about an hour)
 
 
 class ProviderError(Exception):
@@ -108,12 +111,30 @@ class Provider(Protocol):
     def launch(self, specs: Sequence[LaunchSpec]) -> LaunchResult: ...
 
     def list(self) -> list[CloudInstance]:
-        """Every non-terminated instance carrying this cluster's and this pool's tags."""
+        """Every non-terminated instance carrying this cluster's and this pool's tags, stopped ones
+        included (they still bill and are ours to delete)."""
         ...
 
     def terminate(self, ids: Sequence[str]) -> None:
         """Idempotent: terminating an instance that is already gone is not an error."""
         ...
+
+
+class Describer(Protocol):
+    """Optional for a provider: look instances up by id, which answers where a list cannot. A list is
+    eventually consistent (an instance launched a moment ago, or deleted, may be missing from it or
+    still in it); a lookup by id says directly whether the cloud still has the instance.
+
+    `describe(ids)` returns, for each id asked, the instance as the cloud reports it (a deleted one
+    that the cloud still shows has state TERMINATED) or None when the cloud does not know the id.
+    Raises ProviderError when the cloud cannot be asked."""
+
+    def describe(self, ids: Sequence[str]) -> dict[str, CloudInstance | None]: ...
+
+
+def describer(provider: object) -> Describer | None:
+    """The provider's `describe`, if it has one."""
+    return provider if callable(getattr(provider, "describe", None)) else None  # type: ignore[return-value]
 
 
 # -- how a provider module declares itself (provisioners/registry.py maps type names to these) ----
@@ -167,3 +188,7 @@ class ProviderType:
     # Elastic settings defaults that depend on the provider's own section (a static pool keeps all
     # its hosts): `provider:` section -> defaults for min_instances, max_instances...
     settings_defaults: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    # Whether `list()` reflects every launch and termination at once (a local process table, a
+    # static host list). Cloud lists lag, so an instance missing from one list is only presumed
+    # gone after the pool's `list_miss_grace`; a consistent list is proof at once.
+    consistent_list: bool = False

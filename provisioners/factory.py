@@ -16,7 +16,8 @@ from provisioners.base import Provider, ProviderContext, ProviderType, UserDataK
 COMMON_KEYS = {
     "type", "min_instances", "max_instances", "max_idle_agent_period", "max_agent_starting_period",
     "max_disconnected_period", "launch_error_backoff", "launch_error_backoff_max", "master_url",
-    "startup_script", "agent", "max_launch_per_decision", "bootstrap_token_ttl",
+    "startup_script", "agent", "max_launch_per_decision", "bootstrap_token_ttl", "list_miss_grace",
+    "launch_probe_interval",
 }
 
 
@@ -39,6 +40,12 @@ class ElasticSettings:
     agent: dict[str, Any] = field(default_factory=dict)
     max_launch_per_decision: int | None = None
     bootstrap_token_ttl: timedelta = timedelta(minutes=30)
+    # How long an instance may be missing from the cloud's lists before it is presumed gone; None:
+    # 3m, or at once for providers whose list is consistent (ProviderType.consistent_list).
+    list_miss_grace: timedelta | None = None
+    # During a long launch backoff (quota), one instance is launched this often to see whether the
+    # error is over, rather than waiting for the whole backoff.
+    launch_probe_interval: timedelta = timedelta(minutes=5)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -79,7 +86,8 @@ def elastic_settings(provider_cfg: dict[str, Any]) -> ElasticSettings:
         raise PoolConfigError(f"min_instances ({mins}) is greater than max_instances ({maxs})")
     durations = {}
     for key in ("max_idle_agent_period", "max_agent_starting_period", "max_disconnected_period",
-                "launch_error_backoff", "launch_error_backoff_max", "bootstrap_token_ttl"):
+                "launch_error_backoff", "launch_error_backoff_max", "bootstrap_token_ttl", "list_miss_grace",
+                "launch_probe_interval"):
         if key in provider_cfg:
             durations[key] = parse_duration(provider_cfg[key], key)
     agent = provider_cfg.get("agent") or {}

@@ -93,11 +93,13 @@ _STATE_BY_STATUS = {
     # REPAIRING: the host failed under a running instance; it is not usable until it comes back.
     "REPAIRING": CloudState.PENDING,
     "RUNNING": CloudState.RUNNING,
-    "STOPPING": CloudState.STOPPING,
+    "STOPPING": CloudState.STOPPING,  # being stopped or deleted
     "SUSPENDING": CloudState.STOPPING,
-    "SUSPENDED": CloudState.STOPPING,
-    "STOPPED": CloudState.STOPPING,
-    "TERMINATED": CloudState.TERMINATED,
+    # GCE's TERMINATED is a VM powered off (by the agent losing its master, or by hand), not a deleted
+    # one: its boot disk and any reservation keep billing until the VM is deleted.
+    "SUSPENDED": CloudState.STOPPED,
+    "STOPPED": CloudState.STOPPED,
+    "TERMINATED": CloudState.STOPPED,
 }
 
 _NAME_PREFIX_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -907,14 +909,16 @@ class GcpProvider:
     # ---- list ------------------------------------------------------------------------------
 
     def list(self) -> list[CloudInstance]:
-        return [i for i in self._list_all() if i.state is not CloudState.TERMINATED]
+        """Every instance of this cluster and pool, powered-off (TERMINATED) and suspended ones
+        included: they are ours to delete."""
+        return self._list_all()
 
     def label_filter(self) -> str:
         """The aggregatedList filter selecting this cluster's and pool's instances."""
         return " AND ".join(f'(labels.{k} = "{v}")' for k, v in self._labels.items())
 
     def _list_all(self) -> list[CloudInstance]:
-        """Every instance of this cluster and pool in any zone, TERMINATED ones included."""
+        """Every instance of this cluster and pool in any zone, whatever its status."""
         instances, _ = self._clients()
         request = compute_v1.AggregatedListInstancesRequest(
             project=self.cfg.project, filter=self.label_filter(), max_results=500
@@ -981,6 +985,40 @@ class GcpProvider:
             tags=tags,
         )
 
+    # ---- describe by id ----------------------------------------------------------------------
+
+    def describe(self, ids: Sequence[str]) -> dict[str, CloudInstance | None]:
+        """Each instance by name, read with instances.get (which, unlike a list right after an
+        insert, sees it at once), or None when no configured zone has it: deleted."""
+        out: dict[str, CloudInstance | None] = {}
+        for name in dict.fromkeys(ids):
+            found = self._locate(name)
+            out[name] = self._to_cloud_instance(found[1]) if found is not None and self._is_mine(found[1]) else None
+            log.info("event=gcp_described pool=%s instance=%s status=%s", self.pool, name,
+                     found[1].status if found is not None else "not_found")
+        return out
+
+    def _locate(self, name: str) -> tuple[str, compute_v1.Instance] | None:
+        """The zone and resource of an instance: the zone it was last seen in first, then the others.
+        None when every zone answers 404; other errors are raised."""
+        with self._lock:
+            known = self._zone_of.get(name)
+        zones = [known] if known else []
+        zones += [z for z in self.cfg.zones if z != known]
+        for zone in zones:
+            try:
+                inst = self._get(name, zone)
+            except ProviderError as err:
+                if isinstance(err.__cause__, gexc.NotFound):
+                    continue
+                raise
+            with self._lock:
+                self._zone_of[name] = zone
+            return zone, inst
+        with self._lock:
+            self._zone_of.pop(name, None)
+        return None
+
     # ---- terminate -------------------------------------------------------------------------
 
     def terminate(self, ids: Sequence[str]) -> None:
@@ -990,7 +1028,16 @@ class GcpProvider:
         with self._lock:
             unknown = [n for n in names if n not in self._zone_of]
         if unknown:
-            self._list_all()  # learn zones; an id still unknown afterwards is gone (or not ours)
+            self._list_all()  # learn zones
+            with self._lock:
+                unknown = [n for n in unknown if n not in self._zone_of]
+            for name in unknown:
+                # A list right after an insert may miss the instance: look it up in each zone, so
+                # that a terminate is never skipped for an instance that exists.
+                found = self._locate(name)
+                if found is not None and not self._is_mine(found[1]):
+                    with self._lock:
+                        self._zone_of.pop(name, None)  # not ours: never deleted
         instances, _ = self._clients()
         # One requestId per terminate() call: retries of this call are deduplicated by GCE, while
         # a later terminate() of the same instance is a fresh request.

@@ -36,6 +36,7 @@ from provisioners.base import (
     ProviderType,
     UserDataKind,
 )
+from shipyard_common import private_files
 from shipyard_common.processes import pid_alive, start_session, stop_process_group
 
 log = logging.getLogger("shipyard.provisioners.local")
@@ -69,7 +70,7 @@ class LocalProvider:
         self.pool = pool
         self.master_url = master_url
         self.dir = Path(cfg.work_dir) if cfg.work_dir else state_dir / "local-instances" / pool
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_files.private_dir(self.dir)  # holds the instances' bootstrap tokens
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def _record(self, instance_id: str) -> Path:
@@ -86,17 +87,15 @@ class LocalProvider:
                     launched.append(existing)
                     continue
             home = self.dir / instance_id
-            home.mkdir(parents=True, exist_ok=True)
             token_file = home / "bootstrap-token"
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(spec.user_data)  # for local instances the "user data" is the credential
+            # for local instances the "user data" is the credential
+            private_files.write_private(token_file, spec.user_data.encode())
             cmd = [self.cfg.python or sys.executable, "-m", "agent_bootstrap.agent",
                    "--master-url", self.master_url, "--resource-pool", self.pool,
                    "--agent-id", instance_id, "--instance-id", instance_id,
                    "--token-file", str(token_file), "--work-dir", str(home / "work"),
                    "--slots", str(self.cfg.slots_per_instance), "--slot-type", self.cfg.slot_type,
-                   "--agent-reconnect-attempts", "10", "--agent-reconnect-backoff", "1"]
+                   "--agent-reconnect-backoff", "1"]
             try:
                 proc = start_session(cmd, home / "agent.log", _agent_env())
             except OSError as e:
@@ -105,8 +104,8 @@ class LocalProvider:
             now = datetime.now(UTC)
             tags = {TAG_MANAGED_BY: MANAGED_BY_VALUE, TAG_CLUSTER: self.cluster_id, TAG_POOL: self.pool,
                     TAG_MASTER: self.master_url, TAG_LAUNCH_ID: spec.launch_id}
-            rec.write_text(json.dumps({"id": instance_id, "pid": proc.pid, "launched_at": now.isoformat(),
-                                       "tags": tags}))
+            private_files.write_private(rec, json.dumps({"id": instance_id, "pid": proc.pid,
+                                                         "launched_at": now.isoformat(), "tags": tags}).encode())
             log.info("event=local_instance_launched pool=%s instance_id=%s pid=%s", self.pool, instance_id, proc.pid)
             launched.append(CloudInstance(id=instance_id, state=CloudState.RUNNING, launched_at=now,
                                           launch_id=spec.launch_id, private_ip="127.0.0.1", location="local",
@@ -170,4 +169,4 @@ def _build(cfg: LocalPoolConfig, ctx: ProviderContext) -> BuiltProvider:
 # Local agents are started with their credential on the command line's token file, never with
 # cloud-init, and take no `agent:` options.
 PROVIDER_TYPE = ProviderType(name="local", config=LocalPoolConfig, build=_build, user_data=UserDataKind.TOKEN,
-                             takes_agent_options=False)
+                             takes_agent_options=False, consistent_list=True)

@@ -222,4 +222,4 @@ def _keep_every_host(section: Mapping[str, Any]) -> dict[str, Any]:
 
 # The SSH bootstrap takes the bootstrap token as the agent credential, not cloud-init.
 PROVIDER_TYPE = ProviderType(name="static", config=StaticPoolConfig, build=_build, user_data=UserDataKind.TOKEN,
-                             settings_defaults=_keep_every_host)
+                             settings_defaults=_keep_every_host, consistent_list=True)

@@ -22,6 +22,8 @@ TOKENS_PATH = "/api/v1/agents/tokens"
 REGISTER_PATH = "/api/v1/agents/register"
 COMMANDS_PATH = "/api/v1/agents/{agentId}/commands"
 EVENTS_PATH = "/api/v1/agents/{agentId}/events"
+# Admin: forget an agent's enrolment (revoke its credential) so that it can enrol again.
+ENROLMENT_PATH = "/api/v1/agents/{agentId}/enrolment"
 
 # How a task's life is reported, in the order it goes through it. "pulling" is reported by runtimes
 # that fetch an image first; the process runtime goes from "starting" to "running".
@@ -60,6 +62,13 @@ class RegisterResponse(Wire):
         "heartbeatIntervalS", "heartbeatIntervalSeconds", "heartbeat_interval_s"))
     kill: list[str] = Field(default_factory=list)
     cluster_id: str | None = None
+    # Set only when this registration enrolled the agent (its first, or the first after an admin
+    # reset): the agent's own credential, bound to its id. The agent keeps it (0600) and presents
+    # it from then on; the enrolment token no longer registers this agent id.
+    agent_credential: str | None = Field(default=None, repr=False)
+    # The longest wait between reconnect attempts the master allows: it declares an agent lost
+    # only after this plus its heartbeat timeout, so the agent never waits longer.
+    reconnect_backoff_max_s: float | None = Field(default=None, gt=0)
 
 
 class TaskSpec(Wire):
@@ -119,8 +128,9 @@ class CommandsResponse(Wire):
 class TaskEvent(Wire):
     allocation_id: str
     type: TaskEventType
-    pid: int | None = None
-    exit_code: int | None = None
+    # Bounded like the master's Integer columns (out of range would be a database error, not a 400).
+    pid: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     message: str | None = Field(default=None, max_length=MAX_EVENT_MESSAGE)
     time: datetime | None = None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -27,6 +28,7 @@ from shipyard_common.agent_protocol import (
     RegisterResponse,
     TaskEvent,
 )
+from shipyard_common.retry_after import retry_after_seconds
 
 
 class MasterError(Exception):
@@ -37,7 +39,14 @@ class MasterError(Exception):
 
 
 class MasterUnavailable(MasterError):
-    pass
+    """`retry_after_s`: the master's Retry-After on a 503/429 (it is shedding load), capped; whoever
+    retries waits at least that long."""
+
+    retry_after_s: float | None = None
+
+
+def retry_after(resp: httpx.Response) -> float | None:
+    return retry_after_seconds(resp.headers.get("retry-after"))
 
 
 class AuthRefused(MasterError):
@@ -81,10 +90,12 @@ class MasterClient:
     """One HTTP client to the master. Not shared between threads: each loop of the agent makes its
     own (they are cheap), so a long-poll never holds up an event or a log batch."""
 
-    def __init__(self, master_url: str, agent_token: str, *, timeout: float = 30.0,
+    def __init__(self, master_url: str, agent_token: str | Callable[[], str], *, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.master_url = master_url.rstrip("/")
-        self._token = agent_token
+        # A callable is asked at every request: the agent swaps its enrolment token for its own
+        # credential once it has one, and every client it made sees the change.
+        self._token: Callable[[], str] = agent_token if callable(agent_token) else (lambda: agent_token)
         self._timeout = timeout
         self._http = httpx.Client(base_url=self.master_url, timeout=timeout, transport=transport,
                                   headers={"User-Agent": "shipyard-agent"})
@@ -94,7 +105,7 @@ class MasterClient:
 
     def _request(self, method: str, path: str, *, token: str | None = None, json: Any = None,
                  params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
-        headers = {"Authorization": f"Bearer {token or self._token}"}
+        headers = {"Authorization": f"Bearer {token or self._token()}"}
         try:
             resp = self._http.request(method, path, json=json, params=params, headers=headers,
                                       timeout=timeout if timeout is not None else self._timeout)
@@ -115,11 +126,13 @@ class MasterClient:
         if status == 409:
             raise StaleSession(message, status)
         if status >= 500 or status in (408, 425, 429):
-            raise MasterUnavailable(f"{method} {path}: {status} {message}", status)
+            err = MasterUnavailable(f"{method} {path}: {status} {message}", status)
+            err.retry_after_s = retry_after(resp)
+            raise err
         raise RequestRefused(f"{method} {path}: {status} {message}", status)
 
-    def register(self, req: RegisterRequest) -> RegisterResponse:
-        body = self._request("POST", REGISTER_PATH, json=req.to_wire())
+    def register(self, req: RegisterRequest, token: str | None = None) -> RegisterResponse:
+        body = self._request("POST", REGISTER_PATH, json=req.to_wire(), token=token)
         try:
             return RegisterResponse.model_validate(body)
         except ValidationError as e:

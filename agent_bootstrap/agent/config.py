@@ -37,10 +37,16 @@ class AgentConfig(BaseModel):
     # CPU slot count, used whenever the agent offers CPU slots (slot_type cpu, or auto without GPUs).
     slots: int | None = Field(default=None, ge=1, le=1024)
     slot_type: Literal["auto", "cpu", "cuda"] = "auto"
-    agent_reconnect_attempts: int = Field(5, ge=1, le=1000)
-    agent_reconnect_backoff: float = Field(5.0, gt=0)
-    # Upper bound of one backoff wait, so many attempts never wait for hours.
-    agent_reconnect_backoff_max: float = Field(60.0, gt=0)
+    # The agent keeps reconnecting to a lost master for as long as it runs, its tasks running
+    # meanwhile; it gives up (kills its tasks, runs on_connection_lost, exits 4) only when one of
+    # these explicit limits is set and reached: failed attempts in a row, or seconds since the
+    # connection was lost.
+    agent_reconnect_attempts: int | None = Field(None, ge=1)
+    reconnect_give_up_s: float | None = Field(None, gt=0)
+    agent_reconnect_backoff: float = Field(1.0, gt=0)
+    # Upper bound of one backoff wait. The master also announces its own cap at registration
+    # (its agent_reconnect_cap_s, from which its agent-lost grace derives); the lower one applies.
+    agent_reconnect_backoff_max: float = Field(15.0, gt=0)
     on_connection_lost: str | None = None
     instance_id: str | None = None
     # Long-poll timeout of GET .../commands; the long-poll is also the heartbeat, so it stays well
@@ -111,10 +117,14 @@ _OPTIONS: list[tuple[str, Any, str]] = [
     ("work_dir", str, "work directory for task directories and the pidfile (default ~/.shipyard-agent)"),
     ("slots", int, "number of CPU slots to offer when the agent offers CPU slots (default 1)"),
     ("slot_type", str, "auto (GPUs if nvidia-smi finds any, else CPU), cpu or cuda"),
-    ("agent_reconnect_attempts", int, "reconnect attempts after the master is lost (default 5)"),
-    ("agent_reconnect_backoff", float, "base backoff between reconnect attempts, seconds (default 5)"),
-    ("agent_reconnect_backoff_max", float, "cap of one backoff wait, seconds (default 60)"),
-    ("on_connection_lost", str, "shell command run once when the last reconnect attempt fails"),
+    ("agent_reconnect_attempts", int, "give up after this many failed reconnect attempts in a row "
+                                      "(default: never)"),
+    ("reconnect_give_up_s", float, "give up when the master has been unreachable this long, seconds "
+                                   "(also --give-up-after; default: never)"),
+    ("agent_reconnect_backoff", float, "base backoff between reconnect attempts, seconds (default 1)"),
+    ("agent_reconnect_backoff_max", float, "cap of one backoff wait, seconds (default 15; the master's "
+                                           "announced cap applies when lower)"),
+    ("on_connection_lost", str, "shell command run once when the agent gives up on the master"),
     ("instance_id", str, "cloud instance id (set by the bootstrap)"),
     ("poll_timeout", float, "long-poll / heartbeat timeout, seconds (default 10)"),
     ("http_timeout", float, "timeout of ordinary HTTP calls, seconds (default 30)"),
@@ -143,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, choices=["debug", "info", "warning", "error"], help=help_text)
         else:
             p.add_argument(flag, type=typ, help=help_text)
+    p.add_argument("--give-up-after", dest="reconnect_give_up_s", type=float, help=argparse.SUPPRESS)
     p.add_argument("--keep-task-dirs", action="store_true", help="keep task directories after tasks exit")
     return p
 

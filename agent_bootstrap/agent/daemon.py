@@ -10,16 +10,24 @@ Threads and what each owns:
   task-spawner (process runtime) forks every task process, see runtime/process.py
 
 Connection rules (docs/PROTOCOL.md):
-  * a poll or registration that fails with MasterUnavailable starts reconnecting: up to
-    `agent_reconnect_attempts` registrations, each after an exponential, jittered, capped backoff;
-    the count is reset only by a successful poll. When the last attempt fails the agent kills its
-    tasks, runs `on_connection_lost` once and exits with EXIT_CONNECTION_LOST. (Tasks are killed
-    before the hook so that a hook that powers the instance off runs last.)
+  * a poll or registration that fails with MasterUnavailable starts reconnecting: registrations,
+    each after an exponential, jittered backoff capped at the lower of `agent_reconnect_backoff_max`
+    and the cap the master announced (the master declares an agent lost only after that cap plus
+    its heartbeat timeout). Tasks keep running, events wait in the outbox and logs in the bounded
+    shipper buffer. The agent keeps trying for as long as it runs; only an explicit limit
+    (`agent_reconnect_attempts` failures in a row, or `reconnect_give_up_s` since the connection
+    was lost) makes it give up: it kills its tasks, runs `on_connection_lost` once and exits with
+    EXIT_CONNECTION_LOST. (Tasks are killed before the hook so that a hook that powers the
+    instance off runs last.)
   * 409 on a poll: the session was replaced, register again at once (not a failure).
-  * 401/403 (or any other 4xx) at registration or on a poll: one readable line, tasks killed, exit
-    EXIT_REFUSED — retrying with the same credential cannot succeed. At the first registration that
-    is a configuration mistake and nothing else happens; after the agent had been registered it is
-    as cut off as after a lost connection, so `on_connection_lost` runs as well.
+  * identity (credential.py): the first registration enrols the agent with the token it was given
+    and returns its own credential, stored in the work dir and used from then on. A credential
+    the master no longer knows (401: enrolment reset by an admin, a new database) is dropped and
+    the agent enrols again with its enrolment token.
+  * 401/403 (or any other 4xx) otherwise at registration or on a poll: one readable line, tasks
+    killed, exit EXIT_REFUSED — retrying with the same credential cannot succeed. At the first
+    registration that is a configuration mistake and nothing else happens; after the agent had been
+    registered it is as cut off as after a lost connection, so `on_connection_lost` runs as well.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from agent_bootstrap.agent.client import (
     backoff_delay,
 )
 from agent_bootstrap.agent.config import AgentConfig
+from agent_bootstrap.agent.credential import CredentialStore
 from agent_bootstrap.agent.devices import Slot, cuda_visible_devices
 from agent_bootstrap.agent.logship import HttpLogSink, LogLine, LogShipper
 from agent_bootstrap.agent.runtime import (
@@ -256,9 +265,13 @@ class Agent:
         self.slots = slots
         self._slots_by_id = {s.id: s for s in slots}
         self.runtime = runtime
-        self._token = token
+        self._enrolment_token = token
+        self._credentials = CredentialStore(config.work_dir, config.agent_id, config.resource_pool)
+        self._credential: str | None = self._credentials.load()
+        # The master's announced reconnect cap (RegisterResponse.reconnect_backoff_max_s).
+        self._master_backoff_cap: float | None = None
         self._client_factory = client_factory or (
-            lambda: MasterClient(config.master_url, token, timeout=config.http_timeout))
+            lambda: MasterClient(config.master_url, self._auth_token, timeout=config.http_timeout))
         self._base_env = dict(os.environ if base_env is None else base_env)
         self.tasks_dir = config.work_dir / "tasks"
 
@@ -279,6 +292,10 @@ class Agent:
                                   max_buffer_bytes=config.log_buffer_bytes)
         self.outbox = EventOutbox(self, self._client_factory())
         self._control = threading.Thread(target=self._control_main, name="control", daemon=True)
+
+    def _auth_token(self) -> str:
+        """What the agent presents: its own credential once enrolled, else the enrolment token."""
+        return self._credential or self._enrolment_token
 
     # -- session ---------------------------------------------------------------------------------
 
@@ -387,30 +404,46 @@ class Agent:
         finally:
             client.close()
 
-    def _control_loop(self, client: MasterClient) -> None:
+    def _backoff_cap(self) -> float:
+        cap = self.config.agent_reconnect_backoff_max
+        if self._master_backoff_cap is not None:
+            cap = min(cap, self._master_backoff_cap)
+        return max(cap, 0.05)
+
+    def _give_up_reason(self, failed: int, lost_since: float) -> str | None:
+        """Why the agent stops trying, if an explicit limit says so (by default it never does)."""
         attempts = self.config.agent_reconnect_attempts
+        if attempts is not None and failed >= attempts:
+            return f"{failed} connection attempts failed"
+        limit = self.config.reconnect_give_up_s
+        if limit is not None and time.monotonic() - lost_since >= limit:
+            return f"unreachable for {time.monotonic() - lost_since:.0f}s (reconnect_give_up_s={limit:g})"
+        return None
+
+    def _control_loop(self, client: MasterClient) -> None:
         failed = 0            # consecutive failed (re)connection attempts; reset by a good poll
+        lost_since = time.monotonic()  # when the connection was lost (or first tried)
+        auth_retried = False  # a poll refused for the credential re-registers once
         need_register = True
         wait_first = False    # the initial registration and a 409 re-register go at once
         while not self._stop.is_set():
             if need_register:
                 if wait_first:
-                    delay = backoff_delay(failed + 1, self.config.agent_reconnect_backoff,
-                                          self.config.agent_reconnect_backoff_max, random.random())
-                    log.info("event=reconnect_wait attempt=%d of=%d seconds=%.2f",
-                             failed + 1, attempts, delay)
+                    base = min(self.config.agent_reconnect_backoff, self._backoff_cap())
+                    delay = backoff_delay(failed + 1, base, self._backoff_cap(), random.random())
+                    log.info("event=reconnect_wait attempt=%d seconds=%.2f", failed + 1, delay)
                     if self._stop.wait(delay):
                         return
                 try:
                     self._register(client)
                 except MasterUnavailable as e:
                     failed += 1
-                    log.warning("event=register_failed attempt=%d of=%d error=%r",
-                                failed, attempts, e.message)
-                    if failed >= attempts:
+                    log.warning("event=register_failed attempt=%d error=%r", failed, e.message)
+                    reason = self._give_up_reason(failed, lost_since)
+                    if reason is not None:
                         raise _Fatal(EXIT_CONNECTION_LOST,
-                                     f"lost the master at {self.config.master_url}: {failed} connection "
-                                     f"attempts failed (last: {e.message})") from None
+                                     f"lost the master at {self.config.master_url}: {reason} "
+                                     f"(last: {e.message})") from None
                     wait_first = True
                     continue
                 need_register = False
@@ -423,16 +456,33 @@ class Agent:
                 need_register, wait_first = True, False
                 continue
             except MasterUnavailable as e:
+                if e.retry_after_s is not None:
+                    # The master answered and is shedding load (503 + Retry-After): the session is
+                    # fine, so poll again after its hint instead of registering anew.
+                    log.info("event=master_busy retry_after_s=%.1f", e.retry_after_s)
+                    if self._stop.wait(e.retry_after_s * (1 + 0.5 * random.random())):
+                        return
+                    continue
                 log.warning("event=connection_lost error=%r", e.message)
                 self._set_session(None)
+                if failed == 0:
+                    lost_since = time.monotonic()
                 need_register, wait_first = True, True
                 continue
             except AuthRefused as e:
-                raise _Fatal(EXIT_REFUSED, f"the master no longer accepts this agent's credential "
-                                           f"({e.status}): {e.message}") from None
+                if auth_retried:
+                    raise _Fatal(EXIT_REFUSED, f"the master no longer accepts this agent's credential "
+                                               f"({e.status}): {e.message}") from None
+                # Register again: a credential the master forgot is replaced by enrolling anew.
+                log.warning("event=poll_refused status=%s error=%r", e.status, e.message)
+                auth_retried = True
+                self._set_session(None)
+                need_register, wait_first = True, False
+                continue
             except RequestRefused as e:
                 raise _Fatal(EXIT_REFUSED, f"the master refused the command poll: {e.message}") from None
             failed = 0
+            auth_retried = False
             for item in raw:
                 if self._stop.is_set():
                     return
@@ -446,12 +496,34 @@ class Agent:
                               addresses=outbound_addresses(self.config.master_url),
                               instance_id=self.config.instance_id)
         try:
-            resp = client.register(req)
+            resp = None
+            if self._credential is not None:
+                try:
+                    resp = client.register(req, token=self._credential)
+                except AuthRefused as e:
+                    if e.status != 401:
+                        raise
+                    # Unknown or revoked: an admin reset the enrolment, or this is a new database.
+                    log.warning("event=credential_refused action=enrol_again error=%r", e.message)
+                    self._credential = None
+            if resp is None:
+                resp = client.register(req, token=self._enrolment_token)
         except AuthRefused as e:
             raise _Fatal(EXIT_REFUSED, f"the master refused this agent ({e.status}): {e.message} — check the "
                                        f"agent token and the resource pool ({self.config.resource_pool!r})") from None
         except RequestRefused as e:
             raise _Fatal(EXIT_REFUSED, f"the master refused the registration: {e.message}") from None
+        if resp.agent_credential:
+            self._credential = resp.agent_credential
+            try:
+                self._credentials.save(resp.agent_credential, resp.cluster_id)
+            except OSError as e:
+                # Usable until the agent restarts; after that the master refuses its enrolment token.
+                log.error("event=credential_not_saved path=%s error=%r", self._credentials.path, e.strerror)
+            else:
+                log.info("event=enrolled path=%s", self._credentials.path)
+        if resp.reconnect_backoff_max_s:
+            self._master_backoff_cap = resp.reconnect_backoff_max_s
         if resp.heartbeat_interval_s:
             self._poll_timeout = max(1.0, min(self.config.poll_timeout, resp.heartbeat_interval_s))
         log.info("event=registered pool=%s running=%d kill=%d", self.config.resource_pool, len(running), len(resp.kill))

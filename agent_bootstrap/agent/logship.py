@@ -121,7 +121,12 @@ class LogLine:
 
 
 class SinkUnavailable(Exception):
-    """The batch could not be delivered now; keep it and retry."""
+    """The batch could not be delivered now; keep it and retry (not before `retry_after_s`, the
+    master's Retry-After when it is shedding load)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SinkRefused(Exception):
@@ -158,7 +163,7 @@ class HttpLogSink:
                     raise
                 self.client.post_task_logs(entries, token=None)
         except MasterUnavailable as e:
-            raise SinkUnavailable(e.message) from None
+            raise SinkUnavailable(e.message, e.retry_after_s) from None
         except (AuthRefused, RequestRefused) as e:
             raise SinkRefused(e.message) from None
 
@@ -183,6 +188,7 @@ class LogShipper:
         self._dropped: dict[str, int] = {}
         self._flush_now = False
         self._closing = False
+        self.retry_after_s: float | None = None  # the last failure's Retry-After
         self._close_deadline: float | None = None
         self._thread: threading.Thread | None = None
         self.failures = 0  # consecutive failed sends, for backoff
@@ -252,6 +258,7 @@ class LogShipper:
             self.sink.send(batch)
         except SinkUnavailable as e:
             self.failures += 1
+            self.retry_after_s = e.retry_after_s
             if self.failures == 1 or self.failures % 20 == 0:
                 log.warning("event=log_ship_failed lines=%d allocation=%s failures=%d error=%r",
                             len(batch), batch[0].allocation_id, self.failures, str(e))
@@ -305,7 +312,8 @@ class LogShipper:
                         self._flush_now = False
                         break
                 if not self.ship_once():
-                    delay = backoff_delay(self.failures, self.retry_base, self.retry_cap, random.random())
+                    delay = max(backoff_delay(self.failures, self.retry_base, self.retry_cap, random.random()),
+                                self.retry_after_s or 0.0)  # a shedding master's Retry-After
                     with self._cond:
                         if self._closing:
                             left = (self._close_deadline or 0.0) - self._clock()

@@ -13,6 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = g.add_parser("list", help="list agents")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=list_agents)
+    p = g.add_parser("reset-enrolment", help="revoke an agent's credential so that it can enrol again")
+    p.add_argument("agent_id")
+    p.set_defaults(func=reset_enrolment)
 
     g = group(sub, "slot", "the slots (GPUs, CPUs) of the agents", aliases=("s",))
     p = g.add_parser("list", help="list slots")
@@ -49,6 +52,15 @@ def list_agents(args: Any) -> int:
                      ", ".join(a.get("addresses") or []), a.get("version"), a.get("instanceId") or ""])
     table(["Agent ID", "Resource Pool", "State", "Slots", "Busy", "Enabled", "Draining", "Last Seen", "Addresses",
            "Version", "Instance"], rows)
+    return 0
+
+
+def reset_enrolment(args: Any) -> int:
+    from cli.session import authed
+
+    revoked = authed(args).delete(f"/api/v1/agents/{args.agent_id}/enrolment").get("revokedCredentials", 0)
+    print(f"Reset the enrolment of agent {args.agent_id} ({revoked} credential(s) revoked); "
+          "it can register with an enrolment token again")
     return 0
 
 

@@ -14,6 +14,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps
+from control_plane.api.admission import Ticket
 from control_plane.api.wire import StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.core import states as st
@@ -23,6 +24,7 @@ from control_plane.master import Master
 from control_plane.services import agents as service
 from shipyard_common.agent_protocol import (
     COMMANDS_PATH,
+    ENROLMENT_PATH,
     EVENTS_PATH,
     REGISTER_PATH,
     TOKENS_PATH,
@@ -75,16 +77,23 @@ async def commands(
     timeoutSeconds: float = 10.0,
     p: Principal = Depends(deps.agent),
     master: Master = Depends(deps.get_master),
+    slot: Ticket = Depends(deps.ticket),
 ) -> dict[str, Any]:
     # The long-poll is HTTP's business: ask the service again whenever the master signals a
-    # change (at least every 2 s) until there is something to do or the poll's time is up.
+    # change (at least every 2 s) until there is something to do or the poll's time is up. Each
+    # check is a short read in a worker thread; the wait in between holds no thread, no
+    # connection and no admission slot. If no slot comes back within the queue's wait the poll ends
+    # empty and the agent simply polls again.
     deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 60.0))
     while True:
         found = await run_in_threadpool(_commands, master, p, agentId, sessionId)
         remaining = deadline - time.monotonic()
         if found or remaining <= 0 or master.stopping.is_set():
             return CommandsResponse(commands=found).to_wire()
-        await master.wait_async(min(remaining, 2.0))
+        async with slot.idle():
+            await master.wait_async(min(remaining, 2.0))
+        if not slot.held:
+            return CommandsResponse(commands=[]).to_wire()
 
 
 @router.post(EVENTS_PATH)
@@ -97,6 +106,16 @@ def events(
 ) -> dict[str, Any]:
     service.apply_events(db, master, p, agentId, body)
     return {}
+
+
+@router.delete(ENROLMENT_PATH)
+def reset_enrolment(
+    agentId: str,
+    _p: Principal = Depends(deps.admin),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    return {"revokedCredentials": service.reset_enrolment(db, master, agentId)}
 
 
 def agent_json(agent: Agent, allocs: list[Allocation]) -> dict[str, Any]:

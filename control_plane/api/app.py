@@ -1,12 +1,13 @@
-"""The FastAPI application: routers, error shape, and request-size limits."""
+"""The FastAPI application: routers, error shape, and request-size limits (api/limits.py)."""
 
 from __future__ import annotations
 
-import json
+import logging
 from typing import Any
 
-from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from control_plane.api import (
     agent_package,
@@ -21,51 +22,12 @@ from control_plane.api import (
     trials,
     users,
 )
+from control_plane.api.admission import Admission, AdmissionControl
 from control_plane.api.errors import error_body, install_error_handlers
+from control_plane.api.limits import BodyLimits
 from control_plane.master import Master
 
-
-class BodySizeLimit:
-    """Refuse bodies over the limit with a 413 before they are buffered whole."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
-            return
-        seen = 0
-        too_big = False
-
-        async def limited() -> Message:
-            nonlocal seen, too_big
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
-                    too_big = True
-                    raise _TooLarge()
-            return msg
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._reject(send)
-
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps(error_body(413, f"request body larger than {self.max_bytes} bytes", [])).encode()
-        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
+log = logging.getLogger("shipyard.api")
 
 
 def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAPI:
@@ -81,5 +43,41 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
         app.include_router(module.router)
     for router in extra_routers or []:
         app.include_router(router)
-    app.add_middleware(BodySizeLimit, max_bytes=master.config.max_request_bytes)
+    app.add_middleware(BodyLimits, config=master.config)
+    _install_admission(app, master)
     return app
+
+
+# Answered from memory on the event loop, outside admission: they must answer at saturation.
+HEALTH_PATHS = frozenset({"/health", "/info", "/api/v1/master"})
+# Worker threads beyond the admitted requests (each uses at most one at a time), so a thread is
+# always free for an admitted request; the exit of a generator dependency runs outside this limit.
+THREAD_SLACK = 4
+
+
+def _install_admission(app: FastAPI, master: Master) -> None:
+    cfg = master.config
+    admission = Admission(limit=cfg.request_limit, queue=cfg.request_queue, wait_s=cfg.request_queue_wait_s,
+                          retry_after_s=cfg.retry_after_s)
+    cluster = Admission(limit=cfg.cluster_concurrent_requests, queue=cfg.request_queue,
+                        wait_s=cfg.request_queue_wait_s, retry_after_s=cfg.retry_after_s)
+    app.state.admission = admission
+    app.state.cluster_admission = cluster
+    retry_after = {"Retry-After": str(cfg.retry_after_s)}
+
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.add_api_route("/health", health, methods=["GET"], tags=["health"])
+
+    async def _pool_timeout(_req: Request, _exc: Exception) -> JSONResponse:
+        # A connection the pool could not give in time: the master is saturated, which is the
+        # client's cue to retry, not a server bug.
+        log.warning("event=db_pool_timeout")
+        return JSONResponse(error_body(503, "the master is busy; retry later", []), status_code=503,
+                            headers=retry_after)
+
+    app.add_exception_handler(PoolTimeout, _pool_timeout)
+    # Outermost: a request over the limit is refused before its body is read or anything runs.
+    app.add_middleware(AdmissionControl, admission=admission, cluster=cluster, exempt=HEALTH_PATHS,
+                       threads=admission.limit + cluster.limit + THREAD_SLACK)

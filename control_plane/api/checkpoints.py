@@ -14,7 +14,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps, serializers
-from control_plane.api.wire import StrictWire
+from control_plane.api.wire import INT32_MAX, Count64, Id, Int32, StrictWire
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.db.models import Checkpoint
@@ -30,8 +30,8 @@ class TrainingIn(StrictWire):
     """Determined's v1CheckpointTrainingMetadata. Its client sends it empty; the trial is then
     found from the task or allocation."""
 
-    trial_id: int | None = None
-    experiment_id: int | None = None
+    trial_id: Int32 | None = None
+    experiment_id: Int32 | None = None
     experiment_config: dict[str, Any] | None = None
     hparams: dict[str, Any] | None = None
     searcher_metric: float | str | None = None
@@ -44,11 +44,11 @@ class CheckpointIn(StrictWire):
     task_id: str | None = Field(default=None, max_length=64)
     allocation_id: str | None = Field(default=None, max_length=64)
     report_time: str | None = None
-    resources: dict[str, int | str] = Field(default_factory=dict)
+    resources: dict[str, Count64 | str] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     state: str = st.CKPT_COMPLETED
     training: TrainingIn | None = None
-    storage_id: int | None = None
+    storage_id: Int32 | None = None
 
 
 @router.post("/api/v1/checkpoints")
@@ -116,15 +116,15 @@ def _list(
 
 @router.get("/api/v1/experiments/{id}/checkpoints")
 def list_experiment_checkpoints(
-    id: int,
+    id: Id,
     p: Principal = Depends(deps.principal),
     db: Session = Depends(deps.get_db, scope="function"),
     states: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
     sortByAttr: str | None = None,
     sortByMetric: str | None = None,
     orderBy: str | None = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+    limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> dict[str, Any]:
     exp = access.get_experiment(db, id)
     access.require_read_experiment(db, p, exp)
@@ -135,15 +135,15 @@ def list_experiment_checkpoints(
 
 @router.get("/api/v1/trials/{id}/checkpoints")
 def list_trial_checkpoints(
-    id: int,
+    id: Id,
     p: Principal = Depends(deps.principal),
     db: Session = Depends(deps.get_db, scope="function"),
     states: Annotated[list[str], Query()] = [],  # noqa: B006
     sortByAttr: str | None = None,
     sortByMetric: str | None = None,
     orderBy: str | None = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+    limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> dict[str, Any]:
     trial = access.get_trial(db, id)
     access.require_read_trial(p, trial)
@@ -170,7 +170,7 @@ def delete_checkpoints(
 
 
 class PatchResources(StrictWire):
-    resources: dict[str, int | str] = Field(default_factory=dict)
+    resources: dict[str, Count64 | str] = Field(default_factory=dict)
 
 
 class PatchCheckpoint(StrictWire):
@@ -209,7 +209,7 @@ class MetadataCheckpoint(StrictWire):
     task_id: str | None = None
     allocation_id: str | None = None
     report_time: str | None = None
-    storage_id: int | None = None
+    storage_id: Int32 | None = None
 
 
 class PostMetadataRequest(StrictWire):

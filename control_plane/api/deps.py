@@ -7,13 +7,22 @@ from collections.abc import Iterator
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from control_plane.api.admission import Ticket
+from control_plane.api.admission import ticket as admission_ticket
 from control_plane.auth import Principal, TokenKind, resolve_token
 from control_plane.errors import forbidden, unauthenticated
 from control_plane.master import Master
 
 
-def get_master(request: Request) -> Master:
+async def get_master(request: Request) -> Master:
+    # async: answered on the event loop, so it never waits for a worker thread (health checks
+    # depend on it and must answer while every thread is busy).
     return request.app.state.master
+
+
+async def ticket(request: Request) -> Ticket:
+    """The request's admission slot (api/admission.py): long-polls give it back while they wait."""
+    return admission_ticket(request.scope)
 
 
 def get_db(request: Request, master: Master = Depends(get_master)) -> Iterator[Session]:
@@ -58,7 +67,7 @@ def admin(p: Principal = Depends(user)) -> Principal:
 
 
 def agent(p: Principal = Depends(principal)) -> Principal:
-    if p.kind not in (TokenKind.AGENT, TokenKind.BOOTSTRAP):
+    if p.kind not in (TokenKind.AGENT, TokenKind.BOOTSTRAP, TokenKind.AGENT_CREDENTIAL):
         raise forbidden("agent credential required")
     return p
 

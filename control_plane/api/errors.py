@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from control_plane.api.openapi import install_openapi
 from control_plane.errors import (
     Conflict,
     DomainError,
@@ -21,6 +22,7 @@ from control_plane.errors import (
     NotFound,
     PermissionDenied,
     TooLarge,
+    TooManyRequests,
     Unauthenticated,
 )
 
@@ -35,6 +37,7 @@ HTTP_STATUS: dict[type[DomainError], int] = {
     NotFound: 404,
     Conflict: 409,
     TooLarge: 413,
+    TooManyRequests: 429,
     Internal: 500,
 }
 
@@ -65,10 +68,14 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    # The spec documents these handlers' statuses (400, not FastAPI's 422) and body.
+    install_openapi(app)
+
     @app.exception_handler(DomainError)
     async def _domain_error(_req: Request, exc: DomainError) -> JSONResponse:
         status = http_status(exc)
-        return JSONResponse(error_body(status, exc.message, exc.details), status_code=status)
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, TooManyRequests) else None
+        return JSONResponse(error_body(status, exc.message, exc.details), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

@@ -11,7 +11,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps, serializers
-from control_plane.api.wire import StrictWire
+from control_plane.api.wire import INT32_MAX, Id, Int32, StrictWire
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.db.models import Experiment
@@ -29,8 +29,8 @@ class CreateExperimentRequest(StrictWire):
     model_definition: list[Any] | None = None
     validate_only: bool = False
     activate: bool = True
-    parent_id: int | None = None
-    project_id: int | None = None
+    parent_id: Int32 | None = None
+    project_id: Int32 | None = None
     template: str | None = None
     unmanaged: bool | None = None
 
@@ -75,21 +75,21 @@ def list_experiments(
     states: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
     labels: Annotated[list[str], Query()] = [],  # noqa: B006
     users: Annotated[list[str], Query()] = [],  # noqa: B006
-    userIds: Annotated[list[int], Query()] = [],  # noqa: B006
+    userIds: Annotated[list[Int32], Query()] = [],  # noqa: B006
     name: str | None = None,
     description: str | None = None,
     sortBy: str | None = None,
     orderBy: str | None = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=-2)] = 0,
-    projectId: int | None = None,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+    limit: Annotated[int, Query(ge=-2, le=INT32_MAX)] = 0,
+    projectId: Int32 | None = None,
     showTrialData: bool | None = None,
-    id_gt: Annotated[int | None, Query(alias="experimentIdFilter.gt")] = None,
-    id_gte: Annotated[int | None, Query(alias="experimentIdFilter.gte")] = None,
-    id_lt: Annotated[int | None, Query(alias="experimentIdFilter.lt")] = None,
-    id_lte: Annotated[int | None, Query(alias="experimentIdFilter.lte")] = None,
-    id_incl: Annotated[list[int], Query(alias="experimentIdFilter.incl")] = [],  # noqa: B006
-    id_not_in: Annotated[list[int], Query(alias="experimentIdFilter.notIn")] = [],  # noqa: B006
+    id_gt: Annotated[Int32 | None, Query(alias="experimentIdFilter.gt")] = None,
+    id_gte: Annotated[Int32 | None, Query(alias="experimentIdFilter.gte")] = None,
+    id_lt: Annotated[Int32 | None, Query(alias="experimentIdFilter.lt")] = None,
+    id_lte: Annotated[Int32 | None, Query(alias="experimentIdFilter.lte")] = None,
+    id_incl: Annotated[list[Int32], Query(alias="experimentIdFilter.incl")] = [],  # noqa: B006
+    id_not_in: Annotated[list[Int32], Query(alias="experimentIdFilter.notIn")] = [],  # noqa: B006
 ) -> dict[str, Any]:
     """Determined's limit semantics: 0 → 100, -1 → all, -2 → only the pagination."""
     serializers.reject_nul(name=name, description=description, labels=labels, users=users)
@@ -124,7 +124,7 @@ def _job_summary_json(summary: experiments.JobSummary | None) -> dict[str, Any] 
 
 @router.get("/api/v1/experiments/{experimentId}")
 def get_experiment(
-    experimentId: int,
+    experimentId: Id,
     p: Principal = Depends(deps.principal),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def _owned(db: Session, p: Principal, experiment_id: int) -> Experiment:
 
 def _state_action(action: str) -> Any:
     def handler(
-        experimentId: int,
+        experimentId: Id,
         p: Principal = Depends(deps.user),
         master: Master = Depends(deps.get_master),
         db: Session = Depends(deps.get_db, scope="function"),
@@ -166,7 +166,7 @@ for _action in ("activate", "pause", "cancel", "kill"):
 
 @router.post("/api/v1/experiments/{experimentId}/archive")
 def archive_experiment(
-    experimentId: int, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
+    experimentId: Id, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     experiments.archive(_owned(db, p, experimentId))
     return {}
@@ -174,20 +174,20 @@ def archive_experiment(
 
 @router.post("/api/v1/experiments/{experimentId}/unarchive")
 def unarchive_experiment(
-    experimentId: int, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
+    experimentId: Id, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     experiments.unarchive(_owned(db, p, experimentId))
     return {}
 
 
 class PatchResources(StrictWire):
-    max_slots: int | None = None
-    priority: int | None = None
+    max_slots: Int32 | None = None
+    priority: Int32 | None = None
     weight: float | None = None
 
 
 class PatchExperimentRequest(StrictWire):
-    id: int | None = None
+    id: Int32 | None = None
     name: str | None = Field(default=None, max_length=experiments.NAME_MAX)
     description: str | None = None
     notes: str | None = None
@@ -198,7 +198,7 @@ class PatchExperimentRequest(StrictWire):
 
 @router.patch("/api/v1/experiments/{experimentId}")
 def patch_experiment(
-    experimentId: int,
+    experimentId: Id,
     body: PatchExperimentRequest,
     p: Principal = Depends(deps.user),
     db: Session = Depends(deps.get_db, scope="function"),
@@ -219,14 +219,14 @@ def patch_experiment(
 
 @router.put("/api/v1/experiments/{experimentId}/labels/{label}")
 def put_label(
-    experimentId: int, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
+    experimentId: Id, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     return {"labels": experiments.add_label(_owned(db, p, experimentId), label)}
 
 
 @router.delete("/api/v1/experiments/{experimentId}/labels/{label}")
 def delete_label(
-    experimentId: int, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
+    experimentId: Id, label: str, p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
     serializers.reject_nul(label=label)
@@ -235,7 +235,7 @@ def delete_label(
 
 @router.delete("/api/v1/experiments/{experimentId}")
 def delete_experiment(
-    experimentId: int,
+    experimentId: Id,
     p: Principal = Depends(deps.user),
     master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),

@@ -13,10 +13,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 from sqlalchemy.orm import Session
+from starlette.background import BackgroundTask
 
 from control_plane.api import deps, serializers
+from control_plane.api.admission import Ticket
 from control_plane.api.streams import STREAM_BATCH, STREAM_MEDIA_TYPE, ndjson, stream_error
-from control_plane.api.wire import StrictWire, ts
+from control_plane.api.wire import INT32_MAX, Id, Int32, Int64, StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.db.models import TaskLog
 from control_plane.errors import bad_request
@@ -38,12 +40,12 @@ class TaskLogIn(StrictWire):
     allocation_id: str | None = Field(default=None, max_length=64)
     agent_id: str | None = Field(default=None, max_length=128)
     container_id: str | None = None
-    rank_id: int | None = None
+    rank_id: Int32 | None = None
     timestamp: str | None = None
     level: str | None = None
     stdtype: str | None = Field(default=None, max_length=16)
     source: str | None = Field(default=None, max_length=32)
-    id: int | None = None
+    id: Int64 | None = None
 
 
 class PostTaskLogsRequest(StrictWire):
@@ -113,11 +115,16 @@ def _log_stream(
     follow: bool,
     limit: int,
     desc: bool,
+    slot: Ticket,
 ) -> StreamingResponse:
     """Pages through a task's logs by id. With follow, polls for new lines until the task is over
-    and one more poll after that found nothing (lines shipped just before the end still arrive)."""
+    and one more poll after that found nothing (lines shipped just before the end still arrive).
+
+    The stream holds an admission slot (api/admission.py) only while it reads a page: not while
+    it waits between polls, nor while a slow client takes its lines."""
 
     async def gen() -> AsyncIterator[bytes]:
+        slot.release()
         cursor: int | None = None
         sent = 0
         over_seen = False
@@ -129,12 +136,15 @@ def _log_stream(
                     page = log_records.log_page(s, task_id, flt, cursor, desc=desc, batch=STREAM_BATCH)
                     return [render(r) for r in page.rows], page.cursor, page.fetched, over
 
+            await slot.take_turn()
             try:
                 lines, cursor, fetched, over = await run_in_threadpool(fetch)
             except Exception:
                 log.exception("event=log_stream_error task_id=%s", task_id)
                 yield stream_error("internal error")
                 return
+            finally:
+                slot.release()
             for line in lines:
                 yield ndjson({"result": line})
                 sent += 1
@@ -155,13 +165,13 @@ def _log_stream(
 
 def _log_params(
     follow: bool = False,
-    limit: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
     orderBy: str | None = None,
     levels: Annotated[list[str], Query()] = [],  # noqa: B006
     stdtypes: Annotated[list[str], Query()] = [],  # noqa: B006
     sources: Annotated[list[str], Query()] = [],  # noqa: B006
     agentIds: Annotated[list[str], Query()] = [],  # noqa: B006
-    rankIds: Annotated[list[int], Query()] = [],  # noqa: B006
+    rankIds: Annotated[list[Int32], Query()] = [],  # noqa: B006
     containerIds: Annotated[list[str], Query()] = [],  # noqa: B006
     allocationIds: Annotated[list[str], Query()] = [],  # noqa: B006
     searchText: str | None = None,
@@ -186,17 +196,19 @@ def _log_params(
 
 @router.get("/api/v1/trials/{trialId}/logs")
 def trial_logs(
-    trialId: int,
+    trialId: Id,
     p: Principal = Depends(deps.principal),
     master: Master = Depends(deps.get_master),
     params: tuple[LogFilter, bool, int, bool] = Depends(_log_params),
+    slot: Ticket = Depends(deps.ticket),
 ) -> StreamingResponse:
     with master.read_sessions() as db:
         trial = access.get_trial(db, trialId)
         access.require_read_trial(p, trial)
     flt, follow, limit, desc = params
-    return _log_stream(master, trial.task_id, trialId, flt, lambda r: _trial_log_json(r, trialId),
-                       follow=follow, limit=limit, desc=desc)
+    lease = log_records.search_slot(p, flt)
+    return _released(lease, _log_stream(master, trial.task_id, trialId, flt, lambda r: _trial_log_json(r, trialId),
+                                        follow=follow, limit=limit, desc=desc, slot=slot))
 
 
 @router.get("/api/v1/tasks/{taskId}/logs")
@@ -205,9 +217,30 @@ def task_logs(
     p: Principal = Depends(deps.principal),
     master: Master = Depends(deps.get_master),
     params: tuple[LogFilter, bool, int, bool] = Depends(_log_params),
+    slot: Ticket = Depends(deps.ticket),
 ) -> StreamingResponse:
     serializers.reject_nul(taskId=taskId)
     with master.read_sessions() as db:
         trial_id = log_records.readable_task(db, p, taskId)
     flt, follow, limit, desc = params
-    return _log_stream(master, taskId, trial_id, flt, _task_log_json, follow=follow, limit=limit, desc=desc)
+    lease = log_records.search_slot(p, flt)
+    return _released(lease, _log_stream(master, taskId, trial_id, flt, _task_log_json, follow=follow, limit=limit,
+                                        desc=desc, slot=slot))
+
+
+def _released(lease: log_records.SearchLease, resp: StreamingResponse) -> StreamingResponse:
+    """Hold the caller's search slot while the stream runs. The generator's `finally` frees it
+    however the stream ends (finished, failed, client gone: the event loop closes abandoned async
+    generators); the background task covers a response whose body was never started."""
+    inner = resp.body_iterator
+
+    async def body() -> AsyncIterator[Any]:
+        try:
+            async for chunk in inner:
+                yield chunk
+        finally:
+            lease.release()
+
+    resp.body_iterator = body()
+    resp.background = BackgroundTask(lease.release)
+    return resp

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from control_plane.api import deps, serializers
 from control_plane.api.streams import STREAM_BATCH, STREAM_MEDIA_TYPE, ndjson, stream_error
-from control_plane.api.wire import StrictWire, ts
+from control_plane.api.wire import INT32_MAX, Count32, Count64, Id, Int32, Int64, StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.db.models import Metric, Trial
 from control_plane.errors import bad_request, not_found
@@ -46,9 +46,9 @@ class MetricsBody(StrictWire):
 
 
 class TrialMetricsBody(StrictWire):
-    trial_id: int
-    trial_run_id: int = Field(ge=0)
-    steps_completed: int = Field(ge=0)
+    trial_id: Id
+    trial_run_id: Count32
+    steps_completed: Count64
     metrics: MetricsBody
     report_time: str | None = None
 
@@ -87,7 +87,7 @@ def _store(db: Session, master: Master, p: Principal, trial_id: int,
 
 @router.post("/api/v1/trials/{trialId}/metrics")
 def report_metrics(
-    trialId: int,
+    trialId: Id,
     body: ReportMetricsRequest,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
@@ -99,7 +99,7 @@ def report_metrics(
 
 @router.post("/api/v1/trials/{trialId}/metrics/batch")
 def report_metrics_batch(
-    trialId: int,
+    trialId: Id,
     body: BatchReportRequest,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
@@ -113,7 +113,7 @@ def report_metrics_batch(
 
 def _legacy(group: str) -> Callable[..., dict[str, Any]]:
     def handler(
-        trialId: int,
+        trialId: Id,
         body: TrialMetricsBody,
         p: Principal = Depends(deps.user_or_allocation),
         master: Master = Depends(deps.get_master),
@@ -194,11 +194,11 @@ def _metrics_stream_endpoint(fixed_group: str | None) -> Callable[..., Streaming
     def handler(
         p: Principal = Depends(deps.principal),
         master: Master = Depends(deps.get_master),
-        trialIds: Annotated[list[int], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+        trialIds: Annotated[list[Int32], Query()] = [],  # noqa: B006 - FastAPI copies defaults
         group: str | None = None,
-        startBatches: int | None = None,
-        endBatches: int | None = None,
-        limit: Annotated[int, Query(ge=0)] = 0,
+        startBatches: Int64 | None = None,
+        endBatches: Int64 | None = None,
+        limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
     ) -> StreamingResponse:
         chosen = fixed_group or group
         serializers.reject_nul(group=chosen)
@@ -231,14 +231,14 @@ def metric_row_json(m: Metric) -> dict[str, Any]:
 
 @router.get("/api/v1/trials/{trialId}/metrics")
 def list_trial_metrics(
-    trialId: int,
+    trialId: Id,
     p: Principal = Depends(deps.principal),
     db: Session = Depends(deps.get_db, scope="function"),
     group: str | None = None,
-    startStep: int | None = None,
-    endStep: int | None = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=0)] = 0,
+    startStep: Int64 | None = None,
+    endStep: Int64 | None = None,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+    limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> dict[str, Any]:
     """Shipyard: a trial's reports in step order, `startStep` ≤ step ≤ `endStep`; limit 0 = all."""
     serializers.reject_nul(group=group)

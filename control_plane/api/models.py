@@ -11,7 +11,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps, serializers
-from control_plane.api.wire import StrictWire, ts
+from control_plane.api.wire import Count32, Id, Int32, StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.db.models import Checkpoint, Model, ModelVersion, User
 from control_plane.errors import bad_request, forbidden
@@ -29,7 +29,7 @@ class PostModel(StrictWire):
     metadata: dict[str, Any] = Field(default_factory=dict)
     labels: list[str] = Field(default_factory=list, max_length=100)
     notes: str = Field(default="", max_length=100_000)
-    workspace_id: int | None = None
+    workspace_id: Int32 | None = None
     workspace_name: str | None = None
 
 
@@ -57,7 +57,7 @@ def post_model(body: PostModel, p: Principal = Depends(deps.user), master: Maste
 
 @router.get("/api/v1/models")
 def get_models(_p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"), name: str | None = None,
-               archived: bool | None = None, offset: int = 0, limit: int = 0) -> dict[str, Any]:
+               archived: bool | None = None, offset: Count32 = 0, limit: Count32 = 0) -> dict[str, Any]:
     found = models.list_models(db, name, archived)
     shown = serializers.page(found, offset, limit)
     return {"models": [_model_out(db, m) for m in shown],
@@ -105,7 +105,7 @@ def post_model_version(modelName: str, body: PostModelVersion, p: Principal = De
 
 @router.get("/api/v1/models/{modelName}/versions")
 def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"),
-                       offset: int = 0, limit: int = 0) -> dict[str, Any]:
+                       offset: Count32 = 0, limit: Count32 = 0) -> dict[str, Any]:
     m = models.get_model(db, modelName)
     versions = models.list_versions(db, m)
     shown = serializers.page(versions, offset, limit)
@@ -114,14 +114,14 @@ def get_model_versions(modelName: str, _p: Principal = Depends(deps.user), db: S
 
 
 @router.get("/api/v1/models/{modelName}/versions/{modelVersionNum}")
-def get_model_version(modelName: str, modelVersionNum: int, _p: Principal = Depends(deps.user),
+def get_model_version(modelName: str, modelVersionNum: Id, _p: Principal = Depends(deps.user),
                       db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     m = models.get_model(db, modelName)
     return {"modelVersion": _version_json(db, models.get_version(db, m, modelVersionNum), m)}
 
 
 @router.post("/api/v1/experiments/{experimentId}/gc")
-def gc_experiment(experimentId: int, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+def gc_experiment(experimentId: Id, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
                   db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     exp = access.get_experiment(db, experimentId)
     if not p.admin and exp.owner_id != p.user_id:

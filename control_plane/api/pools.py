@@ -53,7 +53,9 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         "lastDecisionAt": ts(row.last_decision_at),
         "instances": [
             {"launchId": i.launch_id, "instanceId": i.instance_id, "state": i.state, "agentId": i.agent_id,
-             "location": i.location, "instanceType": i.instance_type, "launchedAt": ts(i.launched_at or i.requested_at)}
+             "location": i.location, "instanceType": i.instance_type, "launchedAt": ts(i.launched_at or i.requested_at),
+             # An instance being stopped bills until the cloud says it is gone: why, and since when.
+             "terminateReason": i.terminate_reason, "terminateRequestedAt": ts(i.terminate_requested_at)}
             for i in instances
         ],
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-STREAM_MEDIA_TYPE = "application/json"
+STREAM_MEDIA_TYPE = "application/x-ndjson"  # one JSON object per line, not one JSON document
 STREAM_BATCH = 1000
 
 

@@ -14,7 +14,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps
-from control_plane.api.wire import StrictWire, Wire, ts
+from control_plane.api.admission import Ticket
+from control_plane.api.wire import Count64, Id, StrictWire, Wire, ts
 from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.core.searcher import ExitedReason
@@ -39,7 +40,7 @@ def _owner_or_allocation(db: Session, p: Principal, trial: Trial) -> None:
 
 @router.get("/api/v1/experiments/{experimentId}/model_def")
 def model_def(
-    experimentId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db, scope="function")
+    experimentId: Id, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     exp = access.get_experiment(db, experimentId)
     access.require_read_experiment(db, p, exp)
@@ -48,7 +49,7 @@ def model_def(
 
 @router.get("/api/v1/trials/{trialId}/searcher/operation")
 def searcher_operation(
-    trialId: int, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db, scope="function")
+    trialId: Id, p: Principal = Depends(deps.user_or_allocation), db: Session = Depends(deps.get_db, scope="function")
 ) -> dict[str, Any]:
     op = trials.searcher_operation(db, _trial(db, p, trialId))
     if op.length is not None:
@@ -57,7 +58,7 @@ def searcher_operation(
 
 
 class CompletedOp(Wire):
-    length: int = Field(ge=0)
+    length: Count64
 
 
 class CompleteOperationRequest(StrictWire):
@@ -67,7 +68,7 @@ class CompleteOperationRequest(StrictWire):
 
 @router.post("/api/v1/trials/{trialId}/searcher/completed_operation")
 def completed_operation(
-    trialId: int,
+    trialId: Id,
     body: CompleteOperationRequest,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
@@ -92,7 +93,7 @@ class EarlyExit(StrictWire):
 
 @router.post("/api/v1/trials/{trialId}/early_exit")
 def early_exit(
-    trialId: int,
+    trialId: Id,
     body: EarlyExit,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
@@ -114,7 +115,7 @@ class ProgressRequest(StrictWire):
 
 @router.post("/api/v1/trials/{trialId}/progress")
 def progress(
-    trialId: int, body: ProgressRequest, p: Principal = Depends(deps.user_or_allocation),
+    trialId: Id, body: ProgressRequest, p: Principal = Depends(deps.user_or_allocation),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     trial = _trial(db, p, trialId)
@@ -144,6 +145,7 @@ async def preemption_signal(
     timeoutSeconds: float = 0,
     p: Principal = Depends(deps.user_or_allocation),
     master: Master = Depends(deps.get_master),
+    slot: Ticket = Depends(deps.ticket),
 ) -> dict[str, Any]:
     deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 600.0))
     while True:
@@ -151,7 +153,12 @@ async def preemption_signal(
         remaining = deadline - time.monotonic()
         if preempt or remaining <= 0 or master.stopping.is_set():
             return {"preempt": preempt}
-        await master.wait_async(min(remaining, 2.0))
+        # The wait holds no thread, connection or admission slot (api/admission.py); with no slot
+        # to be had afterwards, answer "no preemption yet" and the harness asks again.
+        async with slot.idle():
+            await master.wait_async(min(remaining, 2.0))
+        if not slot.held:
+            return {"preempt": False}
 
 
 class AckPreemption(Wire):

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps, serializers
+from control_plane.api.wire import INT32_MAX, Id
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.master import Master
@@ -19,15 +20,15 @@ router = APIRouter()
 
 @router.get("/api/v1/experiments/{experimentId}/trials")
 def list_trials(
-    experimentId: int,
+    experimentId: Id,
     p: Principal = Depends(deps.principal),
     master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),
     states: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
     sortBy: str | None = None,
     orderBy: str | None = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+    limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> dict[str, Any]:
     """`limit` 0 means no limit (Determined)."""
     exp = access.get_experiment(db, experimentId)
@@ -48,7 +49,7 @@ def list_trials(
 
 @router.get("/api/v1/trials/{trialId}")
 def get_trial(
-    trialId: int,
+    trialId: Id,
     p: Principal = Depends(deps.principal),
     master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),

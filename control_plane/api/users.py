@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Query
+from fastapi import APIRouter, Body, Depends, Query, Request
 from pydantic import Field
 from sqlalchemy.orm import Session
 
 import control_plane
 from control_plane import auth
 from control_plane.api import deps
-from control_plane.api.wire import StrictWire, pagination, ts
+from control_plane.api.wire import INT32_MAX, Id, Int32, StrictWire, pagination, ts
 from control_plane.auth import Principal
 from control_plane.db.models import User
 from control_plane.errors import not_found
@@ -53,7 +53,8 @@ def master_info(master: Master) -> dict[str, Any]:
 
 @router.get("/info")
 @router.get("/api/v1/master")
-def get_master_info(master: Master = Depends(deps.get_master)) -> dict[str, Any]:
+async def get_master_info(master: Master = Depends(deps.get_master)) -> dict[str, Any]:
+    # async and from memory: answers on the event loop even when every worker thread is busy.
     return master_info(master)
 
 
@@ -65,9 +66,15 @@ class LoginRequest(StrictWire):
 
 @router.post("/api/v1/auth/login")
 def login(
-    body: LoginRequest, master: Master = Depends(deps.get_master), db: Session = Depends(deps.get_db, scope="function")
+    body: LoginRequest,
+    request: Request,
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
-    token, u = users.login(db, master, body.username, body.password, is_hashed=body.is_hashed)
+    # The peer's address, not X-Forwarded-For: a header any client can set would let an attacker
+    # pick a fresh "address" for every guess.
+    address = request.client.host if request.client else None
+    token, u = users.login(db, master, body.username, body.password, is_hashed=body.is_hashed, address=address)
     return {"token": token, "user": user_json(u)}
 
 
@@ -93,7 +100,7 @@ class UserIn(StrictWire):
     active: bool = True
     display_name: str | None = Field(default=None, max_length=255)
     # Determined's v1User carries these; accepted and ignored.
-    id: int | None = None
+    id: Int32 | None = None
     agent_user_group: dict[str, Any] | None = None
     remote: bool | None = None
 
@@ -120,7 +127,7 @@ def create_user(
 def list_users(
     _p: Principal = Depends(deps.user),
     db: Session = Depends(deps.get_db, scope="function"),
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
     limit: Annotated[int, Query(ge=0, le=10_000)] = 0,
     name: str | None = None,
     active: bool | None = None,
@@ -132,7 +139,7 @@ def list_users(
 
 
 @router.get("/api/v1/users/{userId}")
-def get_user(userId: int, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+def get_user(userId: Id, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     return {"user": user_json(users.get_user(db, userId))}
 
 
@@ -143,7 +150,7 @@ def get_user_by_username(username: str, _p: Principal = Depends(deps.user), db: 
 
 @router.post("/api/v1/users/{userId}/password")
 def set_password(
-    userId: int,
+    userId: Id,
     password: Annotated[str, Body(max_length=1024)],
     p: Principal = Depends(deps.user),
     master: Master = Depends(deps.get_master),
@@ -167,7 +174,7 @@ class PatchUser(StrictWire):
 
 @router.patch("/api/v1/users/{userId}")
 def patch_user(
-    userId: int,
+    userId: Id,
     body: PatchUser,
     p: Principal = Depends(deps.user),
     master: Master = Depends(deps.get_master),

@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
+
+from annotated_types import Ge, Le
 
 from shipyard_common.wire import rfc3339
 from shipyard_common.wire_model import StrictWire, Wire
 
-__all__ = ["Pagination", "StrictWire", "Wire", "pagination", "ts"]
+__all__ = [
+    "INT32_MAX", "INT64_MAX", "Count32", "Count64", "Id", "Int32", "Int64", "Pagination", "StrictWire", "Wire",
+    "pagination", "ts",
+]
+
+# Every integer the API takes is bounded by the column it ends up in (or is compared with): a
+# value beyond it can never match or be stored, and SQLite's driver (OverflowError) and
+# PostgreSQL (`integer out of range`) would otherwise turn it into a 500. Out of range is a 400
+# naming the field, and the bounds are in the OpenAPI spec. Use these for path, query and body
+# integers alike (`annotated_types` constraints work in both places).
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+Int32 = Annotated[int, Ge(-(2**31)), Le(INT32_MAX)]
+Int64 = Annotated[int, Ge(-(2**63)), Le(INT64_MAX)]
+Id = Annotated[int, Ge(1), Le(INT32_MAX)]  # row ids: Integer columns, as Determined's int32 ids
+Count32 = Annotated[int, Ge(0), Le(INT32_MAX)]  # offsets, limits, run ids, versions
+Count64 = Annotated[int, Ge(0), Le(INT64_MAX)]  # steps, lengths, byte sizes (BigInteger columns)
 
 
 def ts(value: datetime | None) -> str | None:

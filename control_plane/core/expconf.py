@@ -94,6 +94,10 @@ MAX_CONFIG_BYTES = 2 * 1024 * 1024
 # Bounds on the parsed document: YAML aliases can expand a small text into a huge tree.
 _MAX_NODES = 200_000
 _MAX_DEPTH = 64
+# Nodes in the text itself (aliases not expanded), checked on the event stream before PyYAML
+# composes anything: its pure-Python loader spends ~30 µs per node, so this caps the CPU one
+# config can cost (well under a second); a real config has a few hundred nodes.
+_MAX_DOCUMENT_NODES = 20_000
 
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
@@ -777,6 +781,7 @@ def _load_document(text: str | bytes) -> Any:
     elif len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
         raise ConfigInvalid([FieldError("", f"config is larger than {MAX_CONFIG_BYTES} bytes")])
     try:
+        _check_shape(text)
         return yaml.load(text, Loader=_ConfigLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -787,6 +792,52 @@ def _load_document(text: str | bytes) -> Any:
         raise ConfigInvalid([FieldError("", f"invalid YAML: {exc}")]) from None
     except RecursionError:
         raise ConfigInvalid([FieldError("", "invalid YAML: nested too deeply")]) from None
+
+
+# libyaml's parser when PyYAML has it (it ships in PyYAML's wheels): a fast, iterative event stream.
+_EventLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _check_shape(text: str) -> None:
+    """Refuse, from the document's event stream and before it is composed, a document nested
+    deeper than _MAX_DEPTH, with more than _MAX_DOCUMENT_NODES nodes, or whose aliases expand to
+    more than _MAX_NODES values ("billion laughs"): PyYAML's composer recurses once per level and
+    its scanner is quadratic in flow nesting, so 6 KB of `[[[[` cost seconds. Same rules and
+    messages as `_json_problems`, which still checks the loaded tree. Malformed text is left to the
+    loader, whose messages say where."""
+    too_big = f"config is too large (more than {_MAX_NODES} values after expanding aliases)"
+    nodes = 0
+    expanded: dict[str, int] = {}  # anchor → values its node expands to
+    # one entry per open collection: [values inside it so far (expanded), its anchor]
+    open_: list[list[Any]] = [[0, None]]
+    try:
+        for event in yaml.parse(text, Loader=_EventLoader):
+            if isinstance(event, yaml.CollectionEndEvent):
+                size, anchor = open_.pop()
+                if anchor is not None:
+                    expanded[anchor] = size
+                open_[-1][0] += size
+                if open_[-1][0] > _MAX_NODES:
+                    raise ConfigInvalid([FieldError("", too_big)])
+                continue
+            if not isinstance(event, yaml.NodeEvent):
+                continue  # stream and document boundaries
+            nodes += 1
+            if len(open_) - 1 > _MAX_DEPTH:
+                raise ConfigInvalid([FieldError("", f"nested more than {_MAX_DEPTH} levels deep")])
+            if nodes > _MAX_DOCUMENT_NODES:
+                raise ConfigInvalid([FieldError("", f"config is too large (more than {_MAX_DOCUMENT_NODES} values)")])
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_.append([1, event.anchor])
+                continue
+            size = expanded.get(event.anchor, 1) if isinstance(event, yaml.AliasEvent) else 1
+            if isinstance(event, yaml.ScalarEvent) and event.anchor is not None:
+                expanded[event.anchor] = 1
+            open_[-1][0] += size
+            if open_[-1][0] > _MAX_NODES:
+                raise ConfigInvalid([FieldError("", too_big)])
+    except yaml.YAMLError:
+        return
 
 
 def _join(path: str, key: str | int) -> str:

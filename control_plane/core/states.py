@@ -292,6 +292,9 @@ INSTANCE_TRANSITIONS: Mapping[InstanceState, frozenset[InstanceState]] = Mapping
 })
 # Instances that count toward the pool's size.
 INSTANCE_LIVE = frozenset({_I.REQUESTED, _I.STARTING, _I.RUNNING})
+# Instances that may bill: the live ones and those being stopped, until the cloud says they are gone.
+# These count toward max_instances.
+INSTANCE_BILLED = INSTANCE_LIVE | {_I.STOPPING}
 
 
 class PoolState(StrEnum):

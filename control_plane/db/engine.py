@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from shipyard_common import private_files
 
-def make_engine(url: str) -> Engine:
+
+def make_engine(url: str, *, pool_size: int = 12, pool_timeout_s: float = 3.0) -> Engine:
+    """`pool_size` connections, and a short `pool_timeout_s`: the API admits fewer requests than
+    the pool holds (api/admission.py), so a wait for a connection means something is wrong and it
+    should fail fast (503) rather than hang the caller for half a minute."""
+    # The overflow is slack for the background loops' bursts, not room for more requests.
+    pool_args = {"pool_size": pool_size, "max_overflow": 10, "pool_timeout": pool_timeout_s}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+            # 0600 before SQLite opens it (its -wal and -shm files copy the database file's mode).
+            private_files.ensure_private_file(Path(path), companions=("-wal", "-shm", "-journal"))
+        file_db = bool(path) and path != ":memory:"  # an in-memory database has a single connection
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                               **(pool_args if file_db else {}))
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -31,17 +42,30 @@ def make_engine(url: str) -> Engine:
         # pysqlite's own transaction handling defers BEGIN; make writes take the lock up front
         # so concurrent writers queue on busy_timeout instead of failing on upgrade. Read-only
         # sessions (see `read_only`) begin deferred: in WAL mode they never wait for a writer.
+        gate = _WriterGate()
+
         @event.listens_for(engine, "begin")
         def _begin(conn) -> None:  # type: ignore[no-untyped-def]
             read_only = conn.get_execution_options().get(READ_ONLY)
+            if not read_only:
+                gate.enter(conn.info)
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+        @event.listens_for(engine, "commit")
+        @event.listens_for(engine, "rollback")
+        def _end(conn) -> None:  # type: ignore[no-untyped-def]
+            gate.leave(conn.info)
+
+        @event.listens_for(engine.pool, "checkin")
+        def _checkin(_dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+            gate.leave(record.info)  # whatever path ended the transaction, the gate is let go
 
         @event.listens_for(engine, "connect")
         def _no_autobegin(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
             dbapi_conn.isolation_level = None
 
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, **pool_args)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
@@ -49,6 +73,30 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 READ_ONLY = "shipyard_read_only"
+_GATE_HELD = "shipyard_writer_gate"
+# As long as SQLite's own busy_timeout: past it, a writer goes on to SQLite as before the gate.
+_GATE_TIMEOUT_S = 30.0
+
+
+class _WriterGate:
+    """SQLite lets one writer at a time in; the others wait in its busy handler, which sleeps in
+    steps of up to 100 ms and misses the moment the lock is free, so under concurrent writers the
+    database sits idle while they sleep and throughput falls as clients grow. The master's writers
+    queue here instead, on a lock handed over the instant the previous transaction ends. Keyed by
+    connection (a transaction may end on another thread than the one that began it); a writer
+    that cannot get the gate in time (a second write transaction opened by a thread that already
+    holds one) proceeds to SQLite, which decides as it always did."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def enter(self, info: dict[str, object]) -> None:
+        if not info.get(_GATE_HELD):
+            info[_GATE_HELD] = self._lock.acquire(timeout=_GATE_TIMEOUT_S)
+
+    def leave(self, info: dict[str, object]) -> None:
+        if info.pop(_GATE_HELD, False):
+            self._lock.release()
 
 
 def read_only(engine: Engine) -> Engine:

@@ -9,9 +9,23 @@ memory, so a crash anywhere is healed by the next tick:
   record: no duplicate launch); one with this cluster's tags and no row is an orphan, terminated;
 - a row whose instance vanished from the cloud (spot reclaim, manual delete) ends, and so do the
   allocations that ran on it (an infrastructure failure: it does not count against max_restarts).
+  A list miss is evidence, not proof (cloud lists are eventually consistent): the row ends when the
+  cloud says so by id (`describe`) or after the pool's `list_miss_grace`
+  (control_plane/core/scaling/reconcile.py has the rules);
+- terminations are level-triggered: a row in `stopping` (and an orphan) gets its terminate call
+  again on later ticks, at growing intervals up to a bound, until the cloud reports the instance
+  gone; a crash between committing `stopping` and the call is healed the same way. Until then the
+  instance counts toward max_instances (it bills). An instance the cloud reports stopped, suspended
+  or shutting down (a GCE VM powered off, an EC2 instance stopped by hand) is terminated: its disks
+  would bill forever.
 Launch errors back the pool off or stop it (the pure core control_plane/core/scaling/backoff.py
 decides how long from the error's kind and scope), and the pool shows why in
-`det resource-pool describe`.
+`det resource-pool describe`; during a long backoff one instance probes every
+`launch_probe_interval`. An error shown on the pool ends with the condition that caused it.
+
+What is kept in memory is safe to lose: when each instance was first missed from a list (a restart
+starts the grace window again), the terminate attempts (a restart sends them again at once) and when
+the last launch failed (a restart starts the probe interval again).
 
 Tests reach the cloud edge through `wrap_provider`: a function that wraps each pool's provider
 (failure injection, a crash right after a launch), so no test-only path lives here."""
@@ -21,8 +35,9 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -30,6 +45,7 @@ from sqlalchemy.orm import Session
 from control_plane import auth
 from control_plane.core import states as st
 from control_plane.core.scaling import InstanceView, PendingDemand, PoolLimits, ScaleDecision, backoff, decide
+from control_plane.core.scaling import reconcile as rec
 from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool, Token
@@ -44,23 +60,33 @@ from provisioners.base import (
     Provider,
     ProviderError,
     UserDataKind,
+    describer,
 )
 from provisioners.factory import PoolConfigError, PoolProvider, build_provider
 
 log = logging.getLogger("shipyard.autoscaler")
 
-# The master's record of a listed instance follows the cloud's view of it. A listed instance is not
-# gone yet (whatever state it reports): its row ends when it leaves the list.
+# The master's record of a listed instance follows the cloud's view of it while it runs. A listed
+# instance that is not running any more (stopped, suspended, shutting down) is not gone yet: the
+# master terminates it, and its row ends when the cloud says it is gone.
 _RECORD_OF: dict[CloudState, InstanceState] = {
     CloudState.PENDING: InstanceState.STARTING,
     CloudState.RUNNING: InstanceState.RUNNING,
-    CloudState.STOPPING: InstanceState.STOPPING,
-    CloudState.TERMINATED: InstanceState.STOPPING,
 }
+_DOWN_BY_CLOUD: dict[CloudState, str] = {
+    CloudState.STOPPING: "the cloud reports it stopping or shutting down (not by this master)",
+    CloudState.STOPPED: "the cloud reports it stopped or suspended (not by this master): its disks still bill",
+    CloudState.TERMINATED: "the cloud reports it terminated (not by this master)",
+}
+# Prefixes of the pool errors that end with their cause (a list that works again, a provider that
+# builds again); launch errors end with the backoff or a launch that goes through.
+LIST_ERROR = "cannot list instances: "
 
 # A `requested` row with no cloud instance after this long never launched (the master died
 # before the call, or the call failed without an answer): it is closed, never re-sent.
 REQUEST_GRACE = timedelta(minutes=3)
+
+_NOT_ASKED = object()  # no lookup by id answered for an instance
 
 UserDataRenderer = Callable[[str, str, str, "PoolProvider"], str]  # (pool, launch_id, token, provider) -> user-data
 # (pool name, the pool's provider) -> the provider the autoscaler talks to. Tests wrap the cloud
@@ -69,9 +95,29 @@ ProviderWrapper = Callable[[str, Provider], Provider]
 
 
 @dataclass
+class _Attempts:
+    """Terminate calls sent for one instance by this process."""
+
+    count: int = 0
+    last_at: datetime | None = None
+    last_error: str | None = None
+
+
+@dataclass
 class _PoolState:
     provider: PoolProvider | None
     error: str | None = None
+    # launch id -> when a list first missed its instance (in a row)
+    first_missed: dict[str, datetime] = field(default_factory=dict)
+    # instance id -> terminate attempts, for rows in `stopping` and orphans
+    terminations: dict[str, _Attempts] = field(default_factory=dict)
+    last_launch_failure_at: datetime | None = None
+
+    def list_miss_grace(self) -> timedelta:
+        assert self.provider is not None
+        if self.provider.settings.list_miss_grace is not None:
+            return self.provider.settings.list_miss_grace
+        return timedelta(0) if self.provider.provider_type.consistent_list else rec.DEFAULT_LIST_MISS_GRACE
 
 
 class Autoscaler:
@@ -133,50 +179,125 @@ class Autoscaler:
             with transaction(self.master.sessions) as s:
                 row = s.get(ResourcePool, name)
                 if row is not None:
-                    row.error = f"cannot list instances: {e}"
+                    row.error = f"{LIST_ERROR}{e}"
+            # Blind, but terminate is idempotent: what is being stopped keeps being asked to stop.
+            self._send_terminations(name, state, [], now)
             return
+        lookups = self._lookup_missing(name, pp, {ci.id for ci in cloud})
         with transaction(self.master.sessions) as s:
-            orphans = self._reconcile(s, name, cloud, now)
-        if orphans:
-            self._terminate(name, pp, orphans, "orphan: carries this cluster's tags but the master has no record")
+            orphans = self._reconcile(s, name, state, cloud, lookups, now)
         with transaction(self.master.sessions) as s:
-            decision, launch_ids, terminate_ids = self._decide(s, name, pp, now)
-        if terminate_ids:
-            self._terminate(name, pp, terminate_ids, None)
+            decision, launch_ids = self._decide(s, name, state, orphans, now)
+        self._send_terminations(name, state, orphans, now)
         if launch_ids:
-            self._launch(name, pp, launch_ids)
+            self._launch(name, state, launch_ids)
         if decision.launch or decision.terminate:
             self.master.notify()
 
     # -- observe ---------------------------------------------------------------------------------
-    def _reconcile(self, s: Session, pool: str, cloud: list[CloudInstance], now: datetime) -> list[str]:
+    def _lookup_missing(self, pool: str, pp: PoolProvider, listed: set[str]) -> dict[str, CloudInstance | None]:
+        """Look up by id the instances of this pool's rows that the list did not show (outside any
+        transaction: a cloud call). Empty when the provider cannot, or the lookup failed: the list
+        miss then only counts toward the grace window."""
+        lookup = describer(pp.provider)
+        if lookup is None:
+            return {}
+        with self.master.sessions() as s:
+            missing = [iid for iid in s.scalars(select(Instance.instance_id).where(
+                Instance.pool == pool, Instance.state.in_(st.INSTANCE_BILLED), Instance.instance_id.is_not(None)))
+                if iid is not None and iid not in listed]
+        if not missing:
+            return {}
+        try:
+            found = lookup.describe(missing)
+        except Exception as e:  # ProviderError, or a provider bug: the grace window still applies
+            log.warning("event=describe_failed pool=%s ids=%s error=%s", pool, missing, e)
+            return {}
+        log.info("event=described pool=%s %s", pool,
+                 " ".join(f"{iid}={found[iid].state if found.get(iid) else 'not_found'}"
+                          for iid in missing if iid in found))
+        return found
+
+    def _reconcile(self, s: Session, pool: str, state: _PoolState, cloud: list[CloudInstance],
+                   lookups: dict[str, CloudInstance | None], now: datetime) -> list[CloudInstance]:
+        """Bring the pool's rows in line with the cloud; the orphans (this cluster's tags, no live
+        row), to be terminated."""
+        prow = s.get(ResourcePool, pool)
+        if prow is not None and prow.error is not None and (
+                prow.error.startswith(LIST_ERROR) or prow.error.startswith(f"pool {pool!r} is not usable")):
+            log.info("event=pool_error_cleared pool=%s error=%r", pool, prow.error)
+            prow.error = None  # the list works again / the provider builds again
         rows = {r.launch_id: r for r in s.scalars(select(Instance).where(Instance.pool == pool))}
         by_instance_id = {r.instance_id: r for r in rows.values() if r.instance_id}
         seen: set[str] = set()
-        orphans: list[str] = []
+        orphans: list[CloudInstance] = []
         for ci in cloud:
             row = rows.get(ci.launch_id or "") or by_instance_id.get(ci.id)
             if row is None or row.state == InstanceState.TERMINATED:
-                orphans.append(ci.id)
+                orphans.append(ci)
                 continue
             seen.add(row.launch_id)
-            if row.instance_id is None:
-                log.info("event=instance_adopted pool=%s launch_id=%s instance_id=%s", pool, row.launch_id, ci.id)
-            row.instance_id = ci.id
-            row.location = ci.location or row.location
-            row.instance_type = ci.instance_type or row.instance_type
-            row.private_ip = ci.private_ip
-            row.launched_at = row.launched_at or ci.launched_at
-            _instance_move(row, _RECORD_OF[ci.state])  # a row asked to stop stays stopping
+            self._observe(s, row, ci, now)
+        grace = state.list_miss_grace()
         for row in rows.values():
             if row.launch_id in seen or row.state == InstanceState.TERMINATED:
+                state.first_missed.pop(row.launch_id, None)
                 continue
-            if row.state == InstanceState.REQUESTED and now - row.requested_at < REQUEST_GRACE:
-                continue  # the launch may still be in flight
-            self._close_row(s, row, now, row.terminate_reason or (
-                "launch never confirmed" if row.state == InstanceState.REQUESTED
-                else "instance disappeared from the cloud"))
+            if row.state == InstanceState.REQUESTED:
+                if now - row.requested_at >= REQUEST_GRACE:  # else the launch may still be in flight
+                    self._close_row(s, row, now, row.terminate_reason or "launch never confirmed")
+                continue
+            if row.instance_id is None:
+                self._close_row(s, row, now, row.terminate_reason or "no instance was ever recorded for it")
+                continue
+            looked = lookups.get(row.instance_id, _NOT_ASKED)
+            if isinstance(looked, CloudInstance) and looked.state != CloudState.TERMINATED:
+                state.first_missed.pop(row.launch_id, None)
+                self._observe(s, row, looked, now)
+                continue
+            lookup = (rec.Lookup.NOT_ASKED if looked is _NOT_ASKED else rec.Lookup.NOT_FOUND if looked is None
+                      else rec.Lookup.TERMINATED)
+            first = state.first_missed.setdefault(row.launch_id, now)
+            verdict = rec.missing_instance(InstanceState(row.state), row.launched_at or row.requested_at, first,
+                                           lookup, grace, now)
+            if not verdict.gone:
+                if first == now:
+                    log.info("event=instance_missed pool=%s launch_id=%s instance_id=%s state=%s why=%r", pool,
+                             row.launch_id, row.instance_id, row.state, verdict.reason)
+                continue
+            state.first_missed.pop(row.launch_id, None)
+            log.info("event=instance_gone pool=%s launch_id=%s instance_id=%s state=%s evidence=%r", pool,
+                     row.launch_id, row.instance_id, row.state, verdict.reason)
+            self._close_row(s, row, now, row.terminate_reason
+                            or f"instance disappeared from the cloud: {verdict.reason}")
         return orphans
+
+    def _observe(self, s: Session, row: Instance, ci: CloudInstance, now: datetime) -> None:
+        """The row follows what the cloud reports of its instance."""
+        if row.instance_id is None:
+            log.info("event=instance_adopted pool=%s launch_id=%s instance_id=%s", row.pool, row.launch_id, ci.id)
+        row.instance_id = ci.id
+        row.location = ci.location or row.location
+        row.instance_type = ci.instance_type or row.instance_type
+        row.private_ip = ci.private_ip
+        row.launched_at = row.launched_at or ci.launched_at
+        target = _RECORD_OF.get(ci.state)
+        if target is not None:
+            _instance_move(row, target)  # a row asked to stop stays stopping
+        elif row.state != InstanceState.STOPPING:
+            self._begin_termination(s, row, now, _DOWN_BY_CLOUD[ci.state])
+
+    def _begin_termination(self, s: Session, row: Instance, now: datetime, reason: str) -> None:
+        """`stopping` is committed before any terminate call; the call is (re)sent after the commit,
+        on this tick and later ones, until the cloud says the instance is gone."""
+        row.state = st.transition(InstanceState(row.state), InstanceState.STOPPING)
+        row.terminate_requested_at = now
+        row.terminate_reason = reason
+        agent = self._agent_of(s, row)
+        if agent is not None:
+            agent.enabled = False  # nothing new lands on an instance being terminated
+        log.info("event=terminate_decided pool=%s launch_id=%s instance_id=%s reason=%r", row.pool, row.launch_id,
+                 row.instance_id, reason)
 
     def _close_row(self, s: Session, row: Instance, now: datetime, reason: str) -> None:
         row.state = st.transition(InstanceState(row.state), InstanceState.TERMINATED)
@@ -203,7 +324,10 @@ class Autoscaler:
         return None
 
     # -- decide ----------------------------------------------------------------------------------
-    def _decide(self, s: Session, pool: str, pp: PoolProvider, now: datetime) -> tuple[ScaleDecision, list[str], list[str]]:
+    def _decide(self, s: Session, pool: str, state: _PoolState, orphans: list[CloudInstance],
+                now: datetime) -> tuple[ScaleDecision, list[str]]:
+        pp = state.provider
+        assert pp is not None
         settings = pp.settings
         pending = list(s.scalars(select(Allocation).where(Allocation.pool == pool,
                                                            Allocation.state == st.ALLOC_PENDING)))
@@ -211,7 +335,10 @@ class Autoscaler:
         for a in pending:
             shapes[a.slots_needed] = shapes.get(a.slots_needed, 0) + 1
         demand = [PendingDemand(slots, count) for slots, count in sorted(shapes.items())]
-        rows = list(s.scalars(select(Instance).where(Instance.pool == pool, Instance.state.in_(st.INSTANCE_LIVE))))
+        billed = list(s.scalars(select(Instance).where(Instance.pool == pool,
+                                                        Instance.state.in_(st.INSTANCE_BILLED))))
+        rows = [r for r in billed if r.state in st.INSTANCE_LIVE]
+        stopping = [r for r in billed if r.state == InstanceState.STOPPING]
         busy: dict[str, int] = {}
         running: set[str] = set()  # agents with any task, zero-slot ones included
         for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state.in_(st.ALLOC_ON_AGENT))):
@@ -234,6 +361,12 @@ class Autoscaler:
                 busy_slots=busy_slots,
                 idle_since=(agent.idle_since or now) if connected and agent.id not in running else None,
             ))
+        # Instances being stopped, and orphans, bill until the cloud says they are gone: they leave
+        # no room under max_instances (never capacity).
+        views += [InstanceView(id=r.launch_id, state=InstanceState.STOPPING, launched_at=r.launched_at or r.requested_at)
+                  for r in stopping]
+        views += [InstanceView(id=f"orphan:{ci.id}", state=InstanceState.STOPPING, launched_at=ci.launched_at)
+                  for ci in orphans]
         limits = PoolLimits(
             min_instances=settings.min_instances, max_instances=settings.max_instances,
             slots_per_instance=pp.slots_per_instance, max_idle_agent_period=settings.max_idle_agent_period,
@@ -246,16 +379,15 @@ class Autoscaler:
         assert prow is not None
         launch = decision.launch
         reasons = list(decision.reasons)
-        if launch and not backoff.may_launch(PoolState(prow.state), prow.backoff_until, now):
-            if prow.state == PoolState.DISABLED:
-                reasons.append("not launching: the pool was torn down (enable it to launch again)")
-            else:
-                assert prow.backoff_until is not None
-                reasons.append(f"not launching: backing off after launch errors until "
-                               f"{prow.backoff_until.isoformat()} ({prow.error})")
-            launch = 0
+        if state.last_launch_failure_at is None and prow.backoff_until is not None and prow.backoff_until > now:
+            state.last_launch_failure_at = now  # restarted during a backoff: the probe interval starts again
+        allowance = backoff.launch_allowance(PoolState(prow.state), prow.backoff_until, state.last_launch_failure_at,
+                                             settings.launch_probe_interval, now)
+        if launch and allowance.cap is not None and launch > allowance.cap:
+            error = f" ({prow.error})" if prow.error and prow.state != PoolState.DISABLED else ""
+            reasons.append(f"{'not launching' if allowance.cap == 0 else 'launch 1'}: {allowance.reason}{error}")
+            launch = allowance.cap
         by_launch = {r.launch_id: r for r in rows}
-        terminate_ids: list[str] = []
         for t in decision.terminate:
             row = by_launch.get(t.id)
             if row is None:
@@ -263,31 +395,54 @@ class Autoscaler:
             if row.instance_id is None:
                 self._close_row(s, row, now, t.reason)
                 continue
-            row.state = st.transition(InstanceState(row.state), InstanceState.STOPPING)
-            row.terminate_requested_at = now
-            row.terminate_reason = t.reason
-            agent = self._agent_of(s, row)
-            if agent is not None:
-                agent.enabled = False  # nothing new lands on an instance being terminated
-            terminate_ids.append(row.instance_id)
-            log.info("event=terminate_decided pool=%s instance_id=%s reason=%r", pool, row.instance_id, t.reason)
+            self._begin_termination(s, row, now, t.reason)
         launch_ids: list[str] = []
         for _ in range(launch):
             launch_id = uuid.uuid4().hex
             s.add(Instance(launch_id=launch_id, pool=pool, provider=settings.type, state=InstanceState.REQUESTED,
                            requested_at=now))
             launch_ids.append(launch_id)
+        # The backoff is over: the next launch tries again, and the error that caused it is history.
+        new_state = backoff.current_state(PoolState(prow.state), prow.backoff_until, now)
+        previous_error = None
+        if new_state != prow.state and new_state == PoolState.OK and prow.error:
+            previous_error, prow.error = prow.error, None
+            log.info("event=pool_backoff_over pool=%s previous_error=%r", pool, previous_error)
+        prow.state = new_state
         prow.last_decision = {
             "launch": launch, "terminate": [{"id": t.id, "reason": t.reason} for t in decision.terminate],
             "reasons": reasons, "pending": {str(k): v for k, v in shapes.items()}, "instances": len(rows),
+            "stopping": len(stopping), "orphans": len(orphans),
+            "terminating": self._terminating(state, stopping, orphans, now),
+            "backoff": None if prow.backoff_until is None or prow.backoff_until <= now else {
+                "until": prow.backoff_until.isoformat(), "failures": prow.launch_failures,
+                "probe": allowance.cap == 1,
+                "next_probe_at": allowance.next_probe_at.isoformat() if allowance.next_probe_at else None,
+            },
+            **({"previous_error": previous_error} if previous_error else {}),
         }
         prow.last_decision_at = now
-        # The backoff is over: the next launch tries again.
-        prow.state = backoff.current_state(PoolState(prow.state), prow.backoff_until, now)
-        return decision, launch_ids, terminate_ids
+        return decision, launch_ids
+
+    @staticmethod
+    def _terminating(state: _PoolState, stopping: list[Instance], orphans: list[CloudInstance],
+                     now: datetime) -> list[dict[str, Any]]:
+        """What `det resource-pool describe` shows of the terminations still waiting on the cloud."""
+        out = []
+        for iid, since, reason in [*((r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping),
+                                   *((ci.id, None, "orphan") for ci in orphans)]:
+            if iid is None:
+                continue
+            attempts = state.terminations.get(iid, _Attempts())
+            out.append({"instance_id": iid, "reason": reason, "since": since.isoformat() if since else None,
+                        "attempts": attempts.count, "last_error": attempts.last_error,
+                        "overdue": rec.terminate_overdue(since, now)})
+        return out
 
     # -- act -------------------------------------------------------------------------------------
-    def _launch(self, pool: str, pp: PoolProvider, launch_ids: list[str]) -> None:
+    def _launch(self, pool: str, state: _PoolState, launch_ids: list[str]) -> None:
+        pp = state.provider
+        assert pp is not None
         specs = []
         with transaction(self.master.sessions) as s:
             now = self.master.clock()
@@ -328,14 +483,17 @@ class Autoscaler:
             assert prow is not None
             if error is None:
                 self._record_success(prow)
+                state.last_launch_failure_at = None
                 return
             self._record_error(prow, pp, error, now)
+            state.last_launch_failure_at = now
 
     @staticmethod
     def _record_success(prow: ResourcePool) -> None:
         after = backoff.after_success(PoolState(prow.state))
-        if prow.launch_failures or prow.state != after.state:
-            prow.error = None  # the launch error shown on the pool is over
+        if prow.error:
+            log.info("event=pool_error_cleared pool=%s error=%r", prow.name, prow.error)
+        prow.error = None  # a launch went through: whatever stopped launches is over
         prow.state, prow.backoff_until, prow.launch_failures = after.state, after.backoff_until, after.failures
 
     @staticmethod
@@ -349,14 +507,56 @@ class Autoscaler:
                     prow.name, error.kind.value, error.scope.value, after.failures, after.state.value,
                     after.backoff_until.isoformat() if after.backoff_until else None, str(error))
 
-    def _terminate(self, pool: str, pp: PoolProvider, instance_ids: list[str], reason: str | None) -> None:
+    def _send_terminations(self, pool: str, state: _PoolState, orphans: list[CloudInstance], now: datetime) -> None:
+        """Send the terminate call for every instance still to be terminated whose retry is due: rows
+        in `stopping` (committed before this call, so a crash here is healed by the next tick) and
+        orphans. Every attempt and failure is logged with its cause; the attempts grow their interval
+        up to a bound (control_plane/core/scaling/reconcile.py) and never stop while the cloud has
+        the instance."""
+        pp = state.provider
+        assert pp is not None
+        with self.master.sessions() as s:
+            stopping = [(r.instance_id, r.terminate_reason or "", r.terminate_requested_at)
+                        for r in s.scalars(select(Instance).where(Instance.pool == pool,
+                                                                  Instance.state == InstanceState.STOPPING))
+                        if r.instance_id]
+        wanted: dict[str, tuple[str, datetime | None]] = {
+            iid: (reason, since) for iid, reason, since in stopping if iid is not None}
+        orphan_ids = {ci.id for ci in orphans}
+        for iid in orphan_ids:
+            wanted.setdefault(iid, ("orphan: carries this cluster's tags but the master has no record", None))
+        for iid in list(state.terminations):
+            if iid not in wanted:
+                del state.terminations[iid]  # gone (or its row ended): nothing left to retry
+        due = [iid for iid in wanted
+               if rec.terminate_due(state.terminations.get(iid, _Attempts()).count,
+                                    state.terminations.get(iid, _Attempts()).last_at, now)]
+        if not due:
+            return
+        for iid in due:
+            attempts = state.terminations.setdefault(iid, _Attempts())
+            attempts.count += 1
+            attempts.last_at = now
+            reason, since = wanted[iid]
+            level = logging.WARNING if rec.terminate_overdue(since, now) else logging.INFO
+            log.log(level, "event=terminate_sent pool=%s instance_id=%s attempt=%d since=%s overdue=%s reason=%r",
+                    pool, iid, attempts.count, since.isoformat() if since else None,
+                    rec.terminate_overdue(since, now), reason)
         try:
-            pp.provider.terminate(instance_ids)
-        except ProviderError as e:
-            log.warning("event=terminate_failed pool=%s ids=%s error=%s", pool, instance_ids, e)
-            return  # rows stay `stopping`; the next tick sees the instances still listed and retries
-        if reason:
-            log.info("event=orphans_terminated pool=%s ids=%s", pool, instance_ids)
+            pp.provider.terminate(due)
+        except Exception as e:  # ProviderError, or a provider bug: either way the next attempt comes
+            error = str(e) if isinstance(e, ProviderError) else f"{type(e).__name__}: {e}"
+            for iid in due:
+                attempts = state.terminations[iid]
+                attempts.last_error = error
+                log.warning("event=terminate_failed pool=%s instance_id=%s attempt=%d next_attempt_at=%s error=%r",
+                            pool, iid, attempts.count,
+                            (now + rec.terminate_retry_delay(attempts.count)).isoformat(), error)
+            return
+        for iid in due:
+            state.terminations[iid].last_error = None
+        if orphan_ids & set(due):
+            log.info("event=orphans_terminated pool=%s ids=%s", pool, sorted(orphan_ids & set(due)))
 
     def default_user_data(self, pool: str, launch_id: str, token: str, pp: PoolProvider) -> str:
         if pp.provider_type.user_data is UserDataKind.TOKEN:

@@ -36,22 +36,36 @@ def tick(master: Master) -> None:
             place(s, master, pool.name)
 
 
-# After the master (re)starts, agents get this long to reconnect before they count as lost: the
-# master was away, not them, and their reconnect backoff may be a few seconds long.
-RESTART_GRACE = timedelta(seconds=30)
-
-
 def expire_agents(s: Session, master: Master) -> None:
+    """Two steps, both counted from the agent's last poll, or from the master's start when that
+    is later (while the master was down nobody could poll it):
+
+    * silent for `agent_heartbeat_timeout_s`: disconnected — nothing new is placed on it; its
+      tasks and their allocations (and tokens) stay, as it may only be reconnecting;
+    * silent for `agent_lost_grace_s` (its reconnect cap + the heartbeat timeout, longer than any
+      wait between its reconnect attempts): lost — its allocations end with `agent_lost`, their
+      tokens are revoked and the trials are placed again. If it comes back later still running
+      them, its registration answer lists them in `kill` (they were already replaced)."""
     now = master.clock()
     timeout = timedelta(seconds=master.config.agent_heartbeat_timeout_s)
-    if now - master.started_at < max(timeout, RESTART_GRACE):
+    grace = timedelta(seconds=master.config.agent_lost_grace_s)
+    since_start = now - master.started_at
+    if since_start < timeout:
         return
     cutoff = now - timeout
     for agent in s.scalars(select(Agent).where(Agent.state == st.AGENT_CONNECTED, Agent.last_seen < cutoff)):
         agent.state = st.AGENT_DISCONNECTED
         agent.disconnected_at = now
-        log.warning("event=agent_lost agent_id=%s pool=%s last_seen=%s", agent.id, agent.pool, agent.last_seen)
-        allocations.end_agent_allocations(s, master, agent.id, st.CAUSE_AGENT_LOST, "agent stopped answering")
+        log.warning("event=agent_disconnected agent_id=%s pool=%s last_seen=%s", agent.id, agent.pool, agent.last_seen)
+    if since_start < grace:
+        return
+    lost_cutoff = now - grace
+    silent = select(Agent.id).where(Agent.state != st.AGENT_CONNECTED, Agent.last_seen < lost_cutoff)
+    for alloc in s.scalars(select(Allocation).where(Allocation.agent_id.in_(silent),
+                                                    Allocation.state.in_(st.ALLOC_ON_AGENT))):
+        log.warning("event=agent_lost agent_id=%s allocation_id=%s", alloc.agent_id, alloc.id)
+        allocations.end_allocation(s, master, alloc, cause=st.CAUSE_AGENT_LOST,
+                                   reason="agent stopped answering", exit_code=None)
 
 
 def escalate_preemptions(s: Session, master: Master) -> None:

@@ -58,11 +58,52 @@ def issue_agent_token(s: Session, master: Master, *, pool: str, agent_id: str | 
                             ttl=timedelta(hours=ttl_hours) if ttl_hours else None, pool=pool, agent_id=agent_id)
 
 
+ENROLMENT_KINDS = (TokenKind.AGENT, TokenKind.BOOTSTRAP)
+
+
+def _credential_rows(s: Session, agent_id: str) -> list[Token]:
+    """The live credentials of `agent_id` (at most one, unless two enrolments raced)."""
+    return list(s.scalars(select(Token).where(Token.kind == TokenKind.AGENT_CREDENTIAL.value,
+                                              Token.agent_id == agent_id, Token.revoked_at.is_(None))))
+
+
+def is_enrolled(s: Session, agent_id: str) -> bool:
+    return bool(_credential_rows(s, agent_id))
+
+
+def reset_enrolment(s: Session, master: Master, agent_id: str) -> int:
+    """Revoke the agent's credential so that the next registration of its id with an enrolment
+    token enrols it again (a host rebuilt under the same name, a lost state directory). Its current
+    session ends too: a poll answers 409 and the agent must register, with a credential that is no
+    longer accepted. Returns how many credentials were revoked."""
+    rows = _credential_rows(s, agent_id)
+    agent = s.get(Agent, agent_id)
+    if not rows and agent is None:
+        raise not_found(f"agent {agent_id}")
+    for row in rows:
+        row.revoked_at = master.clock()
+    if agent is not None:
+        agent.session_id = secrets.token_hex(16)  # no one holds this session
+    log.info("event=agent_enrolment_reset agent_id=%s credentials=%d", agent_id, len(rows))
+    return len(rows)
+
+
 def check_agent_credential(s: Session, p: Principal, agent_id: str, pool: str, instance_id: str | None) -> None:
     if p.pool != pool:
         raise forbidden(f"this credential is for resource pool {p.pool!r}, not {pool!r}")
     if p.agent_id is not None and p.agent_id != agent_id:
-        raise forbidden("this credential belongs to another agent")
+        raise forbidden(f"this credential belongs to another agent ({p.agent_id!r}), not {agent_id!r}")
+    if p.kind is TokenKind.AGENT_CREDENTIAL:
+        return
+    if p.kind not in ENROLMENT_KINDS:
+        raise forbidden(f"a {p.kind.value} token cannot register an agent")
+    if is_enrolled(s, agent_id):
+        # The shared pool token (or a launch's bootstrap token) only enrols: whoever holds it must
+        # not take over an agent that exists, its session, its tasks or their tokens.
+        raise forbidden(f"agent {agent_id!r} is already enrolled: it must register with its own agent "
+                        f"credential (kept in its work directory, state/agent-credential), not with the "
+                        f"enrolment token; if that credential is lost, an admin can reset the enrolment "
+                        f"(det agent reset-enrolment {agent_id})")
     if p.kind is TokenKind.BOOTSTRAP:
         # A bootstrap credential is bound to one launch; the instance presenting it must be the
         # one the cloud reports for that launch.
@@ -79,6 +120,12 @@ def check_agent_credential(s: Session, p: Principal, agent_id: str, pool: str, i
             inst.instance_id = instance_id
         elif instance_id != inst.instance_id:
             raise forbidden("this credential belongs to another instance")
+        # One launch, one agent: the instance's token does not enrol further agent ids.
+        others = s.scalars(select(Token.agent_id).where(
+            Token.kind == TokenKind.AGENT_CREDENTIAL.value, Token.launch_id == p.launch_id,
+            Token.agent_id != agent_id, Token.revoked_at.is_(None))).first()
+        if others is not None:
+            raise forbidden(f"this instance's token already enrolled agent {others!r}")
 
 
 def register_agent(s: Session, master: Master, p: Principal, req: RegisterRequest) -> RegisterResponse:
@@ -120,6 +167,13 @@ def register_agent(s: Session, master: Master, p: Principal, req: RegisterReques
         tok = s.get(Token, p.token_id)
         if tok is not None:
             tok.expires_at = None
+    credential: str | None = None
+    if p.kind is not TokenKind.AGENT_CREDENTIAL:
+        # Enrolment: from now on only this credential registers (and acts for) this agent id. An
+        # instance's credential carries its launch id, so it is revoked when the instance ends.
+        credential = auth.issue_token(s, TokenKind.AGENT_CREDENTIAL, now=now, ttl=None, pool=req.resource_pool,
+                                      agent_id=req.agent_id, launch_id=p.launch_id)
+        log.info("event=agent_enrolled agent_id=%s pool=%s via=%s", req.agent_id, req.resource_pool, p.kind.value)
     reported = set(req.running_allocations)
     wanted = {a.id for a in _on_agent(s, agent.id)}
     keep = reported & wanted
@@ -129,7 +183,8 @@ def register_agent(s: Session, master: Master, p: Principal, req: RegisterReques
              agent.id, agent.pool, len(slots), len(keep), len(kill))
     master.notify(s)
     return RegisterResponse(session_id=session_id, heartbeat_interval_s=HEARTBEAT_INTERVAL_S, kill=kill,
-                            cluster_id=master.cluster_id)
+                            cluster_id=master.cluster_id, agent_credential=credential,
+                            reconnect_backoff_max_s=master.config.agent_reconnect_cap_s)
 
 
 def touch_agent(s: Session, master: Master, p: Principal, agent_id: str, session_id: str) -> Agent:
@@ -139,6 +194,9 @@ def touch_agent(s: Session, master: Master, p: Principal, agent_id: str, session
         raise not_found(f"agent {agent_id}")
     if p.pool != agent.pool or (p.agent_id is not None and p.agent_id != agent_id):
         raise forbidden("this credential does not belong to that agent")
+    # An enrolment token of the pool is still accepted with the current session: only the agent
+    # that registered (with its credential, once enrolled) knows the session id; agents use their
+    # credential here too.
     if agent.session_id != session_id or agent.state != st.AGENT_CONNECTED:
         raise Conflict("stale agent session: register again")
     agent.last_seen = master.clock()

@@ -33,6 +33,9 @@ REPORTABLE_STATES = (st.CKPT_ACTIVE, st.CKPT_COMPLETED, st.CKPT_ERROR)
 
 
 # -- checked values --------------------------------------------------------------------------------
+_INT64_MAX = 2**63 - 1  # BigInteger columns (sizes, steps): beyond it the database refuses the row
+
+
 def canonical_uuid(value: str, field: str) -> str:
     # The uuid names the checkpoint's folder in storage, which GC deletes: only a real UUID.
     try:
@@ -60,15 +63,17 @@ def checked_resources(raw: dict[str, int | str], field: str) -> dict[str, int]:
             n = int(size)
         except (TypeError, ValueError):
             raise bad_request(f"size must be an integer (got {size!r})", where) from None
-        if n < 0:
-            raise bad_request(f"size must be >= 0 (got {n})", where)
+        if n < 0 or n > _INT64_MAX:
+            raise bad_request(f"size must be between 0 and {_INT64_MAX} (got {n})", where)
         out[path] = n
+    if sum(out.values()) > _INT64_MAX:  # the checkpoint's size_bytes is a BigInteger column
+        raise bad_request(f"sizes add up to more than {_INT64_MAX} bytes", field)
     return out
 
 
 def steps_of(metadata: dict[str, Any]) -> int:
     value = metadata.get("steps_completed")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
         raise bad_request(
             "a reported checkpoint needs metadata.steps_completed, a non-negative integer", "metadata.steps_completed"
         )

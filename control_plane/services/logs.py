@@ -3,23 +3,28 @@
 A task is a trial's run or any other allocation's work (task ids are on trials and allocations).
 Lines are stored as sent (NUL and lone surrogates cleaned, over-long lines truncated) with a level
 from Determined's set; readers page by row id, which is also what a following stream waits on.
+
+Regex search uses RE2 (as Determined's Go master does): matching is linear in the text, so no
+pattern can make a search backtrack for seconds or forever; patterns RE2 refuses (backreferences,
+lookaround) are a 400. Each user may run only a few searches at once (`search_slot`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import re2
 from sqlalchemy import Select, func, insert, select
 from sqlalchemy.orm import Session
 
 from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.db.models import Allocation, TaskLog, Trial
-from control_plane.errors import bad_request, forbidden, not_found
+from control_plane.errors import TooManyRequests, bad_request, forbidden, not_found
 from control_plane.master import Master
 from control_plane.services import access
 from control_plane.services.text import clean_text
@@ -28,6 +33,10 @@ log = logging.getLogger("shipyard.logs")
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "UNSPECIFIED")
 MAX_LOG_LINE_BYTES = 64 * 1024
+MAX_SEARCH_TEXT = 1024  # characters of `searchText`: longer is a 400, not a huge automaton
+MAX_SEARCHES_PER_USER = 4  # log searches (regex or text) one caller may have open at once
+# RE2's own memory budget for one compiled pattern; a pattern that needs more is refused (400).
+_RE2_MAX_MEM = 8 << 20
 
 
 def normalize_level(value: str | None, where: str) -> str:
@@ -104,7 +113,7 @@ def require_log_writer(s: Session, p: Principal, targets: list[LogTarget]) -> No
             if t.allocation_id is not None and p.allocation_id is not None and t.allocation_id != p.allocation_id:
                 raise forbidden(f"logs[{i}]: this token belongs to another allocation")
         return
-    if p.kind is TokenKind.AGENT:
+    if p.kind in (TokenKind.AGENT, TokenKind.AGENT_CREDENTIAL):
         allocs = list(s.scalars(select(Allocation).where(Allocation.task_id.in_(tasks))))
         for i, t in enumerate(targets):
             ok = any(
@@ -158,15 +167,14 @@ class LogFilter:
     before: datetime | None = None
     search_text: str | None = None
     enable_regex: bool = False
-    regex: re.Pattern[str] | None = field(default=None, init=False)
+    regex: Any = field(default=None, init=False)  # a compiled RE2 pattern (re2 ships no type stubs)
 
     def __post_init__(self) -> None:
         self.search_text = self.search_text or None
+        if self.search_text is not None and len(self.search_text) > MAX_SEARCH_TEXT:
+            raise bad_request(f"longer than {MAX_SEARCH_TEXT} characters", "searchText")
         if self.search_text and self.enable_regex:
-            try:
-                self.regex = re.compile(self.search_text)
-            except re.error as e:
-                raise bad_request(f"invalid regular expression: {e}", "searchText") from None
+            self.regex = compile_search(self.search_text)
 
     def apply(self, q: Select[Any]) -> Select[Any]:
         if self.levels:
@@ -191,7 +199,80 @@ class LogFilter:
         return q
 
     def keep(self, row: TaskLog) -> bool:
-        return self.regex is None or self.regex.search(row.log) is not None
+        # A shipped line usually ends with its newline; `$` means the end of the line, as in Go.
+        return self.regex is None or self.regex.search(row.log.removesuffix("\n")) is not None
+
+
+def compile_search(pattern: str) -> Any:
+    """Compile a user's pattern with RE2 (linear-time matching, bounded memory); what RE2 cannot
+    take is a 400 naming `searchText` with RE2's reason."""
+    options = re2.Options()
+    options.log_errors = False  # a bad pattern is the caller's error, not a line in the master's log
+    options.max_mem = _RE2_MAX_MEM
+    options.never_capture = True  # we only ask "does it match"
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as e:
+        reason = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise bad_request(f"invalid or unsupported regular expression (RE2 syntax): {reason}", "searchText") from None
+
+
+class _SearchSlots:
+    """How many log searches each caller has open; a caller at the limit gets a 429."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str) -> None:
+        with self._lock:
+            if self._open.get(key, 0) >= self.limit:
+                raise TooManyRequests(f"at most {self.limit} log searches at once per user; retry when one ends")
+            self._open[key] = self._open.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            left = self._open.get(key, 0) - 1
+            if left > 0:
+                self._open[key] = left
+            else:
+                self._open.pop(key, None)
+
+    def open_count(self, key: str) -> int:
+        with self._lock:
+            return self._open.get(key, 0)
+
+
+SEARCH_SLOTS = _SearchSlots(MAX_SEARCHES_PER_USER)
+
+
+def searcher_key(p: Principal) -> str:
+    """Whose searches count together: a user's, or one allocation's."""
+    if p.kind is TokenKind.USER:
+        return f"user:{p.user_id}"
+    return f"{p.kind.value}:{p.allocation_id or p.agent_id or p.trial_id}"
+
+
+class SearchLease:
+    """One open search; `release` is idempotent, so the stream's end and a fallback may both call it."""
+
+    def __init__(self, key: str | None) -> None:
+        self._key = key
+
+    def release(self) -> None:
+        key, self._key = self._key, None
+        if key is not None:
+            SEARCH_SLOTS.release(key)
+
+
+def search_slot(p: Principal, flt: LogFilter) -> SearchLease:
+    """Take one of the caller's search slots if the filter searches text (429 if none is free)."""
+    if not flt.search_text:
+        return SearchLease(None)
+    key = searcher_key(p)
+    SEARCH_SLOTS.acquire(key)
+    return SearchLease(key)
 
 
 @dataclass

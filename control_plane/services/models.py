@@ -1,5 +1,6 @@
 """The model registry: named models whose versions point at checkpoints. A version holds its
-checkpoint: it can only point at a live one, and keeps it from deletion and garbage collection."""
+checkpoint: it can only point at a live one the registering user owns (or any, for an admin), and
+keeps it from deletion and garbage collection."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from control_plane.auth import Principal
 from control_plane.core import states as st
-from control_plane.db.models import Checkpoint, Model, ModelVersion
+from control_plane.db.models import Checkpoint, Experiment, Model, ModelVersion
 from control_plane.errors import Conflict, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
 
@@ -78,6 +79,7 @@ def register_version(s: Session, master: Master, by: Principal, m: Model, new: N
     ckpt = s.get(Checkpoint, new.checkpoint_uuid)
     if ckpt is None:
         raise bad_request(f"no checkpoint {new.checkpoint_uuid}", "checkpointUuid")
+    _require_checkpoint_owner(s, by, ckpt)
     if ckpt.state not in st.CKPT_LIVE:
         raise Conflict(f"checkpoint {ckpt.uuid} is {st.checkpoint_wire_state(ckpt.state)}")
     last = s.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.model_id == m.id)) or 0
@@ -91,6 +93,18 @@ def register_version(s: Session, master: Master, by: Principal, m: Model, new: N
     log.info("event=model_version_registered model=%s version=%s checkpoint=%s by=%s",
              m.name, v.version, ckpt.uuid, by.username)
     return v
+
+
+def _require_checkpoint_owner(s: Session, by: Principal, ckpt: Checkpoint) -> None:
+    """A version holds its checkpoint (no deletion, no GC), so only who could delete the checkpoint
+    may register it: the owner of its experiment, or an admin (also for one without experiment)."""
+    if by.admin:
+        return
+    exp = s.get(Experiment, ckpt.experiment_id) if ckpt.experiment_id is not None else None
+    if exp is None:
+        raise forbidden(f"checkpoint {ckpt.uuid} has no experiment; only an admin can register it")
+    if exp.owner_id != by.user_id:
+        raise forbidden(f"checkpoint {ckpt.uuid} belongs to another user's experiment")
 
 
 def list_versions(s: Session, m: Model) -> list[ModelVersion]:

@@ -1,9 +1,11 @@
 """Users and sessions: logging in, accounts, passwords, and who may change what.
 
 Rules: every account has a password (also a client-side hash of the empty string is refused);
-unknown user and wrong password get the same answer; changing a password ends the user's other
-sessions; deactivating a user ends all of them; only an admin changes another user, anyone's
-admin or active flag, or a username; nobody deactivates themselves.
+unknown user and wrong password get the same answer, in the same time (one Argon2 verification
+either way); failed logins are throttled per username and per source address (429); changing a
+password, by any path, ends the user's other sessions; deactivating a user ends all of them; only
+an admin changes another user, anyone's admin or active flag, or a username; nobody deactivates
+themselves; the last active admin can be neither demoted nor deactivated.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from sqlalchemy.orm import Session
 from control_plane import auth
 from control_plane.auth import Principal, TokenKind
 from control_plane.db.models import Token, User
-from control_plane.errors import PermissionDenied, bad_request, conflict, forbidden, not_found
+from control_plane.errors import (
+    PermissionDenied,
+    TooManyRequests,
+    bad_request,
+    conflict,
+    forbidden,
+    not_found,
+)
 from control_plane.master import Master
 
 log = logging.getLogger("shipyard.users")
@@ -26,12 +35,29 @@ log = logging.getLogger("shipyard.users")
 _NO_PASSWORD = "a password is required: accounts without a password are not allowed"
 
 
-def login(s: Session, master: Master, username: str, password: str, *, is_hashed: bool) -> tuple[str, User]:
-    """A new user token and the user; the same refusal for an unknown user and a wrong password
-    (no user enumeration)."""
-    u = s.scalar(select(User).where(User.username == username))
-    if u is None or not auth.verify_password(u.password_hash, password, is_hashed=is_hashed):
-        log.info("event=login_failed username=%s", username)
+def login(s: Session, master: Master, username: str, password: str, *, is_hashed: bool,
+          address: str | None = None) -> tuple[str, User]:
+    """A new user token and the user; the same refusal, in the same time, for an unknown user and a
+    wrong password (no user enumeration). `address` is the caller's, for throttling. The user is
+    read in a session of its own, so `s` must not hold an uncommitted change to them."""
+    attempted_at = master.clock().timestamp()
+    try:
+        master.login_throttle.attempt(username, address, attempted_at)
+    except auth.LoginThrottled as e:
+        log.warning("event=login_throttled scope=%s username=%s address=%s", e.scope, username, address)
+        who = "this user" if e.scope == "user" else "this address"
+        raise TooManyRequests(f"too many failed logins for {who}; try again in {int(e.retry_after_s)} s",
+                              retry_after_s=int(e.retry_after_s)) from None
+    # Looked up and verified through a read-only session, before `s` is first used: the slow Argon2
+    # check must not hold SQLite's write lock (taken by the first statement of a write session).
+    with master.read_sessions() as rs:
+        found = rs.scalar(select(User).where(User.username == username))
+    if not auth.verify_login(found, password, is_hashed=is_hashed) or found is None:
+        log.info("event=login_failed username=%s address=%s", username, address)
+        raise PermissionDenied("invalid credentials")
+    master.login_throttle.succeeded(username, address, attempted_at)
+    u = s.get(User, found.id)
+    if u is None:  # removed in the meantime
         raise PermissionDenied("invalid credentials")
     if not u.active:
         raise PermissionDenied("user is deactivated")
@@ -57,10 +83,38 @@ def password_hash(password: str | None, is_hashed: bool, field: str) -> str:
     return auth.hash_password(password)
 
 
-def _revoke_sessions(s: Session, master: Master, user: User, keep_token_id: int | None = None) -> None:
-    for t in s.scalars(select(Token).where(Token.user_id == user.id, Token.revoked_at.is_(None))):
+def _revoke_sessions(s: Session, master: Master, user: User, keep_token_id: int | None = None, *,
+                     only_user_tokens: bool = False) -> None:
+    """Revoke the user's tokens but `keep_token_id`. `only_user_tokens` spares the allocation
+    tokens of their running trials (a password change ends sessions, not training)."""
+    q = select(Token).where(Token.user_id == user.id, Token.revoked_at.is_(None))
+    if only_user_tokens:
+        q = q.where(Token.kind == TokenKind.USER.value)
+    for t in s.scalars(q):
         if t.id != keep_token_id:
             t.revoked_at = master.clock()
+
+
+def _change_password(s: Session, master: Master, by: Principal, u: User, password: str, *, is_hashed: bool) -> None:
+    """The one path for every password change: the new hash, and the end of the user's other
+    sessions (the caller's own session survives a change of their own password)."""
+    u.password_hash = password_hash(password, is_hashed, "password")
+    keep = by.token_id if by.user_id == u.id else None
+    _revoke_sessions(s, master, u, keep_token_id=keep, only_user_tokens=True)
+    log.info("event=password_changed username=%s by=%s", u.username, by.username)
+
+
+def _keep_an_admin(s: Session, u: User, *, admin: bool, active: bool) -> None:
+    """Refuse a change that would leave no active admin. The active admins' rows are locked
+    (PostgreSQL; SQLite's writers are serialised anyway) so that two admins demoting each other
+    at once cannot both succeed."""
+    if not (u.admin and u.active) or (admin and active):
+        return
+    admins = s.scalars(select(User.id).where(User.admin.is_(True), User.active.is_(True)).with_for_update()).all()
+    if not any(i != u.id for i in admins):
+        what = "deactivated" if not active else "demoted"
+        raise conflict(f"user {u.username!r} is the last active admin and cannot be {what}; "
+                       "make another user an admin first")
 
 
 @dataclass(frozen=True)
@@ -134,10 +188,8 @@ def set_password(s: Session, master: Master, by: Principal, user_id: int, passwo
     if by.user_id != user_id and not by.admin:
         raise forbidden("only an admin can change another user's password")
     u = get_user(s, user_id)
-    u.password_hash = password_hash(password, is_hashed or _looks_client_hashed(password), "password")
+    _change_password(s, master, by, u, password, is_hashed=is_hashed or _looks_client_hashed(password))
     u.modified_at = master.clock()
-    _revoke_sessions(s, master, u, keep_token_id=by.token_id)
-    log.info("event=password_changed username=%s by=%s", u.username, by.username)
     return u
 
 
@@ -167,6 +219,8 @@ def change_user(s: Session, master: Master, by: Principal, user_id: int, change:
         u.username = change.username
     if change.display_name is not None:
         u.display_name = change.display_name
+    _keep_an_admin(s, u, admin=u.admin if change.admin is None else change.admin,
+                   active=u.active if change.active is None else change.active)
     if change.admin is not None:
         u.admin = change.admin
     if change.active is not None:
@@ -174,7 +228,7 @@ def change_user(s: Session, master: Master, by: Principal, user_id: int, change:
         if not change.active:
             _revoke_sessions(s, master, u)
     if change.password is not None:
-        u.password_hash = password_hash(change.password, change.is_hashed, "password")
+        _change_password(s, master, by, u, change.password, is_hashed=change.is_hashed)
     u.modified_at = master.clock()
     log.info("event=user_patched username=%s by=%s", u.username, by.username)
     return u

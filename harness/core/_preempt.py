@@ -52,6 +52,7 @@ class _PreemptionWatcher(threading.Thread):
                 # Keep polling through outages: a missed preemption is worse than a few requests.
                 failures += 1
                 delay = random.uniform(0, min(self._backoff_max_s, 0.5 * 2 ** min(failures, 10)))
+                delay = max(delay, getattr(e, "retry_after_s", None) or 0.0)  # a shedding master's hint
                 if failures == 1 or failures % 10 == 0:
                     log.warning("event=preemption_poll_failed allocation_id=%s failures=%d error=%r",
                                 self._allocation_id, failures, str(e))

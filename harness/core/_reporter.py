@@ -41,7 +41,7 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
 from harness.core import _wire
-from harness.core._session import APIError, NotFoundError, Session, TransientAPIError
+from harness.core._session import APIError, HonourRetryAfter, NotFoundError, Session, TransientAPIError
 
 log = logging.getLogger("harness.core")
 
@@ -324,8 +324,8 @@ class MetricsReporter:
         try:
             for attempt in Retrying(
                 retry=retry_if_exception_type(TransientAPIError),
-                wait=wait_random_exponential(multiplier=self.config.backoff_initial_s,
-                                             max=self.config.backoff_max_s),
+                wait=HonourRetryAfter(wait_random_exponential(multiplier=self.config.backoff_initial_s,
+                                                              max=self.config.backoff_max_s)),
                 stop=_stop,
                 sleep=sleep,
                 before_sleep=_before_sleep,

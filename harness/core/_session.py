@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from tenacity import (
 )
 
 from harness.core import _wire
+from shipyard_common.retry_after import retry_after_seconds
 
 log = logging.getLogger("harness.core")
 
@@ -46,7 +48,30 @@ class APIError(Exception):
 
 
 class TransientAPIError(APIError):
-    """The master could not be reached or is temporarily unable to answer."""
+    """The master could not be reached or is temporarily unable to answer. `retry_after_s` is the
+    master's own hint (503/429 `Retry-After`, capped), which the retry honours."""
+
+    retry_after_s: float | None = None
+
+
+def retry_after(resp: requests.Response) -> float | None:
+    return retry_after_seconds(resp.headers.get("Retry-After"))
+
+
+class HonourRetryAfter:
+    """tenacity wait: the backoff, but never less than the master's Retry-After (plus jitter up to
+    half of it, so shed clients do not all come back in the same instant)."""
+
+    def __init__(self, backoff: Any) -> None:
+        self.backoff = backoff
+
+    def __call__(self, state: Any) -> float:
+        wait = float(self.backoff(state))
+        exc = state.outcome.exception() if state.outcome else None
+        hint = getattr(exc, "retry_after_s", None)
+        if hint:
+            wait = max(wait, hint * (1 + 0.5 * random.random()))
+        return wait
 
 
 class NotFoundError(APIError):
@@ -146,7 +171,9 @@ class Session:
                 raise APIError(method, path, status, f"response is not JSON: {resp.text[:200]!r}") from e
         message = _error_message(resp)
         if status >= 500 or status in _TRANSIENT_STATUS:
-            raise TransientAPIError(method, path, status, message)
+            err = TransientAPIError(method, path, status, message)
+            err.retry_after_s = retry_after(resp)
+            raise err
         if status == 404:
             raise NotFoundError(method, path, status, message)
         if status in (401, 403):
@@ -165,7 +192,7 @@ class Session:
         for attempt in Retrying(
             retry=retry_if_exception_type(TransientAPIError),
             stop=stop_after_attempt(policy.max_attempts) | stop_after_delay(policy.max_delay_s),
-            wait=wait_random_exponential(multiplier=policy.wait_initial_s, max=policy.wait_max_s),
+            wait=HonourRetryAfter(wait_random_exponential(multiplier=policy.wait_initial_s, max=policy.wait_max_s)),
             before_sleep=_log_retry,
             reraise=True,
         ):

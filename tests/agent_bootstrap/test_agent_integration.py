@@ -157,15 +157,17 @@ def test_on_connection_lost_runs_after_the_master_dies(live_master: LiveMaster, 
 def test_agent_reregisters_after_a_master_restart_and_keeps_its_task(
         live_master: LiveMaster, tmp_path: Path, agents: list[AgentProcess]) -> None:
     token = agent_token(live_master)
-    # Enough attempts (about 1 s apart) to outlast a master restart on a busy machine.
-    a = AgentProcess(live_master.url, token, tmp_path / "work", "--agent-reconnect-attempts", "300",
+    # No give-up option: the agent keeps trying (about every second here) for as long as it runs.
+    a = AgentProcess(live_master.url, token, tmp_path / "work",
                      "--agent-reconnect-backoff", "0.2", "--agent-reconnect-backoff-max", "1")
     agents.append(a)
     pid_file = tmp_path / "work" / "trial.pid"
     create_experiment(live_master, hold=True)
     pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), what="trial process started"))
     live_master.kill()
-    wait_for(lambda: "event=register_failed" in a.stderr, what="a failed reconnect attempt")
+    # Far more failed attempts than the old default limit (5), the task running all along.
+    wait_for(lambda: "event=register_failed attempt=12 " in a.stderr, what="twelve failed reconnect attempts")
+    assert a.proc.poll() is None and Path(f"/proc/{pid}").exists()
     live_master.start()
     # Re-registered, reporting the running allocation; the master still wants it, so it keeps running.
     wait_for(lambda: "event=registered pool=default running=1 kill=0" in a.stderr, what="re-registration")
@@ -175,6 +177,57 @@ def test_agent_reregisters_after_a_master_restart_and_keeps_its_task(
     a.proc.send_signal(signal.SIGTERM)
     assert a.wait() == 0
     assert "exit_code=143" in a.stderr
+
+
+def test_give_up_after_is_an_explicit_time_limit(live_master: LiveMaster, tmp_path: Path,
+                                                 agents: list[AgentProcess]) -> None:
+    token = agent_token(live_master)
+    a = AgentProcess(live_master.url, token, tmp_path / "work", "--give-up-after", "3",
+                     "--agent-reconnect-backoff", "0.2", "--agent-reconnect-backoff-max", "0.5")
+    agents.append(a)
+    wait_for(lambda: connected(live_master, admin(live_master), a.agent_id), what="agent registered")
+    live_master.kill()
+    assert a.wait(timeout=120) == EXIT_CONNECTION_LOST
+    assert "unreachable for" in last_line(a.stderr) and "reconnect_give_up_s=3" in last_line(a.stderr)
+
+
+def _credential_file(work: Path) -> Path:
+    return work / "state" / "agent-credential"
+
+
+def test_an_agent_keeps_its_own_credential_and_the_pool_token_cannot_take_its_id(
+        live_master: LiveMaster, tmp_path: Path, agents: list[AgentProcess]) -> None:
+    token = agent_token(live_master)
+    work = tmp_path / "work"
+    a = AgentProcess(live_master.url, token, work)
+    agents.append(a)
+    wait_for(lambda: connected(live_master, admin(live_master), a.agent_id), what="agent enrolled")
+    cred_file = _credential_file(work)
+    stored = json.loads(cred_file.read_text())
+    assert (stored["agentId"], stored["resourcePool"]) == ("it-agent", "default")
+    cred = stored["credential"]
+    assert cred != token and cred not in a.stderr and token not in a.stderr
+    assert (cred_file.stat().st_mode & 0o777, cred_file.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+
+    # Restarted, the agent presents its credential (the enrolment token would now be refused).
+    a.stop()
+    b = AgentProcess(live_master.url, token, work)
+    agents.append(b)
+    wait_for(lambda: "event=registered" in b.stderr, what="re-registration")
+    assert "event=enrolled" not in b.stderr and json.loads(cred_file.read_text())["credential"] == cred
+
+    # Another holder of the pool token, claiming the same id, is refused; the agent is untouched.
+    intruder = AgentProcess(live_master.url, token, tmp_path / "other-work")
+    assert intruder.wait() == EXIT_REFUSED
+    assert "already enrolled" in last_line(intruder.stderr)
+    assert b.proc.poll() is None and connected(live_master, admin(live_master), "it-agent")
+
+    # An admin resets the enrolment: the agent's credential is refused, it enrols again by itself.
+    r = httpx.delete(f"{live_master.url}/api/v1/agents/it-agent/enrolment", headers=admin(live_master))
+    assert r.status_code == 200 and r.json() == {"revokedCredentials": 1}
+    wait_for(lambda: "event=credential_refused" in b.stderr and "event=enrolled" in b.stderr, what="re-enrolment")
+    wait_for(lambda: connected(live_master, admin(live_master), "it-agent"), what="agent connected again")
+    assert json.loads(cred_file.read_text())["credential"] != cred and b.proc.poll() is None
 
 
 TRAIN = """\

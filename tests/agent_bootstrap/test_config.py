@@ -26,8 +26,9 @@ def test_defaults(tmp_path: Path) -> None:
     assert cfg.master_url == "http://127.0.0.1:8080"
     assert cfg.resource_pool == "default"
     assert cfg.agent_id == socket.gethostname()
-    assert cfg.agent_reconnect_attempts == 5
-    assert cfg.agent_reconnect_backoff == 5.0
+    # Agents never give up on the master unless told to (issue 9): no attempt or time limit.
+    assert cfg.agent_reconnect_attempts is None and cfg.reconnect_give_up_s is None
+    assert (cfg.agent_reconnect_backoff, cfg.agent_reconnect_backoff_max) == (1.0, 15.0)
     assert cfg.work_dir == Path.home() / ".shipyard-agent"
     assert cfg.slots is None and cfg.slot_type == "auto"
     assert cfg.on_connection_lost is None
@@ -125,3 +126,11 @@ def test_an_unknown_runtime_is_a_configuration_error(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
     assert proc.returncode == 2  # EXIT_CONFIG
     assert "det-agent: runtime: no task runtime named 'podman' (known: process)" in proc.stderr
+
+
+def test_give_up_only_by_an_explicit_option() -> None:
+    assert load_config(["--give-up-after", "90"], env={}).reconnect_give_up_s == 90
+    assert load_config([], env={"DET_AGENT_RECONNECT_GIVE_UP_S": "30"}).reconnect_give_up_s == 30
+    assert load_config(["--agent-reconnect-attempts", "4"], env={}).agent_reconnect_attempts == 4
+    with pytest.raises(ConfigError, match="reconnect_give_up_s"):
+        load_config(["--give-up-after", "0"], env={})

@@ -208,3 +208,22 @@ def test_the_daemon_drives_any_runtime_through_the_seam(tmp_path: Path) -> None:
         assert sorted(runtime.released) == ["thread-t1", "thread-t2"]
     finally:
         a.shipper.close(timeout=5)
+
+
+def test_the_reconnect_cap_is_the_lower_of_the_agents_and_the_masters(agent: Agent) -> None:
+    assert agent._backoff_cap() == agent.config.agent_reconnect_backoff_max == 15.0
+    agent._master_backoff_cap = 2.0  # announced at registration (the master's agent_reconnect_cap_s)
+    assert agent._backoff_cap() == 2.0
+    agent._master_backoff_cap = 60.0  # a laxer master does not make the agent wait longer
+    assert agent._backoff_cap() == 15.0
+
+
+def test_without_an_explicit_limit_the_agent_never_gives_up(agent: Agent, tmp_path: Path) -> None:
+    long_ago = time.monotonic() - 10 * 24 * 3600
+    assert agent._give_up_reason(failed=100_000, lost_since=long_ago) is None
+    limited = Agent(AgentConfig(master_url="http://127.0.0.1:9", agent_id="agent-2", work_dir=tmp_path / "w2",
+                                agent_reconnect_attempts=3, reconnect_give_up_s=60),
+                    "agent-secret", GPUS, agent.runtime)
+    assert limited._give_up_reason(failed=2, lost_since=time.monotonic()) is None
+    assert "3 connection attempts failed" in (limited._give_up_reason(3, time.monotonic()) or "")
+    assert "reconnect_give_up_s=60" in (limited._give_up_reason(1, time.monotonic() - 61) or "")

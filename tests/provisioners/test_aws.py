@@ -334,7 +334,7 @@ def test_list_returns_only_this_cluster_and_pool(
 
     assert sorted(i.id for i in listed) == sorted(i.id for i in mine[1:])
     by_id = {i.id: i for i in listed}
-    assert by_id[mine[1].id].state is CloudState.STOPPING  # stopped by hand: still ours to clean
+    assert by_id[mine[1].id].state is CloudState.STOPPED  # stopped by hand: still ours to clean
     for launched in mine[2:]:
         got = by_id[launched.id]
         assert got.launch_id == launched.launch_id
@@ -390,6 +390,55 @@ def test_terminate_retries_throttling_then_gives_up(net: Net, ec2_faults: Ec2Fau
         provider.terminate([instance.id])
     assert info.value.kind is ErrorKind.THROTTLED
     assert len(ec2_faults.calls("TerminateInstances")) == 3 + 3
+
+
+@integration
+def test_a_stopped_instance_is_listed_as_stopped_and_terminated(net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    provider = _provider(net, ec2_faults)
+    (instance,) = provider.launch([_spec("stopped-by-hand")]).launched
+    _client(net.session, net.moto_url).stop_instances(InstanceIds=[instance.id])
+
+    [listed] = provider.list()
+    assert (listed.id, listed.state) == (instance.id, CloudState.STOPPED)
+    provider.terminate([instance.id])
+    assert provider.list() == []
+    assert _describe(net, instance.id)["State"]["Name"] == "terminated"
+
+
+# --- describe by id -------------------------------------------------------------------------
+
+
+@integration
+def test_describe_by_id_says_terminated_or_unknown(net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    provider = _provider(net, ec2_faults)
+    running, ended = provider.launch([_spec("d-1"), _spec("d-2")]).launched
+    provider.terminate([ended.id])
+    unknown = "i-0123456789abcdef0"
+
+    found = provider.describe([running.id, ended.id, unknown])
+
+    assert set(found) == {running.id, ended.id, unknown}
+    assert found[running.id] is not None and found[running.id].state in (CloudState.PENDING, CloudState.RUNNING)
+    assert found[running.id].launch_id == "d-1"
+    assert found[ended.id] is not None and found[ended.id].state is CloudState.TERMINATED
+    assert found[unknown] is None
+    # The unknown id is named by AWS and dropped; the rest is described again without it.
+    sent = [sorted(v for k, v in c.params.items() if k.startswith("InstanceId.")) for c in
+            ec2_faults.calls("DescribeInstances") if any(k.startswith("InstanceId.") for k in c.params)]
+    assert sent == [sorted([running.id, ended.id, unknown]), sorted([running.id, ended.id])]
+
+
+@integration
+def test_describe_retries_throttling_and_reports_auth_errors(net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    provider = _provider(net, ec2_faults, max_attempts=3)
+    (instance,) = provider.launch([_spec("d-throttled")]).launched
+    ec2_faults.inject("DescribeInstances", "RequestLimitExceeded", times=2)
+    assert provider.describe([instance.id])[instance.id] is not None
+
+    ec2_faults.inject("DescribeInstances", "UnauthorizedOperation", times=None)
+    with pytest.raises(aws.ProviderError) as info:
+        provider.describe([instance.id])
+    assert info.value.kind is ErrorKind.AUTH
 
 
 # --- instance slots -------------------------------------------------------------------------

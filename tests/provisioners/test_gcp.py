@@ -405,18 +405,53 @@ def test_list_follows_pages(fake: GceFake) -> None:
 
 
 @pytest.mark.integration
-def test_list_maps_states_and_skips_terminated(fake: GceFake) -> None:
+def test_list_maps_states_and_includes_powered_off_vms(fake: GceFake) -> None:
     prov = make_provider(fake, spot=True)
-    launched = prov.launch(specs("s1", "s2", "s3")).launched
+    launched = prov.launch(specs("s1", "s2", "s3", "s4")).launched
     names = {i.launch_id: i.id for i in launched}
     fake.set_status(names["s2"], "STOPPING")
-    fake.set_status(names["s3"], "TERMINATED")
+    fake.set_status(names["s3"], "TERMINATED")  # powered off: its disk still bills
+    fake.set_status(names["s4"], "SUSPENDED")
 
     by_id = {i.launch_id: i for i in prov.list()}
 
-    assert set(by_id) == {"s1", "s2"}
+    assert set(by_id) == {"s1", "s2", "s3", "s4"}
     assert by_id["s1"].state is CloudState.RUNNING and by_id["s1"].spot is True
     assert by_id["s2"].state is CloudState.STOPPING
+    assert by_id["s3"].state is CloudState.STOPPED and by_id["s4"].state is CloudState.STOPPED
+
+
+@pytest.mark.integration
+def test_a_terminated_vm_is_listed_and_deleted_with_its_disk(fake: GceFake) -> None:
+    prov = make_provider(fake)
+    (vm,) = prov.launch(specs("off")).launched
+    fake.set_status(vm.id, "TERMINATED")
+    [listed] = prov.list()
+    assert (listed.id, listed.state) == (vm.id, CloudState.STOPPED)
+    [insert] = fake.calls_to("insert")
+    assert [d["autoDelete"] for d in insert.body["disks"]] == [True]  # the boot disk goes with the VM
+
+    prov.terminate([vm.id])
+    prov.list()  # the fake lingers in STOPPING for one read after a delete
+    assert prov.list() == [] and not fake.has_instance(vm.id)
+    assert [c.params.get("requestId") is not None for c in fake.calls_to("delete")] == [True]
+
+
+@pytest.mark.integration
+def test_describe_by_name_sees_what_a_list_misses_and_says_when_a_vm_is_gone(fake: GceFake) -> None:
+    prov = make_provider(fake)
+    kept, deleted = prov.launch(specs("d1", "d2")).launched
+    fake.set_status(kept.id, "TERMINATED")
+    prov.terminate([deleted.id])
+    prov.list()
+    prov.list()
+    fresh = make_provider(fake)  # a restarted master: no zone learnt from a list yet
+
+    found = fresh.describe([kept.id, deleted.id, "never-existed"])
+
+    assert found[kept.id] is not None and found[kept.id].state is CloudState.STOPPED
+    assert found[kept.id].launch_id == "d1" and found[kept.id].location == kept.location
+    assert found[deleted.id] is None and found["never-existed"] is None
 
 
 @pytest.mark.integration

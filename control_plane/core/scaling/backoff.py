@@ -86,3 +86,36 @@ def current_state(state: PoolState, backoff_until: datetime | None, now: datetim
 
 def may_launch(state: PoolState, backoff_until: datetime | None, now: datetime) -> bool:
     return state != PoolState.DISABLED and (backoff_until is None or backoff_until <= now)
+
+
+@dataclass(frozen=True)
+class LaunchAllowance:
+    """How many instances the pool may launch now: None (as many as the decider wants), 0, or 1 (a
+    probe), why, and when the next probe may go out (shown in the pool's decision)."""
+
+    cap: int | None
+    reason: str = ""
+    next_probe_at: datetime | None = None
+
+
+def launch_allowance(state: PoolState, backoff_until: datetime | None, last_failure_at: datetime | None,
+                     probe_interval: timedelta, now: datetime) -> LaunchAllowance:
+    """Whether the pool may launch now. During a backoff longer than `probe_interval` (quota errors
+    double up to the cap, 30 minutes by default), one instance is launched `probe_interval` after the
+    last failure: it costs one call and, if the error is over, ends the backoff long before the cap.
+    A pool in `error` (auth, invalid config) gets no probe: it is looked at again when its backoff
+    ends. `last_failure_at` None (the master restarted since) counts from now."""
+    if state == PoolState.DISABLED:
+        return LaunchAllowance(0, "the pool was torn down (enable it to launch again)")
+    if backoff_until is None or backoff_until <= now:
+        return LaunchAllowance(None)
+    if state != PoolState.BACKOFF or probe_interval <= timedelta(0):
+        return LaunchAllowance(0, f"backing off after launch errors until {backoff_until.isoformat()}")
+    probe_at = (last_failure_at or now) + probe_interval
+    if probe_at >= backoff_until:
+        return LaunchAllowance(0, f"backing off after launch errors until {backoff_until.isoformat()}")
+    if now >= probe_at:
+        return LaunchAllowance(1, f"probing with one instance: backing off until {backoff_until.isoformat()}, "
+                                  f"but the error may be over (a probe every {_fmt(probe_interval)})", probe_at)
+    return LaunchAllowance(0, f"backing off after launch errors until {backoff_until.isoformat()}; one instance "
+                              f"probes at {probe_at.isoformat()}", probe_at)

@@ -18,6 +18,8 @@ How it differs from Determined's provisioner scale decider (which it otherwise f
   that also launches, so it cannot flap between terminate and launch.
 * Above `max_instances` it sheds only instances without work (disconnected, booting, idle; newest
   first) and waits for busy ones to drain rather than killing trials.
+* Instances being stopped still bill until the cloud says they are gone: they leave no room under
+  `max_instances` for a launch (with max 2, never more than 2 billed), though they are no capacity.
 
 The input contract: `demand` is what the scheduler could NOT place on connected capacity, computed
 from the same snapshot as `instances`, so it is additive to busy capacity. Capacity the scheduler has
@@ -41,7 +43,6 @@ DEFAULT_MAX_IDLE_AGENT_PERIOD = timedelta(minutes=5)
 DEFAULT_MAX_AGENT_STARTING_PERIOD = timedelta(minutes=20)
 DEFAULT_MAX_DISCONNECTED_PERIOD = timedelta(minutes=10)
 
-_GONE_STATES = frozenset({InstanceState.STOPPING, InstanceState.TERMINATED})
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,7 @@ class _Census:
     idle: list[InstanceView] = field(default_factory=list)
     busy: list[InstanceView] = field(default_factory=list)
     disconnected: list[InstanceView] = field(default_factory=list)
+    stopping: list[InstanceView] = field(default_factory=list)  # billed, no capacity
 
     @property
     def live(self) -> int:
@@ -302,9 +304,12 @@ def decide(
     census = _Census()
     seen: set[str] = set()
     for inst in instances:
-        if inst.state in _GONE_STATES or inst.id in seen:
+        if inst.state == InstanceState.TERMINATED or inst.id in seen:
             continue
         seen.add(inst.id)
+        if inst.state == InstanceState.STOPPING:
+            census.stopping.append(inst)
+            continue
         if inst.agent_connected:
             (census.busy if _is_busy(inst) else census.idle).append(inst)
         elif inst.agent_first_connected_at is None:
@@ -377,7 +382,9 @@ def decide(
     packing = _pack(shapes, capacity, (idle_free, booting_free))
     want = packing.new_instances
     floor = max(0, limits.min_instances - live)
-    room = max(0, limits.max_instances - live)
+    # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone.
+    stopping = len(census.stopping) + len(terminations)
+    room = max(0, limits.max_instances - live - stopping)
     launch = min(max(want, floor), room)
     if limits.max_launch_per_decision is not None:
         launch = min(launch, limits.max_launch_per_decision)
@@ -401,7 +408,8 @@ def decide(
         if floor > want:
             why.append(f"min_instances {limits.min_instances} with {live} live")
         if max(want, floor) > room:
-            why.append(f"capped by max_instances {limits.max_instances} with {live} live")
+            still_billed = f" and {stopping} stopping (billed until the cloud says they are gone)" if stopping else ""
+            why.append(f"capped by max_instances {limits.max_instances} with {live} live{still_billed}")
         if launch < min(max(want, floor), room):
             why.append(f"capped by max_launch_per_decision {limits.max_launch_per_decision}")
         reasons.append(f"launch {launch}: " + "; ".join(why))
@@ -446,7 +454,8 @@ def decide(
     if not reasons:
         reasons.append(
             f"steady: {_plural(live, 'instance')} ({len(census.busy)} busy, {len(census.idle)} idle, "
-            f"{len(census.booting)} starting, {len(census.disconnected)} disconnected), no pending demand"
+            f"{len(census.booting)} starting, {len(census.disconnected)} disconnected"
+            + (f", {stopping} stopping" if stopping else "") + "), no pending demand"
         )
     return ScaleDecision(launch=launch, terminate=tuple(terminations), reasons=tuple(reasons))
 

@@ -84,3 +84,100 @@ def test_oversized_body_is_413(client, master) -> None:
     limit = master.config.max_request_bytes
     r = client.post("/api/v1/auth/login", content=b"x" * (limit + 1), headers={"content-type": "application/json"})
     assert r.status_code == 413
+
+
+# -- accounts an attacker cannot abuse (issue 9) ---------------------------------------------------
+
+def _user(client, headers, name: str, *, admin: bool = False, active: bool = True) -> int:  # type: ignore[no-untyped-def]
+    r = client.post("/api/v1/users", headers=headers, json={"user": {"username": name, "admin": admin, "active": active},
+                                                            "password": f"{name}-pw-1234"})
+    assert r.status_code == 200, r.text
+    return r.json()["user"]["id"]
+
+
+def _me(client, headers) -> int:  # type: ignore[no-untyped-def]
+    return client.get("/api/v1/me", headers=headers).status_code
+
+
+def test_the_last_active_admin_cannot_be_demoted_or_deactivated(client, admin_headers) -> None:
+    admin_id = client.get("/api/v1/me", headers=admin_headers).json()["user"]["id"]
+    # An inactive admin is no admin: "admin" is still the last active one.
+    _user(client, admin_headers, "dormant", admin=True, active=False)
+    for body in ({"admin": False}, {"admin": False, "displayName": "x"}, {"active": True, "admin": False}):
+        r = client.patch(f"/api/v1/users/{admin_id}", headers=admin_headers, json=body)
+        assert r.status_code == 409, r.text
+        assert "last active admin" in r.json()["message"]
+    assert client.get("/api/v1/me", headers=admin_headers).json()["user"]["admin"] is True
+
+    carol_id = _user(client, admin_headers, "carol", admin=True)
+    carol = login(client, "carol", "carol-pw-1234")
+    # With another active admin, an admin may be deactivated...
+    r = client.patch(f"/api/v1/users/{admin_id}", headers=carol, json={"active": False})
+    assert r.status_code == 200, r.text
+    # ... and then carol is the last one: she can neither demote herself nor be left without admins.
+    r = client.patch(f"/api/v1/users/{carol_id}", headers=carol, json={"admin": False})
+    assert r.status_code == 409 and "carol" in r.json()["message"]
+    assert client.get("/api/v1/me", headers=carol).json()["user"]["admin"] is True
+    # Reactivating the old admin makes room again.
+    assert client.patch(f"/api/v1/users/{admin_id}", headers=carol, json={"active": True}).status_code == 200
+    assert client.patch(f"/api/v1/users/{carol_id}", headers=carol, json={"admin": False}).status_code == 200
+
+
+def test_every_password_change_ends_the_users_other_sessions(client, admin_headers) -> None:
+    dave_id = _user(client, admin_headers, "dave")
+    first, second = login(client, "dave", "dave-pw-1234"), login(client, "dave", "dave-pw-1234")
+    # Through PATCH, by dave himself: his other session ends, the one he used survives.
+    r = client.patch(f"/api/v1/users/{dave_id}", headers=first, json={"password": "dave-new-pw-1"})
+    assert r.status_code == 200, r.text
+    assert (_me(client, first), _me(client, second)) == (200, 401)
+    # Through PATCH, by an admin: all of dave's sessions end, the admin's does not.
+    other = login(client, "dave", "dave-new-pw-1")
+    r = client.patch(f"/api/v1/users/{dave_id}", headers=admin_headers, json={"password": "dave-new-pw-2"})
+    assert r.status_code == 200, r.text
+    assert (_me(client, first), _me(client, other), _me(client, admin_headers)) == (401, 401, 200)
+    # Through the password endpoint, by an admin: the same.
+    third = login(client, "dave", "dave-new-pw-2")
+    r = client.post(f"/api/v1/users/{dave_id}/password", headers=admin_headers, json=client_hash("dave-new-pw-3"))
+    assert r.status_code == 200, r.text
+    assert (_me(client, third), _me(client, admin_headers)) == (401, 200)
+    login(client, "dave", "dave-new-pw-3")
+
+
+def _login_status(client, username: str, password: str) -> tuple[int, dict]:  # type: ignore[no-untyped-def]
+    r = client.post("/api/v1/auth/login", json={"username": username, "password": password})
+    return r.status_code, r
+
+
+def test_logins_are_throttled_per_user(client, master, admin_headers) -> None:
+    limit = master.config.login_max_failures_per_user
+    _user(client, admin_headers, "erin")
+    for _ in range(limit - 1):
+        assert _login_status(client, "erin", "guess-guess")[0] == 403
+    assert _login_status(client, "erin", "erin-pw-1234")[0] == 200  # a success clears the failures
+    for _ in range(limit):
+        assert _login_status(client, "erin", "guess-guess")[0] == 403
+    # Now even the right password is refused (no oracle for the attacker), with a clear 429.
+    status, r = _login_status(client, "erin", "erin-pw-1234")
+    assert status == 429
+    assert "too many failed logins" in r.json()["message"]
+    retry_after = int(r.headers["Retry-After"])
+    assert 0 < retry_after <= master.config.login_failure_window_s
+    # The same answer for a username that does not exist (no enumeration through the throttle).
+    for _ in range(limit):
+        assert _login_status(client, "no-such-user", "guess-guess")[0] == 403
+    assert _login_status(client, "no-such-user", "guess-guess")[0] == 429
+    # Other users are not locked out.
+    assert _login_status(client, "admin", ADMIN_PASSWORD)[0] == 200
+
+
+def test_unknown_and_known_users_cost_the_same_argon2_verification(client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from control_plane import auth
+    from tests.control_plane.test_auth import CountingHasher
+
+    hasher = CountingHasher()
+    monkeypatch.setattr(auth, "_hasher", hasher)
+    monkeypatch.setattr(auth, "_dummy_hash", None)
+    assert _login_status(client, "admin", "wrong-password")[0] == 403
+    known = hasher.verified
+    assert _login_status(client, "nobody-at-all", "wrong-password")[0] == 403
+    assert known == 1 and hasher.verified == 2

@@ -50,18 +50,26 @@ class FakeClock:
 
 @dataclass
 class FakeCloud:
-    """The cloud as the autoscaler sees it through `launch / list / terminate`: instances keyed by
-    id, tagged like a real provider's, kept in memory. `errors` are answered to the next launches
-    (one each); `before_launch` runs at the start of every launch call."""
+    """The cloud as the autoscaler sees it through `launch / list / terminate / describe`: instances
+    keyed by id, tagged like a real provider's, kept in memory. `errors` are answered to the next
+    launches (one each), `terminate_errors` raised by the next terminate calls (one each);
+    `before_launch` runs at the start of every launch call. Like EC2, a terminated instance is still
+    described (state terminated) though no longer listed; `lag(id, n)` makes the next n lists miss
+    an instance that is there (an eventually consistent list)."""
 
     clock: FakeClock
     cluster_id: str = ""
     pool: str = ELASTIC
     instances: dict[str, CloudInstance] = field(default_factory=dict)
+    gone: dict[str, CloudInstance] = field(default_factory=dict)
     launches: list[tuple[LaunchSpec, ...]] = field(default_factory=list)
     terminated: list[str] = field(default_factory=list)
+    terminate_calls: list[tuple[datetime, tuple[str, ...]]] = field(default_factory=list)  # (when, ids)
     errors: list[ProviderError] = field(default_factory=list)
+    terminate_errors: list[ProviderError] = field(default_factory=list)
     before_launch: Callable[[Sequence[LaunchSpec]], None] | None = None
+    list_lag: dict[str, int] = field(default_factory=dict)
+    lag_new_instances: int = 0  # how many lists miss each instance launched from now on
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def tags(self, launch_id: str) -> dict[str, str]:
@@ -85,15 +93,45 @@ class FakeCloud:
         self.launches.append(tuple(specs))
         if self.errors:
             return LaunchResult((), self.errors.pop(0))
-        return LaunchResult(tuple(self.add(spec.launch_id, CloudState.PENDING) for spec in specs))
+        launched = tuple(self.add(spec.launch_id, CloudState.PENDING) for spec in specs)
+        for inst in launched:
+            if self.lag_new_instances:
+                self.lag(inst.id, self.lag_new_instances)
+        return LaunchResult(launched)
+
+    def lag(self, instance_id: str, lists: int = 1) -> None:
+        self.list_lag[instance_id] = lists
+
+    def reclaim(self, instance_id: str) -> None:
+        """The instance ends without this master asking (a spot reclaim, a delete in the console)."""
+        inst = self.instances.pop(instance_id)
+        self.gone[instance_id] = replace(inst, state=CloudState.TERMINATED)
 
     def list(self) -> list[CloudInstance]:
-        return list(self.instances.values())
+        out = []
+        for inst in self.instances.values():
+            if self.list_lag.get(inst.id, 0) > 0:
+                self.list_lag[inst.id] -= 1
+                continue
+            out.append(inst)
+        return out
+
+    def describe(self, ids: Sequence[str]) -> dict[str, CloudInstance | None]:
+        return {i: self.instances.get(i) or self.gone.get(i) for i in ids}
 
     def terminate(self, ids: Sequence[str]) -> None:
+        self.terminate_calls.append((self.clock(), tuple(ids)))
+        if self.terminate_errors:
+            raise self.terminate_errors.pop(0)
         for instance_id in ids:
-            if self.instances.pop(instance_id, None) is not None:
+            inst = self.instances.pop(instance_id, None)
+            if inst is not None:
                 self.terminated.append(instance_id)
+                self.gone[instance_id] = replace(inst, state=CloudState.TERMINATED)
+
+    def billed(self) -> int:
+        """Instances the cloud account pays for now (stopped ones too: their disks bill)."""
+        return len(self.instances)
 
 
 ELASTIC_PROVIDER: dict[str, Any] = {
@@ -105,6 +143,8 @@ ELASTIC_PROVIDER: dict[str, Any] = {
     "max_agent_starting_period": "10m",
     "launch_error_backoff": "30s",
     "launch_error_backoff_max": "10m",
+    # The fake stands in for a cloud whose lists lag (a local pool's list would be proof at once).
+    "list_miss_grace": "2m",
 }
 
 

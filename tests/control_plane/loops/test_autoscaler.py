@@ -90,6 +90,14 @@ def booted(master: Master, scaler: Autoscaler, cloud: FakeCloud, clock: FakeCloc
     return cloud.instances[inst.id]
 
 
+def busy_instance(master: Master, cloud: FakeCloud, clock: FakeClock) -> tuple[Autoscaler, CloudInstance]:
+    """One instance running trial a1."""
+    scaler = scaler_for(master, cloud)
+    inst = booted(master, scaler, cloud, clock)
+    run_on_agent(master, "a1", inst.id)
+    return scaler, inst
+
+
 # -- launch --------------------------------------------------------------------------------------
 
 
@@ -208,18 +216,17 @@ def test_instances_with_this_clusters_tags_and_no_row_are_terminated(
 def test_an_instance_that_vanished_closes_its_row_and_ends_its_allocations(
     loop_master: Master, cloud: FakeCloud, clock: FakeClock,
 ) -> None:
-    scaler = scaler_for(loop_master, cloud)
-    inst = booted(loop_master, scaler, cloud, clock)
-    run_on_agent(loop_master, "a1", inst.id)
+    scaler, inst = busy_instance(loop_master, cloud, clock)
     [row] = instance_rows(loop_master)
     assert row.agent_id == inst.id  # the agent was matched to its instance
 
-    del cloud.instances[inst.id]  # a spot reclaim, or someone deleting it in the console
+    cloud.reclaim(inst.id)  # a spot reclaim, or someone deleting it in the console
     clock.advance(seconds=30)
-    scaler.tick()
+    scaler.tick()  # missing from the list, and described as terminated: gone without waiting
 
     [row] = instance_rows(loop_master)
-    assert row.state == InstanceState.TERMINATED and row.terminate_reason == "instance disappeared from the cloud"
+    assert row.state == InstanceState.TERMINATED
+    assert row.terminate_reason == "instance disappeared from the cloud: the cloud reports it terminated"
     assert row.terminated_at == clock()
     assert agent(loop_master, inst.id).state == "disconnected"
     ended = allocation(loop_master, "a1")
@@ -405,3 +412,338 @@ def test_a_launch_that_lands_after_teardown_is_swept_as_an_orphan(
     clock.advance(seconds=5)
     scaler.tick()
     assert cloud.terminated == [inst.id] and len(cloud.launches) == 1
+
+
+# -- no instance is forgotten (issue 10: 1, 2, 3, 6) ------------------------------------------------
+
+DENIED = ProviderError(ErrorKind.AUTH, "not authorized to perform ec2:TerminateInstances", scope=ErrorScope.CLOUD,
+                       code="UnauthorizedOperation")
+
+
+def go_idle(master: Master, alloc_id: str, agent_id: str) -> None:
+    """A trial ran on the agent and finished: the agent is idle from now (as placement records)."""
+    run_on_agent(master, alloc_id, agent_id)
+    finish(master, alloc_id)
+    with transaction(master.sessions) as s:
+        row = s.get(Agent, agent_id)
+        assert row is not None
+        row.idle_since = master.clock()
+
+
+def boot_all(master: Master, scaler: Autoscaler, cloud: FakeCloud, clock: FakeClock) -> list[CloudInstance]:
+    """Every launched instance running with its agent connected."""
+    for inst in list(cloud.instances.values()):
+        cloud.set_state(inst.id, CloudState.RUNNING)
+        add_agent(master, inst.id, instance_id=inst.id)
+    clock.advance(seconds=5)
+    scaler.tick()
+    return list(cloud.instances.values())
+
+
+def idle_for_a_while(master: Master, cloud: FakeCloud, clock: FakeClock) -> tuple[Autoscaler, CloudInstance]:
+    """One instance booted, ran a trial and has been idle past max_idle_agent_period (61 s of 60)."""
+    scaler = scaler_for(master, cloud)
+    inst = booted(master, scaler, cloud, clock)
+    go_idle(master, "a1", inst.id)
+    clock.advance(seconds=61)
+    return scaler, inst
+
+
+class NoDescribe:
+    """The cloud behind a provider that can only list (no lookup by id)."""
+
+    def __init__(self, inner: FakeCloud) -> None:
+        self.inner = inner
+
+    def launch(self, specs: Sequence[LaunchSpec]) -> LaunchResult:
+        return self.inner.launch(specs)
+
+    def list(self) -> list[CloudInstance]:
+        return self.inner.list()
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        self.inner.terminate(ids)
+
+
+class CrashOnTerminate(NoDescribe):
+    """The master dies after committing `stopping`, before the terminate call reaches the cloud."""
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        raise Crash
+
+
+def test_a_failed_terminate_is_retried_with_a_growing_interval_until_the_cloud_says_gone(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    scaler, inst = idle_for_a_while(loop_master, cloud, clock)
+    cloud.terminate_errors = [DENIED, DENIED, DENIED]
+    reaped_at = clock()
+    caplog.set_level("INFO", logger="shipyard.autoscaler")
+
+    scaler.tick()  # decided, committed as stopping, the call refused
+    for _ in range(80):  # 4 minutes of ticks, every 3 s
+        clock.advance(seconds=3)
+        scaler.tick()
+        if not cloud.instances and instance_rows(loop_master)[0].state == InstanceState.TERMINATED:
+            break
+
+    calls = [when for when, ids in cloud.terminate_calls if ids == (inst.id,)]
+    gaps = [(b - a).total_seconds() for a, b in zip(calls, calls[1:], strict=False)]
+    assert calls[0] == reaped_at and len(calls) == 4
+    assert gaps == [12, 21, 42]  # 10 s, 20 s, 40 s after each failure, on the next tick
+    [row] = instance_rows(loop_master)
+    assert (row.state, row.terminate_reason) == (InstanceState.TERMINATED, "idle for 1m1s (max_idle_agent_period 1m)")
+    assert cloud.terminated == [inst.id] and len(cloud.launches) == 1
+    failures = [r.getMessage() for r in caplog.records if "event=terminate_failed" in r.getMessage()]
+    assert len(failures) == 3 and all("UnauthorizedOperation" in m for m in failures)
+    assert [f"attempt={n}" in m for n, m in enumerate(failures, 1)] == [True] * 3
+    sent = [r.getMessage() for r in caplog.records if "event=terminate_sent" in r.getMessage()]
+    assert len(sent) == 4 and all("idle for 1m1s" in m for m in sent)
+
+
+def test_the_pool_shows_the_terminations_still_waiting_on_the_cloud(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    scaler, inst = idle_for_a_while(loop_master, cloud, clock)
+    cloud.terminate_errors = [DENIED] * 1000
+    scaler.tick()
+    for _ in range(220):  # 11 minutes: past the deadline of a termination
+        clock.advance(seconds=3)
+        scaler.tick()
+    decision = pool_row(loop_master).last_decision
+    assert decision is not None and decision["stopping"] == 1
+    [waiting] = decision["terminating"]
+    assert waiting["instance_id"] == inst.id and waiting["overdue"] is True
+    assert 6 <= waiting["attempts"] <= 10  # bounded interval: 10, 20, 40, 80, 160 s, then every 5 minutes
+    assert "UnauthorizedOperation" in waiting["last_error"]
+    assert inst.id in cloud.instances  # still billing, still being retried
+    assert [r.state for r in instance_rows(loop_master)] == [InstanceState.STOPPING]
+
+
+def test_a_crash_between_committing_stopping_and_the_terminate_call_is_healed_after_restart(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock, db_url: str, tmp_path: Path,
+) -> None:
+    _scaler, inst = idle_for_a_while(loop_master, cloud, clock)
+    with pytest.raises(Crash):
+        Autoscaler(loop_master, wrap_provider=lambda _pool, _p: CrashOnTerminate(cloud)).tick()
+    [row] = instance_rows(loop_master)
+    assert row.state == InstanceState.STOPPING and inst.id in cloud.instances and cloud.terminate_calls == []
+
+    clock.advance(seconds=20)
+    restarted = make_master(db_url, tmp_path / "state", clock)
+    try:
+        again = scaler_for(restarted, cloud)
+        again.tick()  # the row is stopping and the cloud still has the instance: terminate again
+        assert cloud.terminated == [inst.id]
+        clock.advance(seconds=3)
+        again.tick()
+    finally:
+        restarted.stop()
+    [row] = instance_rows(loop_master)
+    assert (row.state, row.terminate_reason) == (InstanceState.TERMINATED, "idle for 1m1s (max_idle_agent_period 1m)")
+
+
+def test_instances_being_stopped_count_toward_max_instances_until_the_cloud_says_gone(
+    db_url: str, tmp_path: Path, clock: FakeClock, cloud: FakeCloud,
+) -> None:
+    master = make_master(db_url, tmp_path / "state", clock, {**ELASTIC_PROVIDER, "max_instances": 2})
+    try:
+        scaler = scaler_for(master, cloud)
+        add_allocation(master, "a1", slots=2)
+        add_allocation(master, "a2", slots=2)
+        scaler.tick()
+        first = boot_all(master, scaler, cloud, clock)
+        for n, inst in enumerate(first, 1):
+            go_idle(master, f"a{n}", inst.id)
+        cloud.terminate_errors = [DENIED] * 1000  # the account may not terminate any more
+        clock.advance(seconds=61)
+        scaler.tick()
+        assert [r.state for r in instance_rows(master)] == [InstanceState.STOPPING] * 2
+
+        # New work arrives while both instances are still billed.
+        add_allocation(master, "b1", slots=2)
+        add_allocation(master, "b2", slots=2)
+        most_billed = 0
+        for _ in range(100):  # 5 minutes
+            clock.advance(seconds=3)
+            scaler.tick()
+            most_billed = max(most_billed, cloud.billed())
+        assert most_billed == 2 and len(cloud.launches) == 1
+        decision = pool_row(master).last_decision
+        assert decision is not None
+        assert any("capped by max_instances 2 with 0 live and 2 stopping" in r for r in decision["reasons"])
+
+        cloud.terminate_errors = []  # the IAM policy is fixed: the next retry goes through
+        for _ in range(120):
+            clock.advance(seconds=3)
+            scaler.tick()
+            most_billed = max(most_billed, cloud.billed())
+        assert most_billed == 2
+        assert sorted(cloud.terminated) == sorted(i.id for i in first)
+        assert len(cloud.launches) == 2 and len(cloud.launches[1]) == 2  # the new work got its instances
+    finally:
+        master.stop()
+
+
+@pytest.mark.parametrize("lookup", ["describe", "list only"])
+def test_a_stale_list_causes_no_churn(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock, lookup: str,
+) -> None:
+    """Issue 10, case 2: each new instance is missing from the first list after its launch (EC2 and
+    GCE lists are eventually consistent). Before: 12 launches and 10 orphan terminations in 6 ticks
+    for a demand of 2. Now: 2 launches, nothing terminated."""
+    cloud.cluster_id = loop_master.cluster_id
+    scaler = Autoscaler(loop_master, wrap_provider=lambda _pool, _p: cloud if lookup == "describe"
+                        else NoDescribe(cloud))
+    cloud.lag_new_instances = 1
+    add_allocation(loop_master, "a1", slots=2)
+    add_allocation(loop_master, "a2", slots=2)
+    for _ in range(6):
+        scaler.tick()
+        clock.advance(seconds=3)
+    launched = sum(len(batch) for batch in cloud.launches)
+    assert (launched, len(cloud.terminated)) == (2, 0)
+    assert [r.state for r in instance_rows(loop_master)] == [InstanceState.STARTING] * 2
+
+
+def test_an_instance_missing_from_lists_is_declared_gone_only_after_the_grace_window(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    cloud.cluster_id = loop_master.cluster_id
+    scaler = Autoscaler(loop_master, wrap_provider=lambda _pool, _p: NoDescribe(cloud))
+    inst = booted(loop_master, scaler, cloud, clock)
+    run_on_agent(loop_master, "a1", inst.id)
+    cloud.reclaim(inst.id)  # gone for real, but this provider can only list
+    scaler.tick()
+    missed_at = clock()
+    clock.advance(seconds=119)
+    scaler.tick()
+    [row] = instance_rows(loop_master)
+    assert row.state == InstanceState.RUNNING and allocation(loop_master, "a1").state == "running"
+
+    clock.advance(seconds=1)
+    scaler.tick()
+    [row] = instance_rows(loop_master)
+    assert (row.state, row.terminated_at) == (InstanceState.TERMINATED, missed_at + timedelta(minutes=2))
+    assert row.terminate_reason == ("instance disappeared from the cloud: missing from the cloud's lists for "
+                                    "2m00s (list_miss_grace 2m00s)")
+    assert allocation(loop_master, "a1").end_cause == "instance_terminated"
+
+
+def test_a_lookup_that_does_not_find_a_young_instance_is_not_proof(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    """EC2 answers InvalidInstanceID.NotFound for a moment after RunInstances: not found right after
+    the launch only counts toward the grace window."""
+    scaler = scaler_for(loop_master, cloud)
+    add_allocation(loop_master, "a1")
+    scaler.tick()
+    [inst] = cloud.instances.values()
+    hidden = cloud.instances.pop(inst.id)  # neither listed nor described, for now
+    clock.advance(seconds=30)
+    scaler.tick()
+    cloud.instances[inst.id] = hidden  # consistent again
+    clock.advance(seconds=3)
+    scaler.tick()
+    assert [r.state for r in instance_rows(loop_master)] == [InstanceState.STARTING]
+    assert cloud.terminated == [] and len(cloud.launches) == 1
+
+
+def test_a_stopped_instance_is_terminated_and_its_row_ends_when_the_cloud_says_gone(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    scaler, inst = busy_instance(loop_master, cloud, clock)
+    cloud.set_state(inst.id, CloudState.STOPPED)  # powered off by hand, or by the agent losing the master
+    stopped_orphan = cloud.add("a-launch-id-this-master-never-recorded", CloudState.STOPPED)
+
+    clock.advance(seconds=3)
+    scaler.tick()
+    [row] = instance_rows(loop_master)
+    assert row.state == InstanceState.STOPPING and row.terminate_requested_at == clock()
+    assert row.terminate_reason is not None and row.terminate_reason.startswith("the cloud reports it stopped")
+    assert sorted(cloud.terminated) == sorted([inst.id, stopped_orphan.id])
+    assert agent(loop_master, inst.id).enabled is False
+
+    clock.advance(seconds=3)
+    scaler.tick()
+    [row] = instance_rows(loop_master)
+    assert row.state == InstanceState.TERMINATED and cloud.billed() == 0
+    assert allocation(loop_master, "a1").end_cause == "instance_terminated"
+
+
+def test_a_pool_error_ends_with_its_backoff_even_without_a_launch(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    """Issue 10, case 6: after the backoff the pool showed state ok with the old quota error."""
+    cloud.errors = [ProviderError(ErrorKind.QUOTA, "vCPU limit reached", code="VcpuLimitExceeded")]
+    scaler = scaler_for(loop_master, cloud)
+    add_allocation(loop_master, "a1")
+    scaler.tick()
+    assert pool_row(loop_master).state == PoolState.BACKOFF
+    finish(loop_master, "a1")  # the user gave up on the trial: no launch will come
+    clock.advance(seconds=30)
+    scaler.tick()
+    pool = pool_row(loop_master)
+    assert (pool.state, pool.error, pool.backoff_until) == (PoolState.OK, None, T0 + timedelta(seconds=30))
+    assert pool.last_decision is not None and "VcpuLimitExceeded" in pool.last_decision["previous_error"]
+    assert pool.last_decision["backoff"] is None
+
+
+class ListFails(NoDescribe):
+    def __init__(self, inner: FakeCloud) -> None:
+        super().__init__(inner)
+        self.failures = 1
+
+    def list(self) -> list[CloudInstance]:
+        if self.failures:
+            self.failures -= 1
+            raise ProviderError(ErrorKind.THROTTLED, "Rate exceeded", code="RequestLimitExceeded")
+        return self.inner.list()
+
+
+def test_a_list_error_ends_when_the_list_works_again(loop_master: Master, cloud: FakeCloud) -> None:
+    cloud.cluster_id = loop_master.cluster_id
+    scaler = Autoscaler(loop_master, wrap_provider=lambda _pool, _p: ListFails(cloud))
+    scaler.tick()
+    assert (pool_row(loop_master).error or "").startswith("cannot list instances: throttled (RequestLimitExceeded)")
+    scaler.tick()
+    assert (pool_row(loop_master).state, pool_row(loop_master).error) == (PoolState.OK, None)
+
+
+def test_during_a_long_quota_backoff_one_instance_probes_and_ends_it_early(
+    db_url: str, tmp_path: Path, clock: FakeClock, cloud: FakeCloud,
+) -> None:
+    master = make_master(db_url, tmp_path / "state", clock, {
+        **ELASTIC_PROVIDER, "launch_error_backoff": "10m", "launch_error_backoff_max": "30m",
+        "launch_probe_interval": "2m"})
+    try:
+        quota = ProviderError(ErrorKind.QUOTA, "vCPU limit reached", code="VcpuLimitExceeded", location="us-east-1")
+        cloud.errors = [quota, quota, quota]
+        scaler = scaler_for(master, cloud)
+        add_allocation(master, "a1", slots=2)
+        add_allocation(master, "a2", slots=2)
+        scaler.tick()
+        assert pool_row(master).backoff_until == T0 + timedelta(minutes=10)
+
+        clock.advance(seconds=119)
+        scaler.tick()
+        decision = pool_row(master).last_decision
+        assert decision is not None and len(cloud.launches) == 1
+        assert decision["backoff"] == {"until": (T0 + timedelta(minutes=10)).isoformat(), "failures": 1,
+                                       "probe": False, "next_probe_at": (T0 + timedelta(minutes=2)).isoformat()}
+        assert any(r.startswith("not launching: backing off") and "one instance probes at" in r
+                   for r in decision["reasons"])
+        for _ in range(3):  # two probes fail (the quota holds), the third gets its instance
+            clock.advance(minutes=2)
+            scaler.tick()
+        assert [len(batch) for batch in cloud.launches] == [2, 1, 1, 1]
+        pool = pool_row(master)
+        assert (pool.state, pool.error, pool.launch_failures) == (PoolState.OK, None, 0)
+        clock.advance(seconds=3)
+        scaler.tick()  # recovered: the rest of the demand launches at once
+        assert [len(batch) for batch in cloud.launches] == [2, 1, 1, 1, 1] and cloud.billed() == 2
+        # Without the probe the pool would have waited 10 + 20 + 30 minutes; it recovered before the
+        # first backoff was even over.
+        assert clock() < T0 + timedelta(minutes=10)
+    finally:
+        master.stop()

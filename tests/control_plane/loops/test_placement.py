@@ -3,12 +3,19 @@ and allocations as rows and a fake clock; each test ticks the loop by hand."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy import select
 
+from control_plane import auth
+from control_plane.auth import Principal
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Token
 from control_plane.loops import placement
 from control_plane.master import Master
+from control_plane.services import agents as agents_service
+from control_plane.services import allocations
+from shipyard_common.agent_protocol import RegisterRequest, RegisterResponse, SlotInfo
 from tests.control_plane.loops.conftest import FakeClock, add_agent, add_allocation, agent, allocation
 
 POOL = "default"
@@ -37,25 +44,115 @@ def test_allocations_are_placed_whole_on_one_agent(loop_master: Master, clock: F
     assert (gang.state, gang.agent_id, len(gang.slot_ids)) == ("assigned", "big", 3)
 
 
-def test_an_agent_silent_past_the_heartbeat_timeout_is_lost_but_not_during_the_restart_grace(
+def _token_revoked(master: Master, alloc_id: str) -> bool:
+    with master.sessions() as s:
+        rows = list(s.scalars(select(Token).where(Token.allocation_id == alloc_id)))
+    assert rows
+    return all(t.revoked_at is not None for t in rows)
+
+
+def _with_token(master: Master, alloc_id: str) -> None:
+    with transaction(master.sessions) as s:
+        row = s.get(Allocation, alloc_id)
+        assert row is not None
+        allocations.ensure_allocation_token(s, master, row)
+
+
+def test_the_lost_grace_derives_from_the_agents_reconnect_cap(loop_master: Master) -> None:
+    cfg = loop_master.config
+    assert cfg.agent_lost_grace_s == cfg.agent_reconnect_cap_s + cfg.agent_heartbeat_timeout_s
+    assert cfg.agent_lost_grace_s > cfg.agent_reconnect_cap_s  # longer than any wait between attempts
+
+
+def test_after_a_restart_allocations_outlive_the_outage_until_the_lost_grace(
     loop_master: Master, clock: FakeClock,
 ) -> None:
+    """The master was down for a minute: its agents' last polls are a minute old when it starts.
+    Their allocations (and tokens) stay until the grace, counted from the start, has passed."""
+    grace = loop_master.config.agent_lost_grace_s
     timeout = loop_master.config.agent_heartbeat_timeout_s
-    assert timeout < placement.RESTART_GRACE.total_seconds()  # the case this test is about
-    add_agent(loop_master, "a1", pool=POOL, slots=1)
+    add_agent(loop_master, "a1", pool=POOL, slots=1, last_seen=clock() - timedelta(seconds=60))
     add_allocation(loop_master, "run", pool=POOL, state="running", agent_id="a1", slot_ids=["0"])
+    _with_token(loop_master, "run")
 
-    clock.advance(seconds=timeout + 1)  # silent past the timeout, but the master only just started
-    placement.tick(loop_master)
+    placement.tick(loop_master)  # just started: nobody could have polled yet
     assert agent(loop_master, "a1").state == "connected"
-    assert allocation(loop_master, "run").state == "running"
 
-    clock.advance(seconds=placement.RESTART_GRACE.total_seconds())
+    clock.advance(seconds=timeout + 1)  # disconnected: no new work, but its tasks are kept
     placement.tick(loop_master)
-    lost = agent(loop_master, "a1")
-    assert (lost.state, lost.disconnected_at) == ("disconnected", clock())
+    assert agent(loop_master, "a1").state == "disconnected"
+    clock.advance(seconds=grace - timeout - 2)  # one second before the grace ends
+    placement.tick(loop_master)
+    assert allocation(loop_master, "run").state == "running"
+    assert not _token_revoked(loop_master, "run")
+
+    clock.advance(seconds=2)
+    placement.tick(loop_master)
     ended = allocation(loop_master, "run")
     assert (ended.state, ended.end_cause) == ("terminated", "agent_lost")
+    assert _token_revoked(loop_master, "run")
+
+
+def test_an_agent_that_reconnects_within_the_grace_keeps_its_allocations(
+    loop_master: Master, clock: FakeClock,
+) -> None:
+    add_agent(loop_master, "a1", pool=POOL, slots=1, last_seen=clock() - timedelta(seconds=180))
+    add_allocation(loop_master, "run", pool=POOL, state="running", agent_id="a1", slot_ids=["0"])
+    _with_token(loop_master, "run")
+    with transaction(loop_master.sessions) as s:
+        enrol = agents_service.issue_agent_token(s, loop_master, pool=POOL)
+    p = _principal(loop_master, enrol)
+    # The agent's reconnect wait is at most the cap: it is back before the grace ends.
+    clock.advance(seconds=loop_master.config.agent_reconnect_cap_s)
+    resp = _register(loop_master, p, running=["run"])
+    assert resp.kill == [] and resp.reconnect_backoff_max_s == loop_master.config.agent_reconnect_cap_s
+    for _ in range(3):
+        clock.advance(seconds=loop_master.config.agent_heartbeat_timeout_s - 1)
+        heartbeat(loop_master, "a1")
+        placement.tick(loop_master)
+    assert allocation(loop_master, "run").state == "running" and not _token_revoked(loop_master, "run")
+    assert agent(loop_master, "a1").state == "connected"
+
+
+def test_a_silent_agent_is_disconnected_then_lost_and_its_late_return_kills_the_replaced_task(
+    loop_master: Master, clock: FakeClock,
+) -> None:
+    with transaction(loop_master.sessions) as s:
+        enrol = agents_service.issue_agent_token(s, loop_master, pool=POOL)
+    first = _register(loop_master, _principal(loop_master, enrol))
+    cred = _principal(loop_master, first.agent_credential or "")
+    add_allocation(loop_master, "run", pool=POOL, state="running", agent_id="a1", slot_ids=["0"])
+    _with_token(loop_master, "run")
+    clock.advance(seconds=loop_master.config.agent_lost_grace_s + 60)  # long past the restart grace
+    heartbeat(loop_master, "a1")
+
+    clock.advance(seconds=loop_master.config.agent_heartbeat_timeout_s + 1)
+    placement.tick(loop_master)
+    assert agent(loop_master, "a1").state == "disconnected"
+    assert allocation(loop_master, "run").state == "running"  # may only be reconnecting
+
+    clock.advance(seconds=loop_master.config.agent_reconnect_cap_s)
+    placement.tick(loop_master)
+    ended = allocation(loop_master, "run")
+    assert (ended.state, ended.end_cause) == ("terminated", "agent_lost") and _token_revoked(loop_master, "run")
+
+    # It comes back, still running the task the master has given up on: the answer says kill it.
+    late = _register(loop_master, cred, running=["run"])
+    assert late.kill == ["run"]
+    assert allocation(loop_master, "run").end_cause == "agent_lost"  # the record is not rewritten
+
+
+def _principal(master: Master, token: str) -> Principal:
+    with master.sessions() as s:
+        p = auth.resolve_token(s, token, now=master.clock())
+    assert p is not None
+    return p
+
+
+def _register(master: Master, p: Principal, running: list[str] | None = None) -> RegisterResponse:
+    with transaction(master.sessions) as s:
+        return agents_service.register_agent(s, master, p, RegisterRequest(
+            agent_id="a1", resource_pool=POOL, slots=[SlotInfo(id="0")], running_allocations=running or []))
 
 
 def heartbeat(master: Master, agent_id: str) -> None:

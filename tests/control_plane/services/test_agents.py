@@ -1,6 +1,7 @@
 """The agent service (control_plane/services/agents.py) called directly, on SQLite and PostgreSQL:
-registration and its reconciliation after a restart, the commands an agent is owed, the task event
-state machine, exits, stale sessions and the task spec. The pool loop is ticked by hand."""
+enrolment and agent credentials, registration and its reconciliation after a restart, the commands
+an agent is owed, the task event state machine, exits, stale sessions and the task spec. The pool
+loop is ticked by hand."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from control_plane import auth
 from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Allocation, Token, Trial
+from control_plane.db.models import Agent, Allocation, Instance, Token, Trial
 from control_plane.errors import Conflict, Invalid, NotFound, PermissionDenied
 from control_plane.loops import placement
 from control_plane.services import agents as service
@@ -58,6 +59,15 @@ def register(master, p: Principal, agent_id: str = "a1", slots: int = 1,  # type
             agent_id=agent_id, resource_pool="default", version="test",
             slots=[SlotInfo(id=str(i), type=slot_type) for i in range(slots)],  # type: ignore[arg-type]
             running_allocations=running or []))
+
+
+def credential(master, resp) -> Principal:  # type: ignore[no-untyped-def]
+    """The agent credential a registration returned at enrolment, as the master resolves it."""
+    assert resp.agent_credential
+    with transaction(master.sessions) as s:
+        p = auth.resolve_token(s, resp.agent_credential, now=master.clock())
+    assert p is not None and p.kind is TokenKind.AGENT_CREDENTIAL
+    return p
 
 
 def commands(master, p: Principal, session: str, agent_id: str = "a1") -> list[Any]:  # type: ignore[no-untyped-def]
@@ -107,8 +117,8 @@ def test_register_records_the_agent_under_a_new_session(master) -> None:  # type
         agent = s.get(Agent, "a1")
         assert agent is not None and agent.state == st.AGENT_CONNECTED and agent.pool == "default"
         assert [sl["id"] for sl in agent.slots] == ["0", "1"] and agent.version == "test"
-    second = register(master, p, slots=2)
-    assert second.session_id != first.session_id
+    second = register(master, credential(master, first), slots=2)
+    assert second.session_id != first.session_id and second.agent_credential is None
     # The first session is over: the agent must use the new one.
     with pytest.raises(Conflict, match="stale agent session"):
         commands(master, p, first.session_id)
@@ -234,12 +244,13 @@ def test_reregistration_after_an_agent_restart_reconciles_its_tasks(master) -> N
                                            "max_length": {"batches": 20}},
                     "hyperparameters": {"lr": {"type": "double", "minval": 0.01, "maxval": 0.1}}})
     p = agent_principal(master)
-    session = register(master, p, slots=2).session_id
+    first = register(master, p, slots=2)
+    session = first.session_id
     kept, lost = (c.allocation_id for c in started(master, p, session, count=2))
     for alloc in (kept, lost):
         report(master, p, session, alloc, "running")
     # The agent comes back still running one task, plus one the master never gave it.
-    again = register(master, p, slots=2, running=[kept, "from-before"])
+    again = register(master, credential(master, first), slots=2, running=[kept, "from-before"])
     assert again.kill == ["from-before"]
     assert states(master, kept) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
     with transaction(master.sessions) as s:
@@ -250,3 +261,99 @@ def test_reregistration_after_an_agent_restart_reconciles_its_tasks(master) -> N
         report(master, p, session, kept, "exited", exit_code=0)
     assert states(master, kept)[0] == st.ALLOC_RUNNING
     assert [v.allocations[0].id for v in _list(master) if v.allocations] == [kept]
+
+
+# -- identity: the pool token only enrols ---------------------------------------------------------
+
+def test_enrolment_returns_a_credential_bound_to_the_agent_and_stored_hashed(master) -> None:  # type: ignore[no-untyped-def]
+    first = register(master, agent_principal(master))
+    cred = credential(master, first)
+    assert (cred.agent_id, cred.pool) == ("a1", "default")
+    with transaction(master.sessions) as s:
+        rows = list(s.scalars(select(Token).where(Token.kind == TokenKind.AGENT_CREDENTIAL.value)))
+        assert [(r.agent_id, r.token_hash) for r in rows] == [("a1", auth.token_digest(first.agent_credential or ""))]
+        assert service.is_enrolled(s, "a1") and not service.is_enrolled(s, "a2")
+    assert first.agent_credential and first.agent_credential not in repr(first)  # never in a log line
+
+
+def test_an_enrolled_agent_id_refuses_the_enrolment_token_and_keeps_its_tasks(master) -> None:  # type: ignore[no-untyped-def]
+    p, session, cmd = one_task(master)
+    report(master, p, session, cmd.allocation_id, "running")
+    # Anyone holding the pool's token (another agent of the pool, a fresh one) tries to take a1 over.
+    for intruder in (p, agent_principal(master)):
+        with pytest.raises(PermissionDenied, match="already enrolled.*own agent credential"):
+            register(master, intruder, running=[])
+    # Nothing changed: a1's session, its allocation and its trial's token are as they were.
+    assert commands(master, p, session) == []
+    assert states(master, cmd.allocation_id) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    with transaction(master.sessions) as s:
+        assert auth.resolve_token(s, cmd.spec.token or "", now=master.clock()) is not None
+
+
+def test_reregistration_with_the_credential_keeps_allocations(master) -> None:  # type: ignore[no-untyped-def]
+    submit(master)
+    first = register(master, agent_principal(master))
+    cred = credential(master, first)
+    (cmd,) = started(master, cred, first.session_id)
+    report(master, cred, first.session_id, cmd.allocation_id, "running")
+    again = register(master, cred, running=[cmd.allocation_id])
+    assert again.kill == [] and again.agent_credential is None  # the same identity, no new credential
+    assert again.reconnect_backoff_max_s == master.config.agent_reconnect_cap_s
+    assert states(master, cmd.allocation_id) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    assert commands(master, cred, again.session_id) == []
+
+
+def test_one_agent_cannot_register_poll_or_post_for_another(master) -> None:  # type: ignore[no-untyped-def]
+    p, session, cmd = one_task(master)  # a1 runs a task
+    y = credential(master, register(master, agent_principal(master), agent_id="y"))
+    with pytest.raises(PermissionDenied, match="another agent"):
+        register(master, y, agent_id="a1")
+    with pytest.raises(PermissionDenied, match="does not belong to that agent"):
+        commands(master, y, session)
+    with pytest.raises(PermissionDenied, match="does not belong to that agent"):
+        report(master, y, session, cmd.allocation_id, "exited", exit_code=0)
+    assert states(master, cmd.allocation_id)[0] == st.ALLOC_ASSIGNED
+
+
+def test_an_admin_reset_lets_the_agent_id_enrol_again(master) -> None:  # type: ignore[no-untyped-def]
+    p = agent_principal(master)
+    first = register(master, p)
+    old = first.agent_credential or ""
+    with transaction(master.sessions) as s:
+        assert service.reset_enrolment(s, master, "a1") == 1
+        assert auth.resolve_token(s, old, now=master.clock()) is None  # the old credential is dead
+    with pytest.raises(Conflict):  # and so is its session
+        commands(master, p, first.session_id)
+    again = register(master, p)
+    assert again.agent_credential and again.agent_credential != old
+    with pytest.raises(NotFound), transaction(master.sessions) as s:
+        service.reset_enrolment(s, master, "ghost")
+
+
+def test_a_bootstrap_token_enrols_its_instance_once_and_the_credential_dies_with_it(master) -> None:  # type: ignore[no-untyped-def]
+    with transaction(master.sessions) as s:
+        s.add(Instance(launch_id="launch-1", pool="default", provider="local", state="running"))
+        boot = auth.issue_token(s, TokenKind.BOOTSTRAP, now=master.clock(), ttl=None, pool="default",
+                                launch_id="launch-1")
+    with transaction(master.sessions) as s:
+        p = auth.resolve_token(s, boot, now=master.clock())
+    assert p is not None
+
+    def reg(principal: Principal, agent_id: str = "i-1"):  # type: ignore[no-untyped-def]
+        with transaction(master.sessions) as s:
+            return service.register_agent(s, master, principal, RegisterRequest(
+                agent_id=agent_id, resource_pool="default", instance_id="i-1", slots=[SlotInfo(id="0")]))
+
+    first = reg(p)
+    cred = credential(master, first)
+    assert cred.launch_id == "launch-1"
+    with pytest.raises(PermissionDenied, match="already enrolled"):
+        reg(p)  # the launch's token only enrols
+    with pytest.raises(PermissionDenied, match="already enrolled agent 'i-1'"):
+        reg(p, agent_id="i-2")  # and only one agent
+    assert reg(cred).agent_credential is None  # the agent's own credential works
+    # The instance ends: every token of its launch is revoked, the agent credential included.
+    with transaction(master.sessions) as s:
+        for t in s.scalars(select(Token).where(Token.launch_id == "launch-1")):
+            t.revoked_at = master.clock()
+        assert auth.resolve_token(s, first.agent_credential or "", now=master.clock()) is None

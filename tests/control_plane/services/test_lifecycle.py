@@ -133,11 +133,14 @@ def test_killing_a_queued_experiment_cancels_it(client, master, admin_headers) -
 def test_agent_restart_keeps_wanted_tasks_and_kills_the_rest(client, master, admin_headers) -> None:
     submit(client, admin_headers)
     tok = agent_token(master)
-    session = register(client, tok)
+    enrolled = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {tok}"}, json={
+        "agentId": "a1", "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}]}).json()
+    session = enrolled["sessionId"]
     placement.tick(master)
     (cmd,) = commands(client, tok, session)
     event(client, tok, session, cmd["allocationId"], "running")
-    r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {tok}"}, json={
+    # the agent comes back with its own credential (the pool token only enrols)
+    r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {enrolled['agentCredential']}"}, json={
         "agentId": "a1", "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}],
         "runningAllocations": [cmd["allocationId"], "stale-alloc"]})
     assert r.json()["kill"] == ["stale-alloc"]

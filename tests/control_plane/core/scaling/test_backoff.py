@@ -11,6 +11,7 @@ from control_plane.core.scaling.backoff import (
     after_failure,
     after_success,
     current_state,
+    launch_allowance,
     may_launch,
 )
 from control_plane.core.states import PoolState
@@ -92,3 +93,32 @@ def test_the_backoff_ends_at_backoff_until() -> None:
     assert current_state(PoolState.DISABLED, None, until) == PoolState.DISABLED
     assert not may_launch(PoolState.DISABLED, None, NOW)
     assert may_launch(PoolState.OK, None, NOW)
+
+
+# -- probes during a long backoff ----------------------------------------------------------------
+
+PROBE = timedelta(minutes=5)
+
+
+def test_no_cap_once_the_backoff_is_over_and_none_for_a_torn_down_pool() -> None:
+    assert launch_allowance(PoolState.OK, None, None, PROBE, NOW).cap is None
+    assert launch_allowance(PoolState.BACKOFF, NOW, NOW - PROBE, PROBE, NOW).cap is None
+    assert launch_allowance(PoolState.DISABLED, None, None, PROBE, NOW).cap == 0
+
+
+def test_one_instance_probes_a_long_backoff_every_probe_interval() -> None:
+    until = NOW + timedelta(minutes=30)
+    waiting = launch_allowance(PoolState.BACKOFF, until, NOW - timedelta(minutes=4), PROBE, NOW)
+    assert (waiting.cap, waiting.next_probe_at) == (0, NOW + timedelta(minutes=1))
+    probe = launch_allowance(PoolState.BACKOFF, until, NOW - PROBE, PROBE, NOW)
+    assert (probe.cap, probe.next_probe_at) == (1, NOW)
+    assert probe.reason.startswith("probing with one instance")
+
+
+def test_no_probe_for_a_short_backoff_or_a_pool_in_error() -> None:
+    short = launch_allowance(PoolState.BACKOFF, NOW + timedelta(minutes=1), NOW, PROBE, NOW)
+    assert (short.cap, short.next_probe_at) == (0, None)  # the backoff ends before a probe would
+    error = launch_allowance(PoolState.ERROR, NOW + timedelta(minutes=30), NOW - timedelta(hours=1), PROBE, NOW)
+    assert error.cap == 0  # auth / invalid: a probe cannot tell anything a config fix would not
+    off = launch_allowance(PoolState.BACKOFF, NOW + timedelta(minutes=30), NOW - timedelta(hours=1), 0 * PROBE, NOW)
+    assert off.cap == 0

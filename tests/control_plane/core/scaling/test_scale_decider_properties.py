@@ -103,6 +103,20 @@ def test_never_above_max(w: tuple[list[PendingDemand], list[InstanceView], PoolL
 
 @FAST
 @given(world())
+def test_never_launches_above_max_counting_instances_being_stopped(
+    w: tuple[list[PendingDemand], list[InstanceView], PoolLimits],
+) -> None:
+    """A stopping instance bills until the cloud says it is gone: launches never take the pool's
+    billed instances (live, stopping, launched now) above max_instances."""
+    demand, instances, limits = w
+    d = decide(demand, instances, limits, NOW)
+    billed = {i.id for i in instances if i.state != "terminated"}
+    if d.launch:
+        assert len(billed) + d.launch <= limits.max_instances
+
+
+@FAST
+@given(world())
 def test_never_below_min(w: tuple[list[PendingDemand], list[InstanceView], PoolLimits]) -> None:
     demand, instances, limits = w
     d = decide(demand, instances, limits, NOW)
@@ -111,7 +125,10 @@ def test_never_below_min(w: tuple[list[PendingDemand], list[InstanceView], PoolL
     if idle_reaped:
         assert len(survivors) >= limits.min_instances
     if limits.max_launch_per_decision is None:
-        assert len(survivors) + d.launch >= limits.min_instances
+        # Instances being stopped (before or by this decision) still bill: the floor is met as far as
+        # max_instances leaves room.
+        stopping = sum(1 for i in instances if i.state == "stopping") + len(d.terminate)
+        assert len(survivors) + d.launch >= min(limits.min_instances, limits.max_instances - stopping)
 
 
 @FAST
@@ -151,7 +168,9 @@ def test_decisions_are_idempotent(w: tuple[list[PendingDemand], list[InstanceVie
     """Applying the terminations and deciding again on the same snapshot changes nothing more."""
     demand, instances, limits = w
     d = decide(demand, instances, limits, NOW)
-    again = decide(demand, [i for i in instances if i.id not in d.terminate_ids], limits, NOW)
+    # A terminated instance is stopping until the cloud says it is gone.
+    applied = [replace(i, state="stopping") if i.id in d.terminate_ids else i for i in instances]
+    again = decide(demand, applied, limits, NOW)
     assert again.terminate == ()
     assert again.launch == d.launch
 

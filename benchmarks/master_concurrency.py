@@ -1,0 +1,345 @@
+"""The master under concurrent clients: does it hold, and does it stay reachable?
+
+Target (issue 9): throughput never falls as clients grow; no 500 and no timeout at any level (503
+with Retry-After only past the configured limit, `max_concurrent_requests` + `request_queue`);
+`/info` p99 under 100 ms during the run.
+
+The load, for each level of `--clients` (default 10, 40, 200, 1000), for `--seconds` each, against
+one real master per database (`python -m control_plane`: one uvicorn process, as shipped):
+- every client is an asyncio task sending one request at a time; one client in ten plays an agent
+  and long-polls `GET /api/v1/agents/{id}/commands` (2 s) in a loop, the others send a mix of
+  `GET /api/v1/experiments` (admin token) and metric reports `POST /api/v1/trials/{id}/metrics`
+  for a running trial with its allocation token, half and half (unique steps per client, so every
+  acknowledged report must be stored);
+- a 503 is handled as the harness does: wait at least Retry-After (plus jitter), and back off
+  exponentially (0.25 s doubling, random, at most 15 s) while 503s follow one another;
+- a separate process (so the load generator's own event loop does not delay it) asks `GET /info`
+  every 50 ms; its latencies are the `/info` column.
+The trial is real: an agent registered by the benchmark is assigned the trial by the placement
+loop, gets its start command (with the allocation token) and reports it running.
+
+Columns: ok/s = 2xx answers to reads and reports per second; p50/p99 = their latency (answered
+ones, 503s included); polls = long-polls answered 200; then answers by status (all requests),
+timeouts (client timeout 30 s, plus the poll's own for polls) and connection errors; "lost" =
+acknowledged metric reports missing from the database afterwards; cpu = cores used by the master
+and by this load generator (same machine); ok per master cpu-s = ok/s over the master's cores,
+the master's efficiency whatever share of the machine other processes leave it (a shared 2-core
+machine gives one process very different shares from one run to the next).
+
+    .venv/bin/python benchmarks/master_concurrency.py                    # both DBs, ~3 min
+    .venv/bin/python benchmarks/master_concurrency.py --db sqlite --clients 10,200 --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import ssl
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from benchmarks._common import (  # noqa: E402
+    BenchPostgres,
+    MasterProcess,
+    loadavg,
+    pct,
+    print_table,
+    temp_dir,
+    tree_cpu_seconds,
+)
+
+EXPERIMENT_CONFIG = """\
+name: concurrency-bench-{n}
+entrypoint: python3 train.py
+hyperparameters:
+  lr: 0.01
+searcher:
+  name: single
+  metric: loss
+  max_length: {{batches: 100000000}}
+"""
+AGENT_ID = "bench-agent"
+POLL_S = 2.0
+CLIENT_TIMEOUT_S = 30.0
+RETRY_AFTER_CAP_S = 5.0
+INFO_EVERY_S = 0.05
+BACKOFF_INITIAL_S = 0.25  # harness/core/_session.py's RetryPolicy
+BACKOFF_MAX_S = 15.0
+# The /info prober: its own process, printing its latencies (s) as JSON when its time is up.
+PROBE = """
+import json, sys, time, httpx
+url, until, every = sys.argv[1], time.monotonic() + float(sys.argv[2]), float(sys.argv[3])
+ok, failed = [], 0
+with httpx.Client(timeout=30) as c:
+    while time.monotonic() < until:
+        t0 = time.monotonic()
+        try:
+            if c.get(url + "/info").status_code == 200:
+                ok.append(time.monotonic() - t0)
+            else:
+                failed += 1
+        except httpx.HTTPError:
+            failed += 1
+        time.sleep(every)
+print(json.dumps({"ok": ok, "failed": failed}))
+"""
+
+
+@dataclass
+class Setup:
+    url: str
+    admin: str
+    agent_token: str
+    session_id: str
+    trial_id: int
+    alloc_token: str
+
+
+@dataclass
+class Level:
+    clients: int
+    seconds: float
+    ok: int = 0
+    polls: int = 0
+    status: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+    info: list[float] = field(default_factory=list)
+    info_failed: int = 0
+    acked_reports: int = 0
+    retry_after_missing: int = 0
+
+
+# ---- set-up: an agent, a running trial and its allocation token ---------------------------------
+def set_up(url: str, token: str, experiments: int) -> Setup:
+    from examples.demo import files_of
+
+    h = {"Authorization": f"Bearer {token}"}
+    c = httpx.Client(base_url=url, headers=h, timeout=60)
+    r = c.post("/api/v1/agents/tokens", json={"resourcePool": "default"})
+    r.raise_for_status()
+    agent_token = r.json()["token"]
+    r = c.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {agent_token}"},
+               json={"agentId": AGENT_ID, "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}]})
+    r.raise_for_status()
+    reg = r.json()
+    # A per-agent credential, where the master hands one out at enrolment, replaces the pool token.
+    agent_token = reg.get("agentCredential") or agent_token
+    session_id = reg["sessionId"]
+    model_dir = temp_dir("concurrency-model-")
+    (model_dir / "train.py").write_text("print('never runs: the benchmark plays the agent')\n")
+    for n in range(experiments):  # a list worth reading; only the first gets the slot
+        r = c.post("/api/v1/experiments", json={"config": EXPERIMENT_CONFIG.format(n=n), "modelDefinition": files_of(model_dir)})
+        r.raise_for_status()
+    shutil.rmtree(model_dir, ignore_errors=True)
+    ah = {"Authorization": f"Bearer {agent_token}"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = c.get(f"/api/v1/agents/{AGENT_ID}/commands", headers=ah, params={"sessionId": session_id, "timeoutSeconds": 2})
+        r.raise_for_status()
+        for cmd in r.json()["commands"]:
+            if cmd["type"] == "start":
+                spec = cmd["spec"]
+                events = [{"allocationId": cmd["allocationId"], "type": t} for t in ("starting", "running")]
+                c.post(f"/api/v1/agents/{AGENT_ID}/events", headers=ah,
+                       json={"sessionId": session_id, "events": events}).raise_for_status()
+                return Setup(url, token, agent_token, session_id, int(spec["trialId"]), spec["token"])
+    raise RuntimeError("the agent was never given the trial")
+
+
+def stored_reports(db_url: str, trial_id: int) -> int:
+    from sqlalchemy import func, select
+
+    from control_plane.db.engine import make_engine
+    from control_plane.db.models import Metric
+
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.scalar(select(func.count()).select_from(Metric).where(Metric.trial_id == trial_id)) or 0)
+    finally:
+        engine.dispose()
+
+
+# ---- the load -------------------------------------------------------------------------------------
+async def run_level(s: Setup, lv: Level, step_base: int) -> None:
+    timeout = httpx.Timeout(CLIENT_TIMEOUT_S, connect=CLIENT_TIMEOUT_S)
+    admin_h = {"Authorization": f"Bearer {s.admin}"}
+    alloc_h = {"Authorization": f"Bearer {s.alloc_token}"}
+    agent_h = {"Authorization": f"Bearer {s.agent_token}"}
+    # One client (one keep-alive connection) per simulated client, as separate processes would
+    # have: a single shared httpx pool scans all its connections on every request, which at a few
+    # hundred connections makes the load generator, not the master, the bottleneck.
+    tls = ssl.create_default_context()  # one for all: creating a context per client costs seconds at 1,000
+    https = [httpx.AsyncClient(base_url=s.url, timeout=timeout, limits=httpx.Limits(max_connections=1), verify=tls)
+             for _ in range(lv.clients)]
+    try:
+        stop_at = time.monotonic() + lv.seconds
+
+        async def client(idx: int) -> None:
+            http = https[idx]
+            rnd = random.Random(idx)
+            step = step_base + idx * 1_000_000
+            await asyncio.sleep(rnd.random() * 0.5)  # do not all start in the same millisecond
+            poll = idx % 10 == 9
+            shed = 0  # 503s in a row
+            while time.monotonic() < stop_at:
+                report = not poll and rnd.random() < 0.5
+                t0 = time.monotonic()
+                try:
+                    if poll:
+                        r = await http.get(f"/api/v1/agents/{AGENT_ID}/commands", headers=agent_h,
+                                           params={"sessionId": s.session_id, "timeoutSeconds": POLL_S},
+                                           timeout=CLIENT_TIMEOUT_S + POLL_S)
+                    elif report:
+                        step += 1
+                        body = {"group": "training", "metrics": {
+                            "trialId": s.trial_id, "trialRunId": 1, "stepsCompleted": step,
+                            "metrics": {"avgMetrics": {"loss": 1.0 / step, "acc": 0.5}}}}
+                        r = await http.post(f"/api/v1/trials/{s.trial_id}/metrics", headers=alloc_h, json=body)
+                    else:
+                        r = await http.get("/api/v1/experiments", headers=admin_h, params={"limit": 20})
+                except httpx.TimeoutException:
+                    lv.status["timeout"] += 1
+                    continue
+                except httpx.TransportError:
+                    lv.status["conn error"] += 1
+                    await asyncio.sleep(0.1)
+                    continue
+                elapsed = time.monotonic() - t0
+                lv.status[str(r.status_code)] += 1
+                if not poll:
+                    lv.latencies.append(elapsed)
+                shed = shed + 1 if r.status_code == 503 else 0
+                if r.status_code < 300:
+                    lv.polls += int(poll)
+                    lv.ok += int(not poll)
+                    lv.acked_reports += int(report)
+                elif r.status_code == 503:
+                    retry_after = r.headers.get("retry-after")
+                    if retry_after is None:
+                        lv.retry_after_missing += 1
+                    hint = min(float(retry_after or 1), RETRY_AFTER_CAP_S)
+                    backoff = rnd.uniform(0, min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** min(shed, 10)))
+                    await asyncio.sleep(max(backoff, hint * (1 + 0.5 * rnd.random())))
+                else:
+                    await asyncio.sleep(0.1)
+
+        probe = await asyncio.create_subprocess_exec(sys.executable, "-c", PROBE, s.url, str(lv.seconds),
+                                                     str(INFO_EVERY_S), stdout=asyncio.subprocess.PIPE)
+        await asyncio.gather(*(client(i) for i in range(lv.clients)))
+        out, _ = await probe.communicate()
+        probed = json.loads(out)
+        lv.info, lv.info_failed = probed["ok"], probed["failed"]
+    finally:
+        await asyncio.gather(*(h.aclose() for h in https))
+
+
+def bench_db(db: str, db_url: str, levels: list[int], seconds: float, experiments: int, base: Path) -> list[list[str]]:
+    master = MasterProcess(db_url, base / db)
+    master.start()
+    rows: list[list[str]] = []
+    try:
+        s = set_up(master.url, master.token(), experiments)
+        # The agent's own heartbeat, as its daemon would keep it, between levels too (the pollers
+        # among the clients only run during a level).
+        stop_heartbeat = threading.Event()
+        heartbeat = threading.Thread(target=agent_heartbeat, args=(s, stop_heartbeat), daemon=True)
+        heartbeat.start()
+        acked = 0
+        for n, clients in enumerate(levels):
+            lv = Level(clients, seconds)
+            t0, cpu0, own0 = time.monotonic(), tree_cpu_seconds(master.proc.pid), time.process_time()
+            asyncio.run(run_level(s, lv, step_base=n * 10_000_000_000))
+            wall = time.monotonic() - t0
+            master_cpu = (tree_cpu_seconds(master.proc.pid) - cpu0) / wall
+            load_cpu = (time.process_time() - own0) / wall
+            acked += lv.acked_reports
+            lat = sorted(lv.latencies)
+            info = sorted(lv.info)
+            other = {k: v for k, v in lv.status.items() if k not in ("200", "503", "500", "timeout", "conn error")}
+            rows.append([
+                db, str(clients), f"{lv.ok / wall:.1f}",
+                f"{pct(lat, 0.5) * 1000:.0f}", f"{pct(lat, 0.99) * 1000:.0f}", str(lv.polls),
+                str(lv.status["200"]), str(lv.status["503"]), str(lv.status["500"]),
+                str(lv.status["timeout"]), str(lv.status["conn error"]),
+                " ".join(f"{k}:{v}" for k, v in sorted(other.items())) or "-",
+                f"{pct(info, 0.99) * 1000:.1f}", str(lv.info_failed), str(lv.retry_after_missing),
+                f"{master_cpu:.2f}/{load_cpu:.2f}", f"{lv.ok / wall / master_cpu:.0f}" if master_cpu else "-", loadavg(),
+            ])
+            print(" ".join(rows[-1]), flush=True)
+            time.sleep(2)  # let the last long-polls end before the next level
+        lost = acked - stored_reports(db_url, s.trial_id)
+        for r in rows:
+            r.append(str(lost) if r is rows[-1] else "")
+    finally:
+        if "stop_heartbeat" in locals():
+            stop_heartbeat.set()
+            heartbeat.join(CLIENT_TIMEOUT_S + POLL_S)
+        master.stop()
+    return rows
+
+
+def agent_heartbeat(s: Setup, stop: threading.Event) -> None:
+    """Long-poll like the agent daemon: again at once after an answer, after Retry-After on a 503."""
+    with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {s.agent_token}"},
+                      timeout=CLIENT_TIMEOUT_S + POLL_S) as c:
+        while not stop.is_set():
+            try:
+                r = c.get(f"/api/v1/agents/{AGENT_ID}/commands", params={"sessionId": s.session_id, "timeoutSeconds": POLL_S})
+            except httpx.HTTPError:
+                stop.wait(0.5)
+                continue
+            if r.status_code == 503:
+                stop.wait(min(float(r.headers.get("retry-after") or 1), RETRY_AFTER_CAP_S))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
+    ap.add_argument("--clients", default="10,40,200,1000")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--experiments", type=int, default=10, help="experiments in the listed table")
+    ap.add_argument("--pg-fsync", action="store_true", help="PostgreSQL with fsync on (default off)")
+    ap.add_argument("--max-concurrent", type=int, default=None,
+                    help="the master's max_concurrent_requests (default: its own, from db_pool_size)")
+    args = ap.parse_args()
+    if args.max_concurrent:  # MasterProcess passes the environment on to the master
+        os.environ["SHIPYARD_MAX_CONCURRENT_REQUESTS"] = str(args.max_concurrent)
+    levels = [int(x) for x in args.clients.split(",")]
+    base = temp_dir("master-concurrency-")
+    rows: list[list[str]] = []
+    try:
+        if args.db in ("sqlite", "both"):
+            rows += bench_db("sqlite", f"sqlite:///{base / 'sqlite.db'}", levels, args.seconds, args.experiments, base)
+        if args.db in ("postgres", "both"):
+            pg = BenchPostgres(fsync=args.pg_fsync)
+            pg.start()
+            try:
+                rows += bench_db("postgres", pg.create_database(), levels, args.seconds, args.experiments, base)
+            finally:
+                pg.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print()
+    print(f"{args.seconds:.0f} s per level; long-polls {POLL_S:.0f} s; client timeout {CLIENT_TIMEOUT_S:.0f} s; "
+          f"/info every {INFO_EVERY_S * 1000:.0f} ms")
+    print_table(["db", "clients", "ok/s", "p50 ms", "p99 ms", "polls", "200", "503", "500", "timeout", "conn err", "other",
+                 "/info p99 ms", "/info failed", "503 w/o Retry-After", "cpu master/load", "ok per master cpu-s", "loadavg",
+                 "lost"], rows, right=set(range(1, 17)) | {18})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

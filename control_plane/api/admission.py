@@ -1,0 +1,229 @@
+"""Admission control: a request path that cannot deadlock or starve.
+
+Every request that may touch the database takes a slot before anything of it runs (its
+dependencies included). There are at most `limit` slots, the limit is below the connection pool's
+size and AnyIO's worker-thread limit is above it, so an admitted request always finds a thread and a
+connection at once: no thread ever waits on a connection held by a request that waits for a thread.
+Past the limit a bounded queue waits briefly; beyond that the answer is 503 with `Retry-After`, in
+microseconds, from the event loop alone (no thread, no database) — never a 30 s hang.
+
+Two lanes, each with its own slots and queue: the cluster's (agents and trials: heartbeats,
+events, logs, metrics, checkpoints; `is_cluster_request`) and the users' (everything else), so no
+amount of user load keeps an agent from heartbeating or a trial from reporting. Health (`/info`,
+`/health`) bypasses both. Long-polls and log follows give their slot back while they wait
+(`Ticket.idle`) and take one again for each short database read.
+
+Single event loop (uvicorn's); the bookkeeping is guarded by a lock anyway because a waiter may be
+granted from whichever task releases a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio.to_thread
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from control_plane.api.errors import error_body
+
+TICKET_KEY = "shipyard.admission"
+# A rejected request's body is read and dropped (up to this much) so the connection stays usable
+# for the client's retry; a bigger one closes the connection instead.
+_DRAIN_MAX_BYTES = 1024 * 1024
+
+
+@dataclass(eq=False)
+class _Waiter:
+    loop: asyncio.AbstractEventLoop
+    fut: asyncio.Future[None]
+    granted: bool = False
+
+
+@dataclass
+class Admission:
+    """At most `limit` holders; up to `queue` more wait up to `wait_s` for a slot, first come first
+    served (a released slot is handed to the oldest waiter, so a steady stream of new arrivals
+    cannot starve it)."""
+
+    limit: int
+    queue: int
+    wait_s: float
+    retry_after_s: int
+    active: int = 0
+    _waiters: deque[_Waiter] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self, wait_s: float | None = None) -> bool:
+        with self._lock:
+            if self.active < self.limit and not self._waiters:
+                self.active += 1
+                return True
+            if len(self._waiters) >= self.queue:
+                return False
+            loop = asyncio.get_running_loop()
+            w = _Waiter(loop, loop.create_future())
+            self._waiters.append(w)
+        try:
+            await asyncio.wait({w.fut}, timeout=self.wait_s if wait_s is None else wait_s)
+        except BaseException:  # cancelled (client gone): give back a slot handed over meanwhile
+            if self._granted_or_leave(w):
+                self.release()
+            raise
+        return self._granted_or_leave(w)
+
+    def _granted_or_leave(self, w: _Waiter) -> bool:
+        """True if the waiter was handed a slot (even in the instant its wait timed out); otherwise
+        it leaves the queue."""
+        with self._lock:
+            if not w.granted:
+                self._waiters.remove(w)
+            return w.granted
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiters:
+                w = self._waiters.popleft()
+                w.granted = True  # the slot passes over: `active` stays the same
+                w.loop.call_soon_threadsafe(_grant, w.fut)
+            else:
+                self.active -= 1
+
+
+def _grant(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Ticket:
+    """One request's slot. Released by the middleware when the request ends; a long-poll or a
+    stream may give it back earlier and take one again (idempotent both ways)."""
+
+    def __init__(self, admission: Admission | None) -> None:
+        self.admission = admission
+        self.held = False
+
+    async def acquire(self, wait_s: float | None = None) -> bool:
+        if self.held or self.admission is None:
+            self.held = True
+            return True
+        self.held = await self.admission.acquire(wait_s)
+        return self.held
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            if self.admission is not None:
+                self.admission.release()
+
+    @contextlib.asynccontextmanager
+    async def idle(self) -> AsyncIterator[None]:
+        """Hold nothing while waiting (a long-poll's sleep). Afterwards a slot is taken again with
+        the queue's usual wait; if none comes, `held` is False and the caller answers with what it
+        has (an empty poll), which the client simply repeats."""
+        self.release()
+        yield  # a wait that ends in an error (the client left) takes nothing back
+        await self.acquire()
+
+    async def take_turn(self) -> None:
+        """For a stream whose headers are already sent (a 503 is no longer possible): wait as long
+        as it takes, without holding anything, until a slot is free."""
+        while not await self.acquire():
+            await asyncio.sleep(self.admission.retry_after_s if self.admission else 0)
+
+
+def ticket(scope: Scope) -> Ticket:
+    t = scope.get(TICKET_KEY)
+    return t if isinstance(t, Ticket) else Ticket(None)
+
+
+def retry_after_headers(admission: Admission) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", b"application/json"), (b"retry-after", str(admission.retry_after_s).encode())]
+
+
+def saturated_body(message: str = "the master is busy; retry later") -> bytes:
+    return json.dumps(error_body(503, message, [])).encode()
+
+
+# The cluster's own traffic: what agents and trials send (docs/PROTOCOL.md, the harness). It gets
+# its own lane, so that however many users keep the master busy, agents still heartbeat, fetch
+# what they start and ship logs, and trials still report: user load never fails a trial.
+_CLUSTER_ANY_METHOD = re.compile(
+    r"^/api/v1/(agents/register|agents/[^/]+/(commands|events)|task/logs|agent/package|allocations/.+"
+    r"|experiments/\d+/(model_def|searcher/best_searcher_validation_metric)|trials/\d+/searcher/operation"
+    r"|checkpoints/[^/]+)$"
+)
+_CLUSTER_WRITES = re.compile(r"^/api/v1/(trials/\d+/.+|checkpoints)$")
+
+
+def is_cluster_request(method: str, path: str) -> bool:
+    """Agents' and trials' requests (by path: the lane is chosen before any credential is read)."""
+    if _CLUSTER_ANY_METHOD.match(path):
+        return True
+    return method != "GET" and bool(_CLUSTER_WRITES.match(path))
+
+
+class AdmissionControl:
+    """The ASGI middleware: a slot per request for everything but the exempt paths, from the
+    cluster's lane for agents and trials and from the users' lane for the rest."""
+
+    def __init__(self, app: ASGIApp, admission: Admission, cluster: Admission, exempt: frozenset[str],
+                 threads: int) -> None:
+        self.app = app
+        self.admission = admission
+        self.cluster = cluster
+        self.exempt = exempt
+        self.threads = threads
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        # AnyIO's limiter belongs to the running event loop, so it is sized here rather than at
+        # import; every admitted request uses at most one worker thread at a time.
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        if limiter.total_tokens != self.threads:
+            limiter.total_tokens = self.threads
+        lane = self.cluster if is_cluster_request(scope["method"], scope["path"]) else self.admission
+        t = Ticket(lane)
+        if not await t.acquire():
+            await self._reject(lane, receive, send)
+            return
+        scope[TICKET_KEY] = t
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            t.release()
+
+    @staticmethod
+    async def _reject(lane: Admission, receive: Receive, send: Send) -> None:
+        keep_alive = await _drain(receive)
+        headers = retry_after_headers(lane)
+        if not keep_alive:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": saturated_body()})
+
+
+async def _drain(receive: Receive) -> bool:
+    """Read and drop a small request body; False if it was too big (or the client left)."""
+    seen = 0
+    while True:
+        msg: Message = await receive()
+        if msg["type"] != "http.request":
+            return False
+        seen += len(msg.get("body", b""))
+        if seen > _DRAIN_MAX_BYTES:
+            return False
+        if not msg.get("more_body", False):
+            return True

@@ -1,0 +1,133 @@
+"""What a request may carry: a body within its limit, enforced while it is read, and a URL
+without NUL characters.
+
+PostgreSQL cannot hold NUL in any text parameter (the driver refuses the query: a 500), so a NUL
+in the path or in a query parameter is a 400 naming the parameter, for every operation at once
+(handlers' own `reject_nul` checks remain for what they build from bodies).
+
+A declared Content-Length over the limit is refused at once (413, nothing read). A chunked body
+(or one that lies about its length) is counted as it arrives and refused with a 413 at the first
+chunk past the limit, so the master never buffers more than the limit. The 413 is guaranteed
+whatever the application does with the failed read (FastAPI turns a failing body read into its
+own 400): once the limit is crossed, whatever response the application starts is replaced.
+
+Only creating an experiment needs a big body (its model definition travels base64 inside the
+JSON); every other request gets the much smaller `max_body_bytes`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import parse_qsl
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from control_plane.api.errors import error_body
+from control_plane.config import MasterConfig
+from control_plane.errors import FieldProblem
+
+log = logging.getLogger("shipyard.api.limits")
+
+# (method, path) → which MasterConfig limit applies; anything else gets max_body_bytes.
+LARGE_BODIES = frozenset({("POST", "/api/v1/experiments")})
+
+
+def body_limit(config: MasterConfig, method: str, path: str) -> int:
+    if (method, path.rstrip("/") or "/") in LARGE_BODIES:
+        return config.max_request_bytes
+    return min(config.max_body_bytes, config.max_request_bytes)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimits:
+    """ASGI middleware: 413 for a body over its route's limit, before it is read whole."""
+
+    def __init__(self, app: ASGIApp, config: MasterConfig) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        nul = _nul_in_url(scope)
+        if nul is not None:
+            await _send_error(send, 400, f"{nul}: must not contain NUL characters", nul)
+            return
+        limit = body_limit(self.config, scope["method"], scope["path"])
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await _reject(send, limit)
+            return
+        seen = 0
+        over = False
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen, over
+            if over:  # the app asks again after the failed read: there is nothing more for it
+                raise _TooLarge()
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    over = True
+                    raise _TooLarge()
+            return msg
+
+        async def guarded(msg: Message) -> None:
+            nonlocal started
+            if over:
+                # Whatever the app answers to the failed read (FastAPI: a 400) becomes the 413.
+                if msg["type"] == "http.response.start" and not started:
+                    started = True
+                    await _reject(send, limit)
+                return
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except _TooLarge:
+            if not started:
+                await _reject(send, limit)
+        if over:
+            log.info("event=request_body_too_large method=%s path=%s limit=%s", scope["method"], scope["path"], limit)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _nul_in_url(scope: Scope) -> str | None:
+    """The name of the first query parameter holding a NUL ("path" for the path), or None."""
+    if "\x00" in scope.get("path", ""):
+        return "path"
+    query = scope.get("query_string", b"")
+    if b"%00" in query or b"\x00" in query:
+        for name, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+            if "\x00" in name or "\x00" in value:
+                return name.replace("\x00", "") or "query"
+    return None
+
+
+async def _reject(send: Send, limit: int) -> None:
+    await _send_error(send, 413, f"request body larger than {limit} bytes", None, close=True)
+
+
+async def _send_error(send: Send, status: int, message: str, field: str | None, *, close: bool = False) -> None:
+    details = [FieldProblem(field, "must not contain NUL characters")] if field else []
+    body = json.dumps(error_body(status, message, details)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:  # the rest of an over-long body is not read: the connection cannot be reused
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

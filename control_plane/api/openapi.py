@@ -1,0 +1,162 @@
+"""The OpenAPI document as the API really behaves.
+
+FastAPI documents a 422 for every operation with parameters, while the API answers a failed
+validation with a 400 (api/errors.py), and documents no other error. Here every operation lists
+the error statuses it can answer, each with the one error body (`ErrorBody`); NDJSON streams are
+labelled `application/x-ndjson` (one `StreamLine` per line), not `application/json`.
+"""
+
+from __future__ import annotations
+
+import typing
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute, iter_route_contexts
+from pydantic import BaseModel, Field
+from starlette.responses import StreamingResponse
+
+from control_plane.api import deps
+from control_plane.api import responses as r
+from control_plane.api.streams import STREAM_MEDIA_TYPE
+
+
+class ErrorStatus(BaseModel):
+    """grpc-gateway's status object, which Determined's client reads (`error.error`)."""
+
+    code: int
+    reason: str
+    error: str
+
+
+class ErrorDetail(BaseModel):
+    field: str
+    reason: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer of the API."""
+
+    error: ErrorStatus
+    code: int
+    message: str
+    details: list[ErrorDetail] = Field(default_factory=list)
+
+
+class StreamLine(BaseModel):
+    """One line of an NDJSON stream: a `result`, or an `error` that ends the stream."""
+
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+# The typed 200 answers (api/responses.py) of the operations that have one so far; the others are
+# documented as the JSON object FastAPI infers from their handlers.
+RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
+    ("GET", "/api/v1/experiments"): r.GetExperimentsResponse,
+    ("GET", "/api/v1/experiments/{experimentId}"): r.GetExperimentResponse,
+    ("GET", "/api/v1/experiments/{experimentId}/trials"): r.GetExperimentTrialsResponse,
+    ("GET", "/api/v1/trials/{trialId}"): r.GetTrialResponse,
+    ("GET", "/api/v1/checkpoints/{checkpointUuid}"): r.GetCheckpointResponse,
+    ("GET", "/api/v1/experiments/{id}/checkpoints"): r.GetCheckpointsResponse,
+    ("GET", "/api/v1/trials/{id}/checkpoints"): r.GetCheckpointsResponse,
+    ("POST", "/api/v1/models"): r.ModelResponse,
+    ("GET", "/api/v1/models"): r.GetModelsResponse,
+    ("GET", "/api/v1/models/{modelName}"): r.ModelResponse,
+    ("POST", "/api/v1/models/{modelName}/versions"): r.ModelVersionResponse,
+    ("GET", "/api/v1/models/{modelName}/versions"): r.GetModelVersionsResponse,
+    ("GET", "/api/v1/models/{modelName}/versions/{modelVersionNum}"): r.ModelVersionResponse,
+}
+
+# Answered from memory outside admission control (api/app.py): never 503.
+_NEVER_BUSY = frozenset({"/health", "/info", "/api/v1/master"})
+_LOGIN = "/api/v1/auth/login"
+
+
+def _depends_on(dependant: Dependant, call: Any) -> bool:
+    return any(d.call is call or _depends_on(d, call) for d in dependant.dependencies)
+
+
+def _error_statuses(route: APIRoute, method: str) -> list[int]:
+    dependant = route.dependant
+    has_input = bool(dependant.path_params or dependant.query_params or dependant.header_params
+                     or dependant.cookie_params or route.body_field is not None)
+    codes = []
+    if has_input:
+        codes.append(400)
+    if _depends_on(dependant, deps.principal) or route.path == _LOGIN:  # login checks credentials too
+        codes += [401, 403]
+    if has_input:  # ids in the path, the query (filters naming trials) or the body
+        codes.append(404)
+    if method != "GET":
+        codes += [409, 413]
+    # per-caller limits of their own: login throttling, concurrent log searches
+    if route.path == _LOGIN or (method == "GET" and route.path.endswith("/logs")):
+        codes.append(429)
+    if route.path not in _NEVER_BUSY:
+        codes.append(503)
+    return codes
+
+
+def _is_stream(route: APIRoute) -> bool:
+    try:
+        returns = typing.get_type_hints(route.endpoint).get("return")
+    except Exception:  # an annotation that does not resolve: not one of ours
+        return False
+    return isinstance(returns, type) and issubclass(returns, StreamingResponse)
+
+
+def _schemas(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}",
+                                     mode="serialization")
+    defs = schema.pop("$defs", {})
+    return {model.__name__: schema, **defs}
+
+
+def build_openapi(app: FastAPI) -> dict[str, Any]:
+    spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = spec.setdefault("components", {}).setdefault("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    components.update(_schemas(ErrorBody))
+    components.update(_schemas(StreamLine))
+    for model in set(RESPONSES.values()):
+        components.update(_schemas(model))
+    error_ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    # Routers are included lazily (FastAPI's _IncludedRouter); this walks the routes they hold.
+    for ctx in iter_route_contexts(app.routes):
+        route = ctx.original_route
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        stream = _is_stream(route)
+        for method in route.methods:
+            op = spec["paths"].get(ctx.path_format or route.path_format, {}).get(method.lower())
+            if op is None:
+                continue
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            for code in _error_statuses(route, method):
+                responses.setdefault(str(code), {"description": HTTPStatus(code).phrase, "content": error_ref})
+            typed = RESPONSES.get((method, ctx.path_format or route.path_format))
+            if typed is not None and "200" in responses:
+                responses["200"]["content"] = {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{typed.__name__}"}}
+                }
+            if stream and "200" in responses:
+                responses["200"]["description"] = "newline-delimited JSON: one StreamLine per line"
+                responses["200"]["content"] = {
+                    STREAM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/StreamLine"}}
+                }
+    return spec
+
+
+def install_openapi(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_openapi(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

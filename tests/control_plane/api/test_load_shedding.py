@@ -1,0 +1,342 @@
+"""Admission control against a real server (uvicorn on a free port, the real app; SQLite and
+PostgreSQL): saturation answers 503 with Retry-After (never a hang, never a 500), health answers
+from memory while saturated, long-polls hold no connection and no slot while they wait, and a
+harness report shed with 503 is retried and stored exactly once.
+
+"Slow" requests are a test-only route added through create_app's `extra_routers` seam: it takes a
+database connection and then waits on a gate the test opens, so saturation is reached by
+construction, not by timing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import APIRouter, Depends
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from control_plane.api import deps
+from control_plane.api.app import create_app
+from control_plane.config import load_config
+from control_plane.db.models import Metric
+from control_plane.master import Master
+from harness.core._session import RetryPolicy
+from harness.core._session import Session as HarnessSession
+from tests.conftest import ADMIN_PASSWORD
+from tests.control_plane.api.test_experiments import create_ok, only_trial
+from tests.pg import free_port
+
+pytestmark = pytest.mark.integration
+
+WAIT = 30.0  # an upper bound for things that happen at once; never a measured duration
+
+
+@dataclass
+class Gate:
+    """Holds the slow requests inside the handler (with their connection) until opened."""
+
+    opened: threading.Event = field(default_factory=threading.Event)
+    entered: int = 0
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_entered(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.entered >= n, timeout=WAIT), f"{self.entered} of {n} entered"
+
+
+def slow_router(gate: Gate) -> APIRouter:
+    router = APIRouter()
+
+    # Two paths: one in the users' lane, one in the cluster's (agents' and trials') lane.
+    @router.get("/test/slow")
+    @router.get("/api/v1/allocations/test-slow")
+    def slow(db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+        db.execute(text("SELECT 1"))  # holds a pooled connection from here on
+        with gate.cond:
+            gate.entered += 1
+            gate.cond.notify_all()
+        gate.opened.wait(WAIT)
+        return {"slow": True}
+
+    return router
+
+
+@dataclass
+class Served:
+    master: Master
+    url: str
+    gate: Gate
+    admin: dict[str, str]
+
+    @property
+    def admission(self) -> Any:
+        return self.server.config.app.state.admission  # type: ignore[attr-defined]
+
+    @property
+    def cluster_admission(self) -> Any:
+        return self.server.config.app.state.cluster_admission  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def serve(db_url: str, tmp_path: Path) -> Iterator[Any]:
+    started: list[tuple[uvicorn.Server, threading.Thread, Master]] = []
+
+    def start(**settings: Any) -> Served:
+        config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
+                             **settings)
+        master = Master(config)
+        master.prepare()
+        gate = Gate()
+        app = create_app(master, extra_routers=[slow_router(gate)])
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        started.append((server, thread, master))
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(int(WAIT / 0.05)):
+            if server.started:
+                break
+            threading.Event().wait(0.05)
+        assert server.started
+        r = httpx.post(url + "/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
+        assert r.status_code == 200, r.text
+        served = Served(master, url, gate, {"Authorization": f"Bearer {r.json()['token']}"})
+        served.server = server  # type: ignore[attr-defined]
+        return served
+
+    yield start
+    for server, thread, master in started:
+        server.should_exit = True
+        thread.join(timeout=WAIT)
+        master.stop()
+
+
+def in_threads(n: int, fn: Any) -> tuple[list[threading.Thread], list[Any]]:
+    results: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        try:
+            results[i] = fn(i)
+        except Exception as e:  # recorded, asserted by the test
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+def join(threads: list[threading.Thread]) -> None:
+    for t in threads:
+        t.join(WAIT)
+        assert not t.is_alive()
+
+
+def test_saturation_sheds_with_503_and_health_answers(serve: Any) -> None:
+    s = serve(max_concurrent_requests=2, cluster_concurrent_requests=1, db_pool_size=4, request_queue=1,
+              request_queue_wait_s=0.2)
+    agent_headers, session = _agent(s, "busy-agent")
+    slow, slow_results = in_threads(2, lambda _i: httpx.get(s.url + "/test/slow", timeout=WAIT))
+    s.gate.wait_entered(2)
+
+    # Every slot is taken: the excess is refused quickly with 503, Retry-After and the error body.
+    excess, excess_results = in_threads(6, lambda _i: httpx.get(s.url + "/api/v1/experiments", headers=s.admin,
+                                                               timeout=WAIT))
+    join(excess)
+    for r in excess_results:
+        assert isinstance(r, httpx.Response), r
+        assert r.status_code == 503, r.text
+        assert int(r.headers["Retry-After"]) >= 1
+        assert r.json()["code"] == 503 and r.json()["error"]["code"] == 503
+    # A refused POST with a body leaves its connection usable (the body is read and dropped).
+    with httpx.Client(base_url=s.url, headers=s.admin, timeout=WAIT) as c:
+        for _ in range(2):
+            r = c.post("/api/v1/experiments", json={"config": "x" * 10_000})
+            assert r.status_code == 503, r.text
+
+    # Health is answered from memory, outside admission, while saturated.
+    r = httpx.get(s.url + "/health", timeout=WAIT)
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    r = httpx.get(s.url + "/info", timeout=WAIT)
+    assert r.status_code == 200 and r.json()["clusterId"] == s.master.cluster_id
+    assert s.master.engine.pool.checkedout() <= 2  # the admitted requests' connections only
+    # Agents have their own lane: user load does not keep them from polling (their heartbeat).
+    r = httpx.get(s.url + "/api/v1/agents/busy-agent/commands", headers=agent_headers,
+                  params={"sessionId": session, "timeoutSeconds": 0}, timeout=WAIT)
+    assert r.status_code == 200, r.text
+
+    s.gate.opened.set()
+    join(slow)
+    assert [r.status_code for r in slow_results] == [200, 200]
+    r = httpx.get(s.url + "/api/v1/experiments", headers=s.admin, timeout=WAIT)
+    assert r.status_code == 200, r.text
+    assert s.admission.active == 0 and s.admission.waiting == 0
+
+
+def test_queued_request_gets_the_slot_when_one_frees(serve: Any) -> None:
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=4,
+              request_queue_wait_s=WAIT)
+    slow, slow_results = in_threads(1, lambda _i: httpx.get(s.url + "/test/slow", timeout=WAIT))
+    s.gate.wait_entered(1)
+    queued, queued_results = in_threads(3, lambda _i: httpx.get(s.url + "/api/v1/experiments", headers=s.admin,
+                                                               timeout=WAIT))
+    for _ in range(int(WAIT / 0.05)):
+        if s.admission.waiting == 3:
+            break
+        threading.Event().wait(0.05)
+    assert s.admission.waiting == 3
+    s.gate.opened.set()
+    join(slow + queued)
+    assert [r.status_code for r in slow_results + queued_results] == [200, 200, 200, 200]
+    assert s.admission.active == 0
+
+
+def _agent(s: Served, agent_id: str) -> tuple[dict[str, str], str]:
+    r = httpx.post(s.url + "/api/v1/agents/tokens", headers=s.admin, json={"resourcePool": "default"})
+    assert r.status_code == 200, r.text
+    token = r.json()["token"]
+    r = httpx.post(s.url + "/api/v1/agents/register", headers={"Authorization": f"Bearer {token}"},
+                   json={"agentId": agent_id, "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return {"Authorization": f"Bearer {body.get('agentCredential') or token}"}, body["sessionId"]
+
+
+def test_long_polls_hold_no_connection_or_slot_while_waiting(serve: Any) -> None:
+    # One slot per lane: five long-polls and a GET could not all be served if a waiting poll held
+    # its slot, a thread or a connection.
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=8,
+              request_queue_wait_s=5)
+    agents = [_agent(s, f"lp{i}") for i in range(5)]
+
+    def poll(i: int) -> httpx.Response:
+        headers, session = agents[i]
+        return httpx.get(f"{s.url}/api/v1/agents/lp{i}/commands", headers=headers,
+                         params={"sessionId": session, "timeoutSeconds": 3}, timeout=WAIT)
+
+    polls, poll_results = in_threads(5, poll)
+    for _ in range(int(WAIT / 0.05)):
+        if len(s.master._async_waiters) == 5:
+            break
+        threading.Event().wait(0.05)
+    assert len(s.master._async_waiters) == 5  # all five are waiting at once
+    assert s.admission.active == 0 and s.cluster_admission.active == 0
+    assert s.master.engine.pool.checkedout() == 0
+    r = httpx.get(s.url + "/api/v1/experiments", headers=s.admin, timeout=WAIT)
+    assert r.status_code == 200, r.text
+    r = httpx.get(s.url + "/health", timeout=WAIT)
+    assert r.status_code == 200
+    join(polls)
+    for r in poll_results:
+        assert isinstance(r, httpx.Response), r
+        assert r.status_code == 200, r.text
+        assert r.json() == {"commands": []}
+    assert s.admission.active == 0
+
+
+def test_log_follow_holds_no_slot_while_waiting(serve: Any) -> None:
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=4,
+              request_queue_wait_s=5)
+    exp = create_ok(httpx.Client(base_url=s.url, timeout=WAIT), s.admin)
+    trial = only_trial(s.master, exp["experiment"]["id"])
+    with httpx.Client(base_url=s.url, headers=s.admin, timeout=WAIT) as c:
+        with c.stream("GET", f"/api/v1/trials/{trial.id}/logs", params={"follow": "true"}) as follow:
+            assert follow.status_code == 200
+            # The follow stays open (the trial has not ended) and holds nothing between its polls:
+            # with a single slot, other requests still get through.
+            for _ in range(3):
+                r = httpx.get(s.url + "/api/v1/experiments", headers=s.admin, timeout=WAIT)
+                assert r.status_code == 200, r.text
+
+
+def test_harness_report_retried_after_503_is_stored_once(serve: Any, caplog: pytest.LogCaptureFixture) -> None:
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=0,
+              request_queue_wait_s=0)
+    exp = create_ok(httpx.Client(base_url=s.url, timeout=WAIT), s.admin)
+    trial = only_trial(s.master, exp["experiment"]["id"])
+    # The trial's lane (the cluster's) is the one saturated: a report is a trial's request.
+    slow, _ = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
+    s.gate.wait_entered(1)
+
+    harness = HarnessSession(s.url, s.admin["Authorization"].split()[1],
+                             retry=RetryPolicy(max_attempts=50, max_delay_s=WAIT, wait_initial_s=0.05, wait_max_s=1))
+    body = {"group": "training", "metrics": {"trialId": trial.id, "trialRunId": 1, "stepsCompleted": 7,
+                                             "metrics": {"avgMetrics": {"loss": 0.5}}}}
+    caplog.set_level(logging.WARNING, logger="harness.core")
+    reporter, results = in_threads(1, lambda _i: harness.post(f"/api/v1/trials/{trial.id}/metrics", body))
+    for _ in range(int(WAIT / 0.05)):
+        if any("event=api_retry" in rec.getMessage() for rec in caplog.records):
+            break
+        threading.Event().wait(0.05)
+    retries = [rec.getMessage() for rec in caplog.records if "event=api_retry" in rec.getMessage()]
+    assert retries and "503" in retries[0]  # the master shed it...
+    s.gate.opened.set()
+    join(slow + reporter)
+    assert not isinstance(results[0], Exception), results[0]  # ...and the retry went through
+    harness.close()
+    with s.master.sessions() as db:
+        stored = db.scalar(select(func.count()).select_from(Metric).where(Metric.trial_id == trial.id))
+    assert stored == 1
+
+
+def test_pool_timeout_is_503_not_500(serve: Any) -> None:
+    # Admission keeps requests below the pool, so this takes connections held outside the API
+    # (as a runaway background job would): the request that cannot get one is told to retry.
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, db_pool_timeout_s=0.2)
+    pool = s.master.engine.pool
+    held = [s.master.engine.connect() for _ in range(pool.size() + pool._max_overflow)]  # type: ignore[attr-defined]
+    try:
+        r = httpx.get(s.url + "/api/v1/experiments", headers=s.admin, timeout=WAIT)
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] == "1"
+        assert r.json()["code"] == 503
+    finally:
+        for conn in held:
+            conn.close()
+    r = httpx.get(s.url + "/api/v1/experiments", headers=s.admin, timeout=WAIT)
+    assert r.status_code == 200, r.text
+
+
+def test_limits_are_checked_against_the_pool(tmp_path: Path) -> None:
+    from control_plane.config import ConfigError
+
+    cfg = load_config(env={}, state_dir=str(tmp_path))
+    # The defaults leave the background loops their connections.
+    assert cfg.request_limit + cfg.cluster_concurrent_requests < cfg.db_pool_size
+    cfg = load_config(env={"SHIPYARD_DB_POOL_SIZE": "30", "SHIPYARD_MAX_CONCURRENT_REQUESTS": "20"}, state_dir=str(tmp_path))
+    assert (cfg.db_pool_size, cfg.request_limit) == (30, 20)
+    with pytest.raises(ConfigError, match="max_concurrent_requests"):
+        load_config(env={}, state_dir=str(tmp_path), db_pool_size=8, max_concurrent_requests=8)
+
+
+@pytest.mark.parametrize(("method", "path", "cluster"), [
+    ("POST", "/api/v1/agents/register", True),
+    ("GET", "/api/v1/agents/a-1/commands", True),
+    ("POST", "/api/v1/agents/a-1/events", True),
+    ("POST", "/api/v1/task/logs", True),
+    ("GET", "/api/v1/experiments/3/model_def", True),
+    ("POST", "/api/v1/trials/7/metrics/batch", True),
+    ("POST", "/api/v1/trials/7/searcher/completed_operation", True),
+    ("GET", "/api/v1/trials/7/searcher/operation", True),
+    ("GET", "/api/v1/allocations/x.1/signals/preemption", True),
+    ("POST", "/api/v1/checkpoints", True),
+    ("GET", "/api/v1/experiments", False),
+    ("GET", "/api/v1/agents", False),
+    ("POST", "/api/v1/agents/tokens", False),
+    ("GET", "/api/v1/trials/7/metrics", False),
+    ("GET", "/api/v1/trials/7/logs", False),
+    ("POST", "/api/v1/experiments", False),
+])
+def test_lanes(method: str, path: str, cluster: bool) -> None:
+    from control_plane.api.admission import is_cluster_request
+
+    assert is_cluster_request(method, path) is cluster
