@@ -121,11 +121,17 @@ class LocalProvider:
         if tags.get(TAG_CLUSTER) != self.cluster_id or tags.get(TAG_POOL) != self.pool:
             return None
         self._reap()
-        if not pid_alive(int(data["pid"])):
+        try:
+            pid, instance_id = int(data["pid"]), str(data["id"])
+            launched_at = datetime.fromisoformat(data["launched_at"])
+        except (KeyError, TypeError, ValueError):
+            # Written atomically, so this is not a torn write: someone edited it. Keep it for them.
+            log.warning("event=local_record_malformed pool=%s path=%s", self.pool, rec)
+            return None
+        if not pid_alive(pid):
             rec.unlink(missing_ok=True)
             return None
-        return CloudInstance(id=data["id"], state=CloudState.RUNNING,
-                             launched_at=datetime.fromisoformat(data["launched_at"]),
+        return CloudInstance(id=instance_id, state=CloudState.RUNNING, launched_at=launched_at,
                              launch_id=tags.get(TAG_LAUNCH_ID), private_ip="127.0.0.1", location="local",
                              instance_type="local", tags=tags)
 
@@ -146,6 +152,10 @@ class LocalProvider:
                 continue
             stop_process_group(pid)
             rec.unlink(missing_ok=True)
+            # The instance is gone: so are its credentials (its log stays for whoever debugs it).
+            home = self.dir / instance_id
+            for secret in (home / "bootstrap-token", home / "work" / "state" / "agent-credential"):
+                secret.unlink(missing_ok=True)
             log.info("event=local_instance_terminated pool=%s instance_id=%s", self.pool, instance_id)
         self._reap()
 

@@ -12,7 +12,14 @@ from control_plane.auth import Principal
 router = APIRouter()
 
 
-@router.get("/api/v1/agent/package")
+@router.get(
+    "/api/v1/agent/package",
+    response_class=Response,
+    responses={
+        200: {"description": "the agent package (tar.gz)", "content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+        304: {"description": "the package matches If-None-Match"},
+    },
+)
 def get_agent_package(request: Request, _p: Principal = Depends(deps.agent)) -> Response:
     pkg = agent_package()
     etag = f'"{pkg.sha256}"'

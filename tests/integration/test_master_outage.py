@@ -32,7 +32,7 @@ def test_trials_outlive_a_long_master_outage(cluster_factory, db_url: str) -> No
     outage_s = 180 if sqlite else 45
     # One step (and one training report) per second, long enough to be running through the whole
     # outage and for a while after the restart.
-    length = outage_s + 90
+    length = outage_s + 40
     c = cluster_factory(agents=2, master_yaml={"agent_reconnect_cap_s": RECONNECT_CAP_S})
     searcher = {"name": "random", "metric": "validation_loss", "max_length": {"batches": length},
                 "max_trials": 2, "max_concurrent_trials": 2}

@@ -286,3 +286,30 @@ def test_bad_local_pool_configs_are_refused_naming_the_field(own: dict[str, Any]
     with pytest.raises(PoolConfigError) as e:
         provider(tmp_path, **own)
     assert needle in str(e.value)
+
+
+@pytest.mark.integration
+def test_terminate_removes_the_instance_credentials(state_dir: Path) -> None:
+    local = provider(state_dir)
+    a, b = local.launch(specs(2)).launched
+    tokens = {p.parent.name: p for p in state_dir.rglob("bootstrap-token")}
+    assert set(tokens) == {a.id, b.id}
+    local.terminate([a.id])
+    assert not tokens[a.id].exists()  # a terminated instance leaves no credential on disk
+    assert tokens[b.id].exists()
+    assert (tokens[a.id].parent / "agent.log").exists()  # its log stays for debugging
+    local.terminate([b.id])
+    assert list(state_dir.rglob("bootstrap-token")) == []
+
+
+@pytest.mark.integration
+def test_a_malformed_record_is_skipped_not_fatal(state_dir: Path) -> None:
+    local = provider(state_dir)
+    (a,) = local.launch(specs(1)).launched
+    (record,) = state_dir.rglob(f"{a.id}.json")
+    bad = record.with_name("local-badbadbadbad.json")
+    bad.write_text(json.dumps({"id": "local-badbadbadbad", "tags": json.loads(record.read_text())["tags"]}))
+    assert [i.id for i in local.list()] == [a.id]  # no KeyError: the bad record is skipped
+    assert bad.exists()  # and kept for whoever edited it
+    local.terminate([a.id])
+    bad.unlink()
