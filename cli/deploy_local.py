@@ -98,6 +98,11 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
 
         token = session.login(url, "admin", password)
         s = session.Session(url, token)
+        # `down` disabled the elastic pools so that nothing launched while the cluster stopped; a
+        # cluster brought up again on the same state directory launches again.
+        for pool in s.get("/api/v1/resource-pools")["resourcePools"]:
+            if pool.get("provider"):
+                s.post(f"/api/v1/resource-pools/{pool['name']}/enable", {})
         agent_token = s.post("/api/v1/agents/tokens", {"resourcePool": "default"})["token"]
         token_file = state_dir / "agent-token"
         private_files.write_private(token_file, agent_token.encode())
