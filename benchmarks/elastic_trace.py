@@ -18,7 +18,14 @@ Policies, all on the same trace and the same boot delays:
   other idle periods to show the trade-off.
 
 Reported: GPU-hours provisioned (billed from launch to termination) and used by trials, utilization,
-mean / p95 / max queue wait, and the number of launches.
+mean / p95 / max queue wait, the number of launches, and the relaunches (launches within 2 minutes
+of a termination: an instance reaped just before demand came back).
+
+A third trace is bursty: one trial at a time, 1 to 10 minutes apart, short trials (median 8 min), so
+instances keep going idle between arrivals. It compares each idle period "before" (the decider without
+arrival history: an idle instance goes after max_idle_agent_period) and "after" (scale-down
+hysteresis: the decider is given the arrivals of the last 30 minutes and keeps an idle instance while
+the next arrival is due within 2 x max_idle_agent_period).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import math
 import random
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,7 +44,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from control_plane.core.scaling import (  # noqa: E402
+    DEFAULT_ARRIVAL_WINDOW,
     DEFAULT_MAX_IDLE_AGENT_PERIOD,
+    Arrival,
     InstanceView,
     PendingDemand,
     PoolLimits,
@@ -51,7 +60,26 @@ TICK = 5.0
 SLOTS = 8
 BOOT_S, BOOT_JITTER_S = 90.0, 30.0
 EPOCH = datetime(2024, 1, 1)
-Policy = Callable[[Sequence[PendingDemand], Sequence[InstanceView], PoolLimits, datetime], ScaleDecision]
+RELAUNCH_S = 120.0  # a launch this soon after a termination is a relaunch (flapping)
+Policy = Callable[
+    [Sequence[PendingDemand], Sequence[InstanceView], PoolLimits, datetime, Sequence[Arrival]], ScaleDecision
+]
+
+
+def before(
+    demand: Sequence[PendingDemand], instances: Sequence[InstanceView], limits: PoolLimits, now: datetime,
+    arrivals: Sequence[Arrival],
+) -> ScaleDecision:
+    """Our decider without the arrival history: no scale-down hysteresis."""
+    return decide(demand, instances, limits, now)
+
+
+def after(
+    demand: Sequence[PendingDemand], instances: Sequence[InstanceView], limits: PoolLimits, now: datetime,
+    arrivals: Sequence[Arrival],
+) -> ScaleDecision:
+    """Our decider given the arrivals of the window (what the autoscaler reads from allocations)."""
+    return decide(demand, instances, limits, now, arrivals)
 
 
 # ------------------------------------------------------------------------------------------ trace
@@ -96,11 +124,26 @@ def make_trace(
     return trials
 
 
+def make_bursty_trace(seed: int, hours: float = 10.0) -> list[TrialSpec]:
+    """One trial at a time, 1 to 10 minutes apart, short trials (log-normal, median 8 min)."""
+    rnd = random.Random(seed)
+    trials: list[TrialSpec] = []
+    t = 0.0
+    while True:
+        t += rnd.uniform(60.0, 600.0)
+        if t >= hours * 3600:
+            return trials
+        slots = rnd.choices(GPU_SHAPES[0], weights=GPU_SHAPES[1])[0]
+        duration = min(max(rnd.lognormvariate(math.log(8 * 60), 0.7), 60.0), 3600.0)
+        trials.append(TrialSpec(len(trials), t, slots, duration))
+
+
 # ------------------------------------------------------------------------------------------ determined
 
 
 def determined_policy(
-    demand: Sequence[PendingDemand], instances: Sequence[InstanceView], limits: PoolLimits, now: datetime
+    demand: Sequence[PendingDemand], instances: Sequence[InstanceView], limits: PoolLimits, now: datetime,
+    arrivals: Sequence[Arrival] = (),
 ) -> ScaleDecision:
     """Determined's provisioner: desired = ceil(pending slots / slots per agent); launch
     clamp(min - n, desired - recently launched, max - n); reap agents idle longer than the idle
@@ -169,6 +212,7 @@ class Result:
     used_gpu_h: float
     waits_min: list[float]
     launches: int
+    relaunches: int
     peak_instances: int
     cpu_s: float
 
@@ -178,8 +222,9 @@ class Result:
         p95 = waits[min(len(waits) - 1, int(0.95 * len(waits)))]
         util = self.used_gpu_h / self.provisioned_gpu_h
         return (
-            f"{self.name:<28} {self.provisioned_gpu_h:>9.1f} {self.used_gpu_h:>7.1f} {util:>6.1%} "
-            f"{mean:>8.2f} {p95:>8.2f} {waits[-1]:>8.1f} {self.launches:>8} {self.peak_instances:>5} "
+            f"{self.name:<33} {self.provisioned_gpu_h:>9.1f} {self.used_gpu_h:>7.1f} {util:>6.1%} "
+            f"{mean:>8.2f} {p95:>8.2f} {waits[-1]:>8.1f} {self.launches:>8} {self.relaunches:>9} "
+            f"{self.peak_instances:>5} "
             f"{self.cpu_s:>7.1f}"
         )
 
@@ -191,7 +236,9 @@ def simulate(name: str, policy: Policy, limits: PoolLimits, trace: list[TrialSpe
     queue: list[TrialSpec] = []  # FIFO
     ends: dict[int, tuple[float, str]] = {}  # trial id -> (end time, instance id)
     started: dict[int, float] = {}
-    launches = peak = 0
+    launches = relaunches = peak = 0
+    last_termination = -math.inf
+    recent: deque[Arrival] = deque()  # the arrivals of the decider's window
     next_arrival = 0
     now = 0.0
     while next_arrival < len(trace) or queue or ends or instances:
@@ -209,8 +256,12 @@ def simulate(name: str, policy: Policy, limits: PoolLimits, trace: list[TrialSpe
             if inst.connected_at is None and inst.launched_at + inst.boot_s <= now:
                 inst.connected_at = inst.idle_since = inst.launched_at + inst.boot_s
         while next_arrival < len(trace) and trace[next_arrival].arrival <= now:
-            queue.append(trace[next_arrival])
+            arriving = trace[next_arrival]
+            queue.append(arriving)
+            recent.append(Arrival(EPOCH + timedelta(seconds=arriving.arrival), arriving.slots))
             next_arrival += 1
+        while recent and recent[0].at <= EPOCH + timedelta(seconds=now) - limits.arrival_window:
+            recent.popleft()
         # FIFO first fit with backfill over connected instances in launch order.
         connected = [i for i in instances.values() if i.connected_at is not None]
         waiting: list[TrialSpec] = []
@@ -227,7 +278,7 @@ def simulate(name: str, policy: Policy, limits: PoolLimits, trace: list[TrialSpe
 
         demand = [PendingDemand(s, c) for s, c in Counter(t.slots for t in queue).items()]
         decision = policy(
-            demand, [i.view() for i in instances.values()], limits, EPOCH + timedelta(seconds=now)
+            demand, [i.view() for i in instances.values()], limits, EPOCH + timedelta(seconds=now), recent
         )
         for term in decision.terminate:
             inst = instances.pop(term.id)
@@ -235,7 +286,10 @@ def simulate(name: str, policy: Policy, limits: PoolLimits, trace: list[TrialSpe
                 raise RuntimeError(f"{name} terminated busy instance {inst.id}")
             inst.terminated_at = now
             retired.append(inst)
+            last_termination = now
         for _ in range(decision.launch):
+            if now - last_termination <= RELAUNCH_S:
+                relaunches += 1
             # The n-th launch boots equally fast under every policy.
             boot = BOOT_S + random.Random(seed * 100_003 + launches).uniform(-BOOT_JITTER_S, BOOT_JITTER_S)
             iid = f"i-{launches:05d}"
@@ -246,7 +300,7 @@ def simulate(name: str, policy: Policy, limits: PoolLimits, trace: list[TrialSpe
     provisioned = sum((i.terminated_at or now) - i.launched_at for i in retired) * SLOTS / 3600
     used = sum(t.slots * t.duration for t in trace) / 3600
     waits = [(started[t.id] - t.arrival) / 60 for t in trace]
-    return Result(name, provisioned, used, waits, launches, peak, time.perf_counter() - t0)
+    return Result(name, provisioned, used, waits, launches, relaunches, peak, time.perf_counter() - t0)
 
 
 def replay(label: str, trace: list[TrialSpec], seed: int, max_instances: int) -> None:
@@ -265,20 +319,48 @@ def replay(label: str, trace: list[TrialSpec], seed: int, max_instances: int) ->
     ours_default = f"ours, {DEFAULT_MAX_IDLE_AGENT_PERIOD.seconds // 60}m idle (our dflt)"
     runs: list[tuple[str, Policy, PoolLimits]] = [
         ("determined, 20m idle (dflt)", determined_policy, limits(twenty)),
-        ("ours, 20m idle", decide, limits(twenty)),
-        (ours_default, decide, limits(DEFAULT_MAX_IDLE_AGENT_PERIOD)),
+        ("ours, 20m idle", before, limits(twenty)),
+        (ours_default, before, limits(DEFAULT_MAX_IDLE_AGENT_PERIOD)),
+        ("  + hysteresis", after, limits(DEFAULT_MAX_IDLE_AGENT_PERIOD)),
         ("determined, 5m idle", determined_policy, limits(DEFAULT_MAX_IDLE_AGENT_PERIOD)),
-        ("ours, 2m idle", decide, limits(timedelta(minutes=2))),
-        ("ours, 10m idle", decide, limits(timedelta(minutes=10))),
+        ("ours, 2m idle", before, limits(timedelta(minutes=2))),
+        ("ours, 10m idle", before, limits(timedelta(minutes=10))),
     ]
+    run_table(runs, trace, seed)
+
+
+def run_table(runs: list[tuple[str, Policy, PoolLimits]], trace: list[TrialSpec], seed: int) -> None:
     header = (
-        f"{'policy':<28} {'prov GPUh':>9} {'used':>7} {'util':>6} {'wait avg':>8} {'wait p95':>8} "
-        f"{'wait max':>8} {'launches':>8} {'peak':>5} {'sim s':>7}"
+        f"{'policy':<33} {'prov GPUh':>9} {'used':>7} {'util':>6} {'wait avg':>8} {'wait p95':>8} "
+        f"{'wait max':>8} {'launches':>8} {'relaunch':>9} {'peak':>5} {'sim s':>7}"
     )
     print(header)
     print("-" * len(header))
     for name, policy, lim in runs:
         print(simulate(name, policy, lim, trace, seed).row(), flush=True)
+
+
+def replay_bursty(trace: list[TrialSpec], seed: int, max_instances: int) -> None:
+    gaps = [b.arrival - a.arrival for a, b in zip(trace, trace[1:], strict=False)]
+    print(
+        f"trace (bursty): seed {seed}, {len(trace)} trials one at a time over {trace[-1].arrival / 3600:.0f} h, "
+        f"{min(gaps) / 60:.1f} to {max(gaps) / 60:.1f} min apart, "
+        f"{sum(t.slots * t.duration for t in trace) / 3600:.0f} GPU-hours of work; "
+        f"arrival window {DEFAULT_ARRIVAL_WINDOW.seconds // 60}m"
+    )
+
+    def limits(idle: timedelta) -> PoolLimits:
+        return PoolLimits(0, max_instances, SLOTS, max_idle_agent_period=idle)
+
+    runs: list[tuple[str, Policy, PoolLimits]] = [("determined, 20m idle (dflt)", determined_policy,
+                                                   limits(timedelta(minutes=20)))]
+    for minutes in (2, 5, 10):
+        lim = limits(timedelta(minutes=minutes))
+        dflt = " (our dflt)" if lim.max_idle_agent_period == DEFAULT_MAX_IDLE_AGENT_PERIOD else ""
+        runs += [(f"determined, {minutes}m idle", determined_policy, lim),
+                 (f"ours, {minutes}m idle{dflt}, before", before, lim),
+                 (f"ours, {minutes}m idle{dflt}, after", after, lim)]
+    run_table(runs, trace, seed)
 
 
 def main() -> int:
@@ -297,8 +379,12 @@ def main() -> int:
         trace = make_trace(args.seed, args.experiments, shape_mix)
         replay(label, trace, args.seed, args.max_instances)
         print()
+    replay_bursty(make_bursty_trace(args.seed), args.seed, args.max_instances)
+    print()
     print("GPU-hours provisioned are billed from launch to termination (boot and idle included);")
-    print("queue waits in minutes from arrival to start; 'sim s' is the wall time of the replay.")
+    print("queue waits in minutes from arrival to start; 'relaunch' counts launches within 2 minutes of a")
+    print("termination; 'sim s' is the wall time of the replay. 'before': our decider without arrival history;")
+    print("'after' / '+ hysteresis': given the arrivals of the last 30 minutes (scale-down hysteresis).")
     return 0
 
 

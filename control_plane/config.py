@@ -108,6 +108,10 @@ class MasterConfig(_Strict):
     request_queue: int = Field(64, ge=0, le=100_000)
     request_queue_wait_s: float = Field(1.0, ge=0, le=30)
     retry_after_s: int = Field(1, ge=1, le=60)
+    # Retry-After grows with the pressure (the queue ahead at the recent service rate) from
+    # retry_after_s up to this; the cluster's lane stays within half agent_heartbeat_timeout_s so
+    # that an agent honouring it is never counted lost. Clients believe at most 30 s.
+    retry_after_max_s: int = Field(30, ge=1, le=600)
 
     @field_validator("state_dir", "token_secret_file", mode="before")
     @classmethod

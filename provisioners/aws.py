@@ -6,7 +6,9 @@ launch id as ClientToken: a retry after a lost response returns the instance tha
 started instead of starting a second one.
 
 Errors are sorted into the taxonomy of `provisioners.base`: capacity moves the launch on to the next
-subnet (another zone), quota / auth / invalid stop the launch and are reported on the pool,
+subnet (another zone), and that subnet is skipped by later batches for `capacity_cooldown_s` (per
+instance type, provisioners/capacity.py); quota (labelled with the region: EC2 quotas are per region)
+/ auth / invalid stop the launch and are reported on the pool,
 throttling is retried here with jittered backoff and bounded attempts. botocore's own retries are
 switched off so that tenacity alone decides how often a call is repeated.
 
@@ -19,7 +21,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
@@ -48,6 +50,7 @@ from provisioners.base import (
     ProviderType,
     UserDataKind,
 )
+from provisioners.capacity import DEFAULT_CAPACITY_COOLDOWN_S, CapacityMemory, Cooldown, all_cooling_error
 from provisioners.retry import RetryAttempt, RetryPolicy, call_with_retries
 
 log = logging.getLogger(__name__)
@@ -224,6 +227,8 @@ class AwsPoolConfig:
     spot_max_price: str | None = None  # USD per hour; None: capped at the on-demand price
     tags: Mapping[str, str] = field(default_factory=dict)
     endpoint_url: str | None = None  # tests and private endpoints
+    # A subnet that answered "no capacity" is skipped by later launches for this long (0: never).
+    capacity_cooldown_s: int = DEFAULT_CAPACITY_COOLDOWN_S
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, path: str = "aws") -> AwsPoolConfig:
@@ -311,6 +316,7 @@ class AwsPoolConfig:
 
         tags = _tags(data.get("tags"), lambda key, reason: problems.append((f"{path}.tags{key}", reason)))
 
+        capacity_cooldown_s = integer("capacity_cooldown_s", DEFAULT_CAPACITY_COOLDOWN_S, 0, 86400)
         endpoint_url = text("endpoint_url")
         if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
             bad("endpoint_url", "must start with http:// or https://")
@@ -318,6 +324,7 @@ class AwsPoolConfig:
         if problems:
             raise AwsConfigError(problems)
         assert region and image_id and instance_type and root_volume_size_gb is not None
+        assert capacity_cooldown_s is not None
         return cls(
             region=region,
             image_id=image_id,
@@ -333,6 +340,7 @@ class AwsPoolConfig:
             spot_max_price=spot_max_price,
             tags=tags,
             endpoint_url=endpoint_url,
+            capacity_cooldown_s=capacity_cooldown_s,
         )
 
 
@@ -407,6 +415,7 @@ class AwsProvider(Provider):
         call_timeout_s: float = 30,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 10.0,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._retry = RetryPolicy(max_attempts, backoff_base_s, backoff_max_s)
         self.cfg = cfg
@@ -415,6 +424,8 @@ class AwsProvider(Provider):
         self.master_url = master_url
         self._slots: int | None = cfg.instance_slots
         self._root_device_name: str | None = cfg.root_device_name
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self.capacity = CapacityMemory(timedelta(seconds=cfg.capacity_cooldown_s))
         session = session or boto3.Session()
         self._ec2 = session.client(
             "ec2",
@@ -503,7 +514,20 @@ class AwsProvider(Provider):
             self._log_launch_failed(err, launched=0, remaining=len(specs))
             return LaunchResult(launched=(), error=err)
 
-        subnets: tuple[str | None, ...] = self.cfg.subnet_ids or (None,)
+        # Subnets that ran out of capacity for this type lately are skipped until their cool-down ends.
+        configured: tuple[str | None, ...] = self.cfg.subnet_ids or (None,)
+        itype = self.cfg.instance_type
+        now = self._clock()
+        subnets = [s for s in configured if self.capacity.cooling(s or self.cfg.region, itype, now) is None]
+        skipped = [c for s in configured if (c := self.capacity.cooling(s or self.cfg.region, itype, now))]
+        if skipped:
+            log.info(_kv(event="aws_launch_subnets_cooling", cluster=self.cluster_id, pool=self.pool,
+                         instance_type=itype, subnets=[c.location for c in skipped],
+                         until=[c.until.isoformat() for c in skipped]))
+        if not subnets:
+            err = all_cooling_error(skipped, itype, "subnet")
+            self._log_launch_failed(err, launched=0, remaining=len(specs))
+            return LaunchResult(launched=(), error=err)
         subnet_index = 0  # only moves forward: a subnet out of capacity is not retried in this call
         capacity_errors: list[ProviderError] = []
         launched: list[CloudInstance] = []
@@ -517,6 +541,7 @@ class AwsProvider(Provider):
                         self._log_launch_failed(err, launched=len(launched), remaining=len(specs) - n)
                         return LaunchResult(launched=tuple(launched), error=err)
                     capacity_errors.append(err)
+                    self.capacity.exhausted(subnet or self.cfg.region, itype, err, self._clock())
                     subnet_index += 1
                     if subnet_index < len(subnets):
                         log.warning(
@@ -531,12 +556,17 @@ class AwsProvider(Provider):
                             )
                         )
                         continue
-                    final = self._out_of_capacity(capacity_errors, len(subnets))
+                    final = self._out_of_capacity(capacity_errors, len(configured))
                     self._log_launch_failed(final, launched=len(launched), remaining=len(specs) - n)
                     return LaunchResult(launched=tuple(launched), error=final)
+                self.capacity.succeeded(subnet or self.cfg.region, itype)
                 launched.append(instance)
                 break
         return LaunchResult(launched=tuple(launched))
+
+    def capacity_cooldowns(self) -> list[Cooldown]:
+        """The subnets this provider skips now, and until when (shown on the pool)."""
+        return self.capacity.snapshot(self._clock())
 
     def list(self) -> list[CloudInstance]:
         """Every non-terminated instance tagged with this cluster and pool."""
@@ -693,7 +723,12 @@ class AwsProvider(Provider):
         try:
             resp = self._call("RunInstances", self._ec2.run_instances, **params)
         except ClientError as exc:
-            raise classify_error(exc, location) from exc
+            err = classify_error(exc, location)
+            if err.kind is ErrorKind.QUOTA:
+                # EC2 quotas are per region: another subnet would not escape it.
+                err = ProviderError(err.kind, err.args[0], scope=ErrorScope.REGION, code=err.code,
+                                    location=self.cfg.region)
+            raise err from exc
         except BotoCoreError as exc:
             raise _transport_error(exc, location) from exc
         raw = resp["Instances"][0]

@@ -67,8 +67,17 @@ class ProviderError(Exception):
         self.code = code  # the cloud's own error code, e.g. InsufficientInstanceCapacity
         self.location = location  # subnet id or zone the error applies to
 
+    def where(self) -> str:
+        """The error's reach in words: a quota names its region or project, so that an admin knows
+        which limit to raise; a capacity error names the subnet or zone."""
+        if self.kind is ErrorKind.QUOTA and self.scope is ErrorScope.CLOUD:
+            return f"project-wide{f' ({self.location})' if self.location else ''}"
+        if self.kind is ErrorKind.QUOTA and self.scope is ErrorScope.REGION and self.location:
+            return f"in region {self.location}"
+        return f"at {self.location}" if self.location else ""
+
     def __str__(self) -> str:
-        where = f" at {self.location}" if self.location else ""
+        where = f" {self.where()}" if self.where() else ""
         code = f" ({self.code})" if self.code else ""
         return f"{self.kind.value}{code}{where}: {self.args[0]}"
 

@@ -7,9 +7,13 @@
   returned instead of inserted again, the instance name is derived from the launch id, and each
   insert carries a GCE requestId (uuid5 of launch id and zone) so retried HTTP calls are
   deduplicated by GCE itself.
-- Zones are tried in the configured order. Out of capacity in a zone moves the remaining instances
-  to the next zone; quota, auth, invalid-configuration and rate-limit errors stop the launch and are
-  reported in `LaunchResult.error` next to whatever did launch.
+- Zones are tried in the configured order. A zone not yet proven in this launch gets one instance
+  first (a probe); only when it lands do the others follow, so an exhausted zone costs one insert,
+  not one per instance. Out of capacity in a zone moves the remaining instances to the next zone,
+  and later launches skip that zone for `capacity_cooldown_s` (per machine type,
+  provisioners/capacity.py). Quota (labelled with its region, or the project for project-wide
+  quotas), auth, invalid-configuration and rate-limit errors stop the launch and are reported in
+  `LaunchResult.error` next to whatever did launch.
 - Calls that can transiently fail (HTTP 429 / rate-limit reasons, 5xx, connection errors) are
   retried with tenacity, bounded in attempts, with jittered exponential waits.
 - user-data is never logged.
@@ -25,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import google.auth
@@ -56,6 +60,7 @@ from provisioners.base import (
     UserDataKind,
     label_key,
 )
+from provisioners.capacity import DEFAULT_CAPACITY_COOLDOWN_S, CapacityMemory, Cooldown, all_cooling_error
 from provisioners.retry import RetryAttempt, RetryPolicy, call_with_retries
 
 log = logging.getLogger("shipyard.provisioners.gcp")
@@ -150,6 +155,8 @@ class GcpPoolConfig:
     name_prefix: str = "shipyard"
     api_endpoint: str | None = None  # e.g. a local fake in tests; None = the real API
     credentials_file: str | None = None  # service-account JSON; None = application default credentials
+    # A zone that answered "no capacity" is skipped by later launches for this long (0: never).
+    capacity_cooldown_s: int = DEFAULT_CAPACITY_COOLDOWN_S
 
     def __post_init__(self) -> None:
         _check_str(self.project, "project")
@@ -234,6 +241,7 @@ class GcpPoolConfig:
                 raise GcpConfigError("api_endpoint", "must start with http:// or https://")
         if self.credentials_file is not None:
             _check_str(self.credentials_file, "credentials_file")
+        _check_int(self.capacity_cooldown_s, "capacity_cooldown_s", lo=0, hi=86400)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GcpPoolConfig:
@@ -259,6 +267,12 @@ class GcpPoolConfig:
     @property
     def is_spot(self) -> bool:
         return self.spot or self.preemptible
+
+    @property
+    def capacity_key(self) -> str:
+        """What a zone's capacity is short of: the machine type, its GPUs and whether it is spot."""
+        gpus = f" + {self.gpu_num}x {_last_segment(self.gpu_type)}" if self.gpu_num and self.gpu_type else ""
+        return f"{_last_segment(self.machine_type)}{gpus}{' (spot)' if self.is_spot else ''}"
 
 
 def _check_str(value: Any, path: str) -> str:
@@ -522,6 +536,7 @@ class GcpProvider:
         max_attempts: int = 4,
         call_timeout_s: float = 60,
         retry_base_s: float = 1.0,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         if not cluster_id or not pool:
             raise ValueError("cluster_id and pool are required")
@@ -542,6 +557,8 @@ class GcpProvider:
         self._lock = threading.Lock()
         # name -> zone of our instances, refreshed by every list; terminate() needs the zone.
         self._zone_of: dict[str, str] = {}
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self.capacity = CapacityMemory(timedelta(seconds=cfg.capacity_cooldown_s))
         self._instances_client: compute_v1.InstancesClient | None = None
         self._operations_client: compute_v1.ZoneOperationsClient | None = None
 
@@ -616,15 +633,37 @@ class GcpProvider:
 
         launched: list[CloudInstance] = [existing[lid] for lid in unique if lid in existing]
         remaining = [s for lid, s in unique.items() if lid not in existing]
+        key = self.cfg.capacity_key
+        now = self._clock()
+        zones = self.capacity.available(self.cfg.zones, key, now)
+        cooling = [c for z in self.cfg.zones if (c := self.capacity.cooling(z, key, now))]
+        if cooling and remaining:
+            log.info("event=gcp_launch_zones_cooling pool=%s machine=%r zones=%s", self.pool, key,
+                     ",".join(f"{c.location}@{c.until.isoformat()}" for c in cooling))
+        if remaining and not zones:
+            err = all_cooling_error(cooling, key, "zone")
+            log.warning("event=gcp_launch_stopped pool=%s kind=%s error=%s", self.pool, err.kind.value, err)
+            return LaunchResult(tuple(launched), err)
         capacity_err: ProviderError | None = None
-        for zone in self.cfg.zones:
+        for zone in zones:
             if not remaining:
                 break
-            got, remaining, err = self._launch_in_zone(zone, remaining)
+            # A probe first: one insert tells whether the zone has room before the others follow.
+            probe, rest = remaining[:1], remaining[1:]
+            got, left, err = self._launch_in_zone(zone, probe)
+            if err is None and rest:
+                more, left, err = self._launch_in_zone(zone, rest)
+                got = got + more
+            else:
+                left = left + rest
+            remaining = left
             launched.extend(got)
+            if got:
+                self.capacity.succeeded(zone, key)
             if err is None:
                 continue
             if err.kind is ErrorKind.CAPACITY:
+                self.capacity.exhausted(zone, key, err, self._clock())
                 capacity_err = err
                 log.info(
                     "event=gcp_zone_exhausted pool=%s zone=%s code=%s remaining=%d",
@@ -634,6 +673,8 @@ class GcpProvider:
                     len(remaining),
                 )
                 continue
+            if err.kind is ErrorKind.QUOTA and err.scope is ErrorScope.CLOUD:
+                err = ProviderError(err.kind, err.args[0], scope=err.scope, code=err.code, location=self.cfg.project)
             log.warning(
                 "event=gcp_launch_stopped pool=%s zone=%s kind=%s code=%s launched=%d error=%s",
                 self.pool,
@@ -650,12 +691,17 @@ class GcpProvider:
             error = ProviderError(
                 ErrorKind.CAPACITY,
                 f"no capacity for {len(remaining)} instance(s) in any configured zone "
-                f"({', '.join(self.cfg.zones)}); last: {capacity_err.args[0]}",
+                f"({', '.join(zones)}{'; cooling: ' + ', '.join(c.location for c in cooling) if cooling else ''}); "
+                f"last: {capacity_err.args[0]}",
                 scope=ErrorScope.REGION,
                 code=capacity_err.code,
                 location=capacity_err.location,
             )
         return LaunchResult(tuple(launched), error)
+
+    def capacity_cooldowns(self) -> list[Cooldown]:
+        """The zones this provider skips now, and until when (shown on the pool)."""
+        return self.capacity.snapshot(self._clock())
 
     def _launch_in_zone(
         self, zone: str, specs: list[LaunchSpec]

@@ -413,6 +413,8 @@ def describe(args: Any) -> int:
                              f"{job.get('requestedSlots', 0)} slots, {job.get('jobsAhead', 0)} jobs ahead"))
     if e.get("forkedFrom") is not None:
         pairs.append(("Forked from", e["forkedFrom"]))
+    if e.get("pendingReason"):
+        pairs.append(("Cannot be placed", e["pendingReason"]))
     for w in e.get("configWarnings") or []:
         pairs.append(("Warning", w))
     kv(pairs)

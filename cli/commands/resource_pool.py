@@ -70,7 +70,8 @@ def decision_lines(decision: Any) -> list[str]:
     for r in decision.get("reasons") or []:
         lines.append(f"  {r}")
     for k, v in decision.items():
-        if k not in ("launch", "terminate", "terminateIds", "reasons"):
+        # capacity: shown as its own table (`describe`)
+        if k not in ("launch", "terminate", "terminateIds", "reasons", "capacity"):
             lines.append(f"  {k}: {v}")
     return lines
 
@@ -103,6 +104,13 @@ def describe(args: Any) -> int:
         print(f"\nLast scaling decision ({fmt_time(p.get('lastDecisionAt')) or 'time unknown'}):")
         for line in lines:
             print(f"  {line}")
+    cooldowns = p.get("capacityCooldowns") or []
+    if cooldowns:
+        print()
+        table(["Location", "Instance Type", "Skipped Until", "Failures", "Last Error"],
+              [[c.get("location"), c.get("instanceType"), fmt_time(c.get("until")), c.get("failures"),
+                f"{c.get('code')}: {c.get('error')}"] for c in cooldowns],
+              title="Capacity cool-downs (locations skipped after running out of capacity)")
     instances = p.get("instances") or []
     print()
     table(["Launch ID", "Instance ID", "State", "Agent", "Type", "Location", "Launched"],

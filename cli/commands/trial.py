@@ -139,6 +139,7 @@ def describe(args: Any) -> int:
         ("Task ID", trial.get("taskId")),
         ("Latest checkpoint", trial.get("latestCheckpointUuid") or ""),
         ("Exit reason", trial.get("exitReason") or ""),
+        *([("Cannot be placed", trial["pendingReason"])] if trial.get("pendingReason") else []),
     ])
     if latest:
         values = (latest.get("metrics") or {}).get("avgMetrics") or {}

@@ -5,7 +5,9 @@ dependencies included). There are at most `limit` slots, the limit is below the 
 size and AnyIO's worker-thread limit is above it, so an admitted request always finds a thread and a
 connection at once: no thread ever waits on a connection held by a request that waits for a thread.
 Past the limit a bounded queue waits briefly; beyond that the answer is 503 with `Retry-After`, in
-microseconds, from the event loop alone (no thread, no database) — never a 30 s hang.
+microseconds, from the event loop alone (no thread, no database) — never a 30 s hang. `Retry-After`
+grows with the pressure: about the time the lane needs to serve the requests queued ahead at the
+rate it has served them lately (`retry_after`, pure), between `retry_after_s` and a cap.
 
 Two lanes, each with its own slots and queue: the cluster's (agents and trials: heartbeats,
 events, logs, metrics, checkpoints; `is_cluster_request`) and the users' (everything else), so no
@@ -22,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import threading
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio.to_thread
@@ -37,6 +41,53 @@ TICKET_KEY = "shipyard.admission"
 # A rejected request's body is read and dropped (up to this much) so the connection stays usable
 # for the client's retry; a bigger one closes the connection instead.
 _DRAIN_MAX_BYTES = 1024 * 1024
+
+
+# How far back the service rate looks: long enough to smooth a burst, short enough to follow a
+# master that slows down.
+RATE_WINDOW_S = 10
+
+
+def retry_after(backlog: int, served_per_s: float, *, floor_s: int, cap_s: int) -> int:
+    """Seconds a refused client should wait: the time the lane needs to serve the `backlog` requests
+    ahead of it at `served_per_s` (its recent rate), rounded up, within [floor_s, cap_s]. With no
+    measured rate (nothing served lately: just started, or idle until a burst) there is no evidence
+    of more than the full queue, so the answer is the floor. Pure: no clock, no state."""
+    cap_s = max(cap_s, floor_s)
+    if backlog <= 0 or served_per_s <= 0 or math.isnan(served_per_s):
+        return floor_s
+    estimate = backlog / served_per_s
+    return cap_s if estimate >= cap_s else max(floor_s, math.ceil(estimate))
+
+
+@dataclass
+class ServiceRate:
+    """Requests served (slots released) per second over the last `window_s` seconds, in one-second
+    buckets. Time is passed in (`now`, monotonic seconds): no clock is read here."""
+
+    window_s: int = RATE_WINDOW_S
+    _buckets: deque[list[int]] = field(default_factory=deque)  # [second, count], oldest first
+
+    def record(self, now: float) -> None:
+        second = int(now)
+        if self._buckets and self._buckets[-1][0] == second:
+            self._buckets[-1][1] += 1
+        else:
+            self._buckets.append([second, 1])
+        self._trim(second)
+
+    def per_s(self, now: float) -> float:
+        """Served requests divided by the time since the oldest bucket in the window began (at
+        least one second), so a burst after an idle spell is not diluted by the idle seconds."""
+        self._trim(int(now))
+        if not self._buckets:
+            return 0.0
+        span = max(1.0, now - self._buckets[0][0])
+        return sum(c for _, c in self._buckets) / span
+
+    def _trim(self, second: int) -> None:
+        while self._buckets and self._buckets[0][0] <= second - self.window_s:
+            self._buckets.popleft()
 
 
 @dataclass(eq=False)
@@ -56,13 +107,25 @@ class Admission:
     queue: int
     wait_s: float
     retry_after_s: int
+    # The longest Retry-After this lane sends (at least retry_after_s).
+    retry_after_max_s: int = 30
     active: int = 0
+    clock: Callable[[], float] = time.monotonic
+    served: ServiceRate = field(default_factory=ServiceRate)
     _waiters: deque[_Waiter] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
+
+    def retry_after(self) -> int:
+        """The Retry-After for a request refused now: the queue ahead of it (plus itself) at the
+        lane's recent service rate."""
+        with self._lock:
+            rate = self.served.per_s(self.clock())
+            backlog = len(self._waiters) + 1
+        return retry_after(backlog, rate, floor_s=self.retry_after_s, cap_s=self.retry_after_max_s)
 
     async def acquire(self, wait_s: float | None = None) -> bool:
         with self._lock:
@@ -92,6 +155,7 @@ class Admission:
 
     def release(self) -> None:
         with self._lock:
+            self.served.record(self.clock())
             if self._waiters:
                 w = self._waiters.popleft()
                 w.granted = True  # the slot passes over: `active` stays the same
@@ -148,7 +212,7 @@ def ticket(scope: Scope) -> Ticket:
 
 
 def retry_after_headers(admission: Admission) -> list[tuple[bytes, bytes]]:
-    return [(b"content-type", b"application/json"), (b"retry-after", str(admission.retry_after_s).encode())]
+    return [(b"content-type", b"application/json"), (b"retry-after", str(admission.retry_after()).encode())]
 
 
 def saturated_body(message: str = "the master is busy; retry later") -> bytes:

@@ -58,12 +58,12 @@ THREAD_SLACK = 4
 def _install_admission(app: FastAPI, master: Master) -> None:
     cfg = master.config
     admission = Admission(limit=cfg.request_limit, queue=cfg.request_queue, wait_s=cfg.request_queue_wait_s,
-                          retry_after_s=cfg.retry_after_s)
+                          retry_after_s=cfg.retry_after_s, retry_after_max_s=cfg.retry_after_max_s)
     cluster = Admission(limit=cfg.cluster_concurrent_requests, queue=cfg.request_queue,
-                        wait_s=cfg.request_queue_wait_s, retry_after_s=cfg.retry_after_s)
+                        wait_s=cfg.request_queue_wait_s, retry_after_s=cfg.retry_after_s,
+                        retry_after_max_s=min(cfg.retry_after_max_s, int(cfg.agent_heartbeat_timeout_s // 2)))
     app.state.admission = admission
     app.state.cluster_admission = cluster
-    retry_after = {"Retry-After": str(cfg.retry_after_s)}
 
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -74,8 +74,9 @@ def _install_admission(app: FastAPI, master: Master) -> None:
         # A connection the pool could not give in time: the master is saturated, which is the
         # client's cue to retry, not a server bug.
         log.warning("event=db_pool_timeout")
+        # Not a lane's queue (admission kept requests below the pool): the floor.
         return JSONResponse(error_body(503, "the master is busy; retry later", []), status_code=503,
-                            headers=retry_after)
+                            headers={"Retry-After": str(cfg.retry_after_s)})
 
     app.add_exception_handler(PoolTimeout, _pool_timeout)
     # Outermost: a request over the limit is refused before its body is read or anything runs.

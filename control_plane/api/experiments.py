@@ -126,12 +126,13 @@ def _job_summary_json(summary: experiments.JobSummary | None) -> dict[str, Any] 
 def get_experiment(
     experimentId: Id,
     p: Principal = Depends(deps.principal),
+    master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     exp = access.get_experiment(db, experimentId)
     access.require_read_experiment(db, p, exp)
     return {
-        "experiment": serializers.experiments_json(db, [exp])[0],
+        "experiment": serializers.experiments_json(db, [exp], master)[0],
         "config": serializers.redact_config(exp.config),
         "jobSummary": _job_summary_json(experiments.job_summary(db, exp)),
     }

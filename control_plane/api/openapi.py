@@ -19,9 +19,9 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
-from control_plane.api import deps
 from control_plane.api import responses as r
 from control_plane.api.streams import STREAM_MEDIA_TYPE
+from shipyard_common.agent_protocol import CommandsResponse, RegisterResponse
 
 
 class ErrorStatus(BaseModel):
@@ -53,8 +53,9 @@ class StreamLine(BaseModel):
     error: dict[str, Any] | None = None
 
 
-# The typed 200 answers (api/responses.py) of the operations that have one so far; the others are
-# documented as the JSON object FastAPI infers from their handlers.
+# The typed 200 answer (api/responses.py, or the agent protocol's own models) of every operation
+# that answers a JSON object; tests/control_plane/api/test_schemathesis.py checks that none is left
+# untyped and that the answers match.
 RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", "/api/v1/experiments"): r.GetExperimentsResponse,
     ("GET", "/api/v1/experiments/{experimentId}"): r.GetExperimentResponse,
@@ -69,6 +70,66 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/api/v1/models/{modelName}/versions"): r.ModelVersionResponse,
     ("GET", "/api/v1/models/{modelName}/versions"): r.GetModelVersionsResponse,
     ("GET", "/api/v1/models/{modelName}/versions/{modelVersionNum}"): r.ModelVersionResponse,
+    # health and the master
+    ("GET", "/health"): r.HealthResponse,
+    ("GET", "/info"): r.MasterInfo,
+    ("GET", "/api/v1/master"): r.MasterInfo,
+    # users
+    ("POST", "/api/v1/auth/login"): r.LoginResponse,
+    ("POST", "/api/v1/auth/logout"): r.Empty,
+    ("GET", "/api/v1/me"): r.UserResponse,
+    ("POST", "/api/v1/users"): r.UserResponse,
+    ("GET", "/api/v1/users"): r.GetUsersResponse,
+    ("GET", "/api/v1/users/{userId}"): r.UserResponse,
+    ("PATCH", "/api/v1/users/{userId}"): r.UserResponse,
+    ("GET", "/api/v1/users/{username}/by-username"): r.UserResponse,
+    ("POST", "/api/v1/users/{userId}/password"): r.UserResponse,
+    # experiments
+    ("POST", "/api/v1/experiments"): r.CreateExperimentResponse,
+    ("PATCH", "/api/v1/experiments/{experimentId}"): r.PatchExperimentResponse,
+    ("DELETE", "/api/v1/experiments/{experimentId}"): r.Empty,
+    ("POST", "/api/v1/experiments/{experimentId}/activate"): r.Empty,
+    ("POST", "/api/v1/experiments/{experimentId}/pause"): r.Empty,
+    ("POST", "/api/v1/experiments/{experimentId}/cancel"): r.Empty,
+    ("POST", "/api/v1/experiments/{experimentId}/kill"): r.Empty,
+    ("POST", "/api/v1/experiments/{experimentId}/archive"): r.Empty,
+    ("POST", "/api/v1/experiments/{experimentId}/unarchive"): r.Empty,
+    ("PUT", "/api/v1/experiments/{experimentId}/labels/{label}"): r.LabelsResponse,
+    ("DELETE", "/api/v1/experiments/{experimentId}/labels/{label}"): r.LabelsResponse,
+    ("POST", "/api/v1/experiments/{experimentId}/gc"): r.GcResponse,
+    ("GET", "/api/v1/experiments/{experimentId}/model_def"): r.ModelDefResponse,
+    # metrics, logs, checkpoints
+    ("POST", "/api/v1/trials/{trialId}/metrics"): r.Empty,
+    ("GET", "/api/v1/trials/{trialId}/metrics"): r.GetTrialMetricsResponse,
+    ("POST", "/api/v1/trials/{trialId}/metrics/batch"): r.MetricsBatchResponse,
+    ("POST", "/api/v1/trials/{trialId}/training_metrics"): r.Empty,
+    ("POST", "/api/v1/trials/{trialId}/validation_metrics"): r.Empty,
+    ("POST", "/api/v1/task/logs"): r.Empty,
+    ("POST", "/api/v1/checkpoints"): r.Empty,
+    ("DELETE", "/api/v1/checkpoints"): r.Empty,
+    ("PATCH", "/api/v1/checkpoints"): r.Empty,
+    ("POST", "/api/v1/checkpoints/{checkpointUuid}/metadata"): r.CheckpointMetadataResponse,
+    # trials' harness calls
+    ("GET", "/api/v1/trials/{trialId}/searcher/operation"): r.SearcherOperationResponse,
+    ("POST", "/api/v1/trials/{trialId}/searcher/completed_operation"): r.Empty,
+    ("POST", "/api/v1/trials/{trialId}/early_exit"): r.Empty,
+    ("POST", "/api/v1/trials/{trialId}/progress"): r.Empty,
+    ("GET", "/api/v1/allocations/{allocationId}/signals/preemption"): r.PreemptionResponse,
+    ("POST", "/api/v1/allocations/{allocationId}/signals/ack_preemption"): r.Empty,
+    ("GET", "/api/v1/tasks"): r.GetTasksResponse,
+    # resource pools
+    ("GET", "/api/v1/resource-pools"): r.GetResourcePoolsResponse,
+    ("GET", "/api/v1/resource-pools/{name}"): r.GetResourcePoolResponse,
+    ("POST", "/api/v1/resource-pools/{name}/teardown"): r.TeardownResponse,
+    ("POST", "/api/v1/resource-pools/{name}/enable"): r.Empty,
+    # agents (the protocol's own models: shipyard_common.agent_protocol)
+    ("POST", "/api/v1/agents/tokens"): r.AgentTokenResponse,
+    ("POST", "/api/v1/agents/register"): RegisterResponse,
+    ("GET", "/api/v1/agents/{agentId}/commands"): CommandsResponse,
+    ("POST", "/api/v1/agents/{agentId}/events"): r.Empty,
+    ("DELETE", "/api/v1/agents/{agentId}/enrolment"): r.ResetEnrolmentResponse,
+    ("GET", "/api/v1/agents"): r.GetAgentsResponse,
+    ("GET", "/api/v1/agents/{agentId}"): r.GetAgentResponse,
 }
 
 # Answered from memory outside admission control (api/app.py): never 503.
@@ -81,6 +142,9 @@ def _depends_on(dependant: Dependant, call: Any) -> bool:
 
 
 def _error_statuses(route: APIRoute, method: str) -> list[int]:
+    # deps imports admission, which imports errors, which imports this module: import it late.
+    from control_plane.api import deps
+
     dependant = route.dependant
     has_input = bool(dependant.path_params or dependant.query_params or dependant.header_params
                      or dependant.cookie_params or route.body_field is not None)

@@ -51,6 +51,8 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         "backoffUntil": ts(row.backoff_until),
         "lastDecision": row.last_decision,
         "lastDecisionAt": ts(row.last_decision_at),
+        # Subnets/zones skipped after capacity errors, as the autoscaler last recorded them.
+        "capacityCooldowns": _cooldowns(row.last_decision),
         "instances": [
             {"launchId": i.launch_id, "instanceId": i.instance_id, "state": i.state, "agentId": i.agent_id,
              "location": i.location, "instanceType": i.instance_type, "launchedAt": ts(i.launched_at or i.requested_at),
@@ -59,6 +61,14 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
             for i in instances
         ],
     }
+
+
+def _cooldowns(decision: Any) -> list[dict[str, Any]]:
+    """Rewritten by every autoscaler tick and launch, ended cool-downs dropped (provisioners/capacity.py)."""
+    entries = decision.get("capacity") if isinstance(decision, dict) else None
+    return [{"location": c.get("location"), "instanceType": c.get("instance_type"), "until": c.get("until"),
+             "code": c.get("code"), "error": c.get("error"), "failures": c.get("failures")}
+            for c in entries or [] if isinstance(c, dict)]
 
 
 @router.get("/api/v1/resource-pools")

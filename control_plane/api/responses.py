@@ -1,9 +1,11 @@
-"""What the main read operations answer, as typed models for the OpenAPI document.
+"""What every operation that answers a JSON object answers, as typed models for the OpenAPI
+document (the agent protocol's answers use shipyard_common.agent_protocol's own models).
 
 The handlers build Determined's JSON shapes in `serializers.py`; these models describe those
 shapes (the fields Determined's clients rely on, typed as they are sent) so the document stops
 saying "an object". They are documentation, checked by the schemathesis test against what the
-API really sends: a field listed here is always present with this type; unlisted fields (the
+API really sends (and tests/control_plane/api/test_schemathesis.py::test_every_json_answer_is_typed
+keeps a new operation from going undocumented): a field listed here is always present with this type; unlisted fields (the
 Shipyard extras, Determined's rarely read ones) may be present too (extra keys are allowed).
 `openapi.RESPONSES` says which operation answers which model.
 """
@@ -168,3 +170,270 @@ class GetModelVersionsResponse(Wire):
     model: ModelOut
     model_versions: list[ModelVersionOut]
     pagination: Pagination
+
+
+# -- the rest of the API: every operation that answers a JSON object -------------------------------
+
+class Empty(Wire):
+    """`{}`: the operation answers nothing but its status."""
+
+
+class HealthResponse(Wire):
+    status: str
+
+
+class MasterInfo(Wire):
+    """Determined's v1GetMasterResponse (`users.master_info`), answered from memory."""
+
+    version: str
+    master_id: str
+    cluster_id: str
+    cluster_name: str
+    telemetry_enabled: bool
+    strict_job_queue_control: bool
+    has_custom_logo: bool
+    rbac_enabled: bool
+    user_management_enabled: bool
+    feature_switches: list[str]
+    sso_providers: list[Any]
+    product: str
+
+
+class UserOut(Wire):
+    """Determined's v1User (`users.user_json`)."""
+
+    id: int
+    username: str
+    admin: bool
+    active: bool
+    display_name: str
+    modified_at: str | None
+    last_auth_at: str | None
+    remote: bool
+
+
+class UserResponse(Wire):
+    user: UserOut
+
+
+class GetUsersResponse(Wire):
+    users: list[UserOut]
+    pagination: Pagination
+
+
+class LoginResponse(Wire):
+    token: str
+    user: UserOut
+
+
+class CreateExperimentResponse(Wire):
+    """`experiment` is null for `validateOnly`."""
+
+    experiment: ExperimentOut | None
+    config: dict[str, Any]
+    warnings: list[Any]
+    config_warnings: list[str]
+
+
+class PatchExperimentResponse(Wire):
+    experiment: ExperimentOut
+
+
+class LabelsResponse(Wire):
+    labels: list[str]
+
+
+class GcResponse(Wire):
+    deleting: list[str]  # the uuids of the checkpoints the GC policy marked
+
+
+class MetricsBatchResponse(Wire):
+    stored: int
+    duplicates: int
+
+
+class MetricRowOut(Wire):
+    """One report of a trial (`metrics.metric_row_json`)."""
+
+    steps_completed: int
+    group: str
+    trial_run_id: int
+    metrics: dict[str, Any]
+    batch_metrics: list[Any] | None
+    report_time: str | None
+
+
+class GetTrialMetricsResponse(Wire):
+    metrics: list[MetricRowOut]
+    pagination: Pagination
+
+
+class CheckpointMetadataResponse(Wire):
+    metadata: dict[str, Any]
+
+
+class ModelDefResponse(Wire):
+    b64_tgz: str  # the experiment's model definition, a base64 tar.gz
+
+
+class ValidateAfter(Wire):
+    length: int
+
+
+class SearcherOp(Wire):
+    validate_after: ValidateAfter
+
+
+class SearcherOperationResponse(Wire):
+    """The trial's current searcher operation; `op` is null once there is none left."""
+
+    op: SearcherOp | None
+    completed: bool
+
+
+class PreemptionResponse(Wire):
+    preempt: bool
+
+
+class AllocationSummary(Wire):
+    """One allocation (`tasks.allocation_json`)."""
+
+    allocation_id: str
+    task_id: str
+    trial_id: int | None
+    experiment_id: int | None
+    resource_pool: str
+    slots_needed: int
+    priority: int
+    state: str
+    agent_id: str | None
+    slot_ids: list[Any]
+    registered_time: str | None
+    started_time: str | None
+    ended_time: str | None
+    exit_code: int | None
+    exit_reason: str | None
+    end_cause: str | None
+    preempt_requested: bool
+    kill_requested: bool
+
+
+class GetTasksResponse(Wire):
+    allocation_id_to_summary: dict[str, AllocationSummary]
+
+
+class PoolInstanceOut(Wire):
+    launch_id: str
+    instance_id: str | None
+    state: str
+    agent_id: str | None
+    location: str
+    instance_type: str
+    launched_at: str | None
+    terminate_reason: str | None
+    terminate_requested_at: str | None
+
+
+class CapacityCooldownOut(Wire):
+    location: Any
+    instance_type: Any
+    until: Any
+    code: Any
+    error: Any
+    failures: Any
+
+
+class ResourcePoolOut(Wire):
+    """Determined's v1ResourcePool (`pools.pool_json`), with Shipyard's autoscaler state."""
+
+    name: str
+    description: str
+    type: str
+    default_compute_pool: bool
+    default_aux_pool: bool
+    num_agents: int
+    slots_available: int
+    slots_used: int
+    slot_type: str
+    scheduler_type: str
+    preemptible: bool
+    min_agents: int
+    max_agents: int
+    provider: str | None
+    queued_allocations: int
+    running_allocations: int
+    state: str
+    error: str | None
+    backoff_until: str | None
+    last_decision: dict[str, Any] | None
+    last_decision_at: str | None
+    capacity_cooldowns: list[CapacityCooldownOut]
+    instances: list[PoolInstanceOut]
+
+
+class GetResourcePoolsResponse(Wire):
+    resource_pools: list[ResourcePoolOut]
+
+
+class GetResourcePoolResponse(Wire):
+    resource_pool: ResourcePoolOut
+
+
+class TeardownResponse(Wire):
+    terminated: int
+
+
+class AgentTokenResponse(Wire):
+    token: str
+
+
+class ResetEnrolmentResponse(Wire):
+    revoked_credentials: int
+
+
+class DeviceOut(Wire):
+    id: Any
+    brand: str
+    uuid: str
+    type: str
+
+
+class ContainerOut(Wire):
+    id: str
+    state: str
+    devices: list[Any]
+
+
+class AgentSlotOut(Wire):
+    id: str
+    device: DeviceOut
+    enabled: bool
+    draining: bool
+    container: ContainerOut | None
+
+
+class AgentOut(Wire):
+    """Determined's v1Agent (`agents.agent_json`)."""
+
+    id: str
+    resource_pools: list[str]
+    registered_time: str | None
+    last_seen: str | None
+    state: str
+    enabled: bool
+    draining: bool
+    addresses: list[Any]
+    version: str
+    slots: dict[str, AgentSlotOut]
+    slot_stats: dict[str, Any]
+    instance_id: str | None
+    idle_since: str | None
+    connected: bool
+
+
+class GetAgentsResponse(Wire):
+    agents: list[AgentOut]
+
+
+class GetAgentResponse(Wire):
+    agent: AgentOut

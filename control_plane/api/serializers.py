@@ -18,7 +18,8 @@ from control_plane.core.expconf import ExperimentConfig
 from control_plane.core.metrics import wire_float
 from control_plane.db.models import Checkpoint, Experiment, ModelDefinition, Trial, User
 from control_plane.errors import bad_request
-from control_plane.services import checkpoints, experiments
+from control_plane.master import Master
+from control_plane.services import checkpoints, experiments, pool_capacity
 
 
 def parse_states(values: Sequence[str], allowed: Iterable[str], field_name: str) -> set[str]:
@@ -162,7 +163,7 @@ def experiment_extras(s: Session, exps: Sequence[Experiment]) -> dict[int, Exper
     return out
 
 
-def experiment_json(exp: Experiment, extra: ExperimentExtras) -> dict[str, Any]:
+def experiment_json(exp: Experiment, extra: ExperimentExtras, pending_reason: str | None = None) -> dict[str, Any]:
     metric, _ = searcher_settings(exp.config)
     duration = None
     if exp.end_time is not None:
@@ -208,12 +209,15 @@ def experiment_json(exp: Experiment, extra: ExperimentExtras) -> dict[str, Any]:
         "priority": exp.priority,
         "weight": exp.weight,
         "configWarnings": list(exp.warnings or []),
+        # Why a queued trial of it can never be placed (its pool has no instance that large).
+        "pendingReason": pending_reason,
     }
 
 
-def experiments_json(s: Session, exps: Sequence[Experiment]) -> list[dict[str, Any]]:
+def experiments_json(s: Session, exps: Sequence[Experiment], master: Master | None = None) -> list[dict[str, Any]]:
     extras = experiment_extras(s, exps)
-    return [experiment_json(e, extras[e.id]) for e in exps]
+    reasons = pool_capacity.pending_reasons(s, master, experiment_ids=[e.id for e in exps]) if master else {}
+    return [experiment_json(e, extras[e.id], reasons.get(e.id)) for e in exps]
 
 
 @dataclass
@@ -249,7 +253,7 @@ def _workload(snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def trial_json(trial: Trial, ckpts: TrialCheckpoints, now: datetime) -> dict[str, Any]:
+def trial_json(trial: Trial, ckpts: TrialCheckpoints, now: datetime, pending_reason: str | None = None) -> dict[str, Any]:
     latest = trial.latest_validation or {}
     best = latest.get("best") if latest else None
     best_ckpt = None
@@ -296,12 +300,15 @@ def trial_json(trial: Trial, ckpts: TrialCheckpoints, now: datetime) -> dict[str
         "progress": float(trial.progress or 0.0),
         "latestCheckpointUuid": trial.latest_checkpoint_uuid,
         "exitReason": trial.exit_reason,
+        # Why its queued allocation can never be placed (e.g. its pool now has smaller instances).
+        "pendingReason": pending_reason,
     }
 
 
-def trials_json(s: Session, trials: Sequence[Trial], now: datetime) -> list[dict[str, Any]]:
+def trials_json(s: Session, trials: Sequence[Trial], now: datetime, master: Master | None = None) -> list[dict[str, Any]]:
     ckpts = trial_checkpoints(s, [t.id for t in trials])
-    return [trial_json(t, ckpts[t.id], now) for t in trials]
+    reasons = pool_capacity.pending_reasons(s, master, trial_ids=[t.id for t in trials]) if master else {}
+    return [trial_json(t, ckpts[t.id], now, reasons.get(t.id)) for t in trials]
 
 
 def checkpoint_json(c: Checkpoint, ctx: checkpoints.CheckpointContext) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from control_plane.api.wire import INT32_MAX, Id
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.master import Master
-from control_plane.services import access, trials
+from control_plane.services import access, pool_capacity, trials
 
 router = APIRouter()
 
@@ -41,8 +41,9 @@ def list_trials(
     ckpts = serializers.trial_checkpoints(db, [t.id for t in found])
     ordered = trials.ordered(found, sort_by, desc, {t.id: ckpts[t.id].size for t in found}, now)
     chosen = serializers.page(ordered, offset, limit)
+    reasons = pool_capacity.pending_reasons(db, master, trial_ids=[t.id for t in chosen])
     return {
-        "trials": [serializers.trial_json(t, ckpts[t.id], now) for t in chosen],
+        "trials": [serializers.trial_json(t, ckpts[t.id], now, reasons.get(t.id)) for t in chosen],
         "pagination": serializers.pagination_json(offset, limit, len(ordered), len(chosen)),
     }
 
@@ -56,4 +57,4 @@ def get_trial(
 ) -> dict[str, Any]:
     trial = access.get_trial(db, trialId)
     access.require_read_trial(p, trial)
-    return {"trial": serializers.trials_json(db, [trial], master.clock())[0]}
+    return {"trial": serializers.trials_json(db, [trial], master.clock(), master)[0]}

@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -70,6 +71,9 @@ class User(Base):
     last_auth_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
+LIVE_AGENT_CREDENTIAL = "kind = 'agent_credential' AND revoked_at IS NULL"
+
+
 class Token(Base):
     """Bearer tokens. Only a hash is stored. `kind` scopes what the token can touch:
     user (as its user), agent (one pool), allocation (one trial/allocation), bootstrap (one
@@ -88,6 +92,13 @@ class Token(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+    # One live credential per agent id: two enrolments racing for a new id cannot both win
+    # (services/agents.py answers the loser 409). Migration 0002.
+    __table_args__ = (
+        Index("uq_tokens_live_agent_credential", "agent_id", unique=True,
+              sqlite_where=text(LIVE_AGENT_CREDENTIAL), postgresql_where=text(LIVE_AGENT_CREDENTIAL)),
+    )
 
 
 class ModelDefinition(Base):
@@ -234,6 +245,8 @@ class Allocation(Base):
     """A request for `slots_needed` slots for a task, placed whole on one agent."""
 
     __tablename__ = "allocations"
+    # The autoscaler reads a pool's recent arrivals every tick (scale-down hysteresis). Migration 0003.
+    __table_args__ = (Index("ix_allocations_pool_created_at", "pool", "created_at"),)
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     task_id: Mapped[str] = mapped_column(String(64), index=True)
     trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)

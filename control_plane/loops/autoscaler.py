@@ -18,6 +18,12 @@ memory, so a crash anywhere is healed by the next tick:
   instance counts toward max_instances (it bills). An instance the cloud reports stopped, suspended
   or shutting down (a GCE VM powered off, an EC2 instance stopped by hand) is terminated: its disks
   would bill forever.
+The snapshot is read in a read-only transaction and the decision written in another, so placement
+may commit in between: a termination that presumes the instance idle is applied only if its agent
+still holds no allocation under a lock on the agent's row, which is disabled in the same
+transaction (placement assigns through a compare-and-set on `enabled`); whichever commits first
+wins. The decider is given the pool's recent demand arrivals (allocations created over its
+`arrival_window`) for its scale-down hysteresis.
 Launch errors back the pool off or stop it (the pure core control_plane/core/scaling/backoff.py
 decides how long from the error's kind and scope), and the pool shows why in
 `det resource-pool describe`; during a long backoff one instance probes every
@@ -39,12 +45,20 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from control_plane import auth
 from control_plane.core import states as st
-from control_plane.core.scaling import InstanceView, PendingDemand, PoolLimits, ScaleDecision, backoff, decide
+from control_plane.core.scaling import (
+    Arrival,
+    InstanceView,
+    PendingDemand,
+    PoolLimits,
+    ScaleDecision,
+    backoff,
+    decide,
+)
 from control_plane.core.scaling import reconcile as rec
 from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
@@ -62,6 +76,7 @@ from provisioners.base import (
     UserDataKind,
     describer,
 )
+from provisioners.capacity import cooldowns_of
 from provisioners.factory import PoolConfigError, PoolProvider, build_provider
 
 log = logging.getLogger("shipyard.autoscaler")
@@ -101,6 +116,24 @@ class _Attempts:
     count: int = 0
     last_at: datetime | None = None
     last_error: str | None = None
+
+
+@dataclass
+class _Snapshot:
+    """What the decider is given, read in one read-only transaction, and what the write needs of it."""
+
+    demand: list[PendingDemand]
+    shapes: dict[int, int]
+    arrivals: list[Arrival]
+    views: list[InstanceView]
+    live: int
+    stopping: list[tuple[str | None, datetime | None, str | None]]  # (instance id, since, reason)
+    links: dict[str, str]  # launch id -> agent id, for rows not yet linked to their agent
+    orphans: list[CloudInstance] = field(default_factory=list)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 @dataclass
@@ -186,8 +219,7 @@ class Autoscaler:
         lookups = self._lookup_missing(name, pp, {ci.id for ci in cloud})
         with transaction(self.master.sessions) as s:
             orphans = self._reconcile(s, name, state, cloud, lookups, now)
-        with transaction(self.master.sessions) as s:
-            decision, launch_ids = self._decide(s, name, state, orphans, now)
+        decision, launch_ids = self._decide(name, state, orphans, now)
         self._send_terminations(name, state, orphans, now)
         if launch_ids:
             self._launch(name, state, launch_ids)
@@ -244,7 +276,9 @@ class Autoscaler:
                 state.first_missed.pop(row.launch_id, None)
                 continue
             if row.state == InstanceState.REQUESTED:
-                if now - row.requested_at >= REQUEST_GRACE:  # else the launch may still be in flight
+                # Else the launch may still be in flight, or have succeeded behind a lost answer
+                # and not be listed yet: the row keeps its place under max_instances meanwhile.
+                if now - row.requested_at >= max(REQUEST_GRACE, grace):
                     self._close_row(s, row, now, row.terminate_reason or "launch never confirmed")
                 continue
             if row.instance_id is None:
@@ -276,6 +310,8 @@ class Autoscaler:
         """The row follows what the cloud reports of its instance."""
         if row.instance_id is None:
             log.info("event=instance_adopted pool=%s launch_id=%s instance_id=%s", row.pool, row.launch_id, ci.id)
+            if row.state == InstanceState.REQUESTED:
+                row.terminate_reason = None  # an ambiguous launch failure that did launch
         row.instance_id = ci.id
         row.location = ci.location or row.location
         row.instance_type = ci.instance_type or row.instance_type
@@ -324,17 +360,43 @@ class Autoscaler:
         return None
 
     # -- decide ----------------------------------------------------------------------------------
-    def _decide(self, s: Session, pool: str, state: _PoolState, orphans: list[CloudInstance],
+    def _decide(self, pool: str, state: _PoolState, orphans: list[CloudInstance],
                 now: datetime) -> tuple[ScaleDecision, list[str]]:
+        """Read a snapshot (a read-only transaction), decide on it (pure), then apply the decision
+        in a write transaction. Placement may commit in between: a termination that presumes the
+        instance idle is applied only if its agent still holds no allocation, checked under a lock
+        on the agent row (`_claim_idle`), and placement assigns only to an agent still enabled
+        (control_plane/loops/placement.py), so neither overwrites what the other committed."""
         pp = state.provider
         assert pp is not None
         settings = pp.settings
+        limits = PoolLimits(
+            min_instances=settings.min_instances, max_instances=settings.max_instances,
+            slots_per_instance=pp.slots_per_instance, max_idle_agent_period=settings.max_idle_agent_period,
+            max_agent_starting_period=settings.max_agent_starting_period,
+            max_disconnected_period=settings.max_disconnected_period,
+            max_launch_per_decision=settings.max_launch_per_decision,
+        )
+        with self.master.read_sessions() as s:
+            snap = self._snapshot(s, pool, orphans, limits, now)
+        decision = decide(snap.demand, snap.views, limits, now, snap.arrivals)
+        with transaction(self.master.sessions) as s:
+            launch_ids = self._apply(s, pool, state, decision, snap, now)
+        return decision, launch_ids
+
+    def _snapshot(self, s: Session, pool: str, orphans: list[CloudInstance], limits: PoolLimits,
+                  now: datetime) -> _Snapshot:
         pending = list(s.scalars(select(Allocation).where(Allocation.pool == pool,
                                                            Allocation.state == st.ALLOC_PENDING)))
         shapes: dict[int, int] = {}
         for a in pending:
             shapes[a.slots_needed] = shapes.get(a.slots_needed, 0) + 1
         demand = [PendingDemand(slots, count) for slots, count in sorted(shapes.items())]
+        # The demand arrivals of the window (every allocation created in it, whatever it became):
+        # they predict the next one (scale-down hysteresis).
+        arrivals = [Arrival(at, slots) for at, slots in s.execute(
+            select(Allocation.created_at, Allocation.slots_needed).where(
+                Allocation.pool == pool, Allocation.created_at > now - limits.arrival_window))]
         billed = list(s.scalars(select(Instance).where(Instance.pool == pool,
                                                         Instance.state.in_(st.INSTANCE_BILLED))))
         rows = [r for r in billed if r.state in st.INSTANCE_LIVE]
@@ -345,10 +407,11 @@ class Autoscaler:
             busy[a.agent_id or ""] = busy.get(a.agent_id or "", 0) + a.slots_needed
             running.add(a.agent_id or "")
         views = []
+        links: dict[str, str] = {}
         for row in rows:
             agent = self._agent_of(s, row)
             if agent is not None and row.agent_id is None:
-                row.agent_id = agent.id
+                links[row.launch_id] = agent.id
             connected = agent is not None and agent.state == st.AGENT_CONNECTED
             busy_slots = busy.get(agent.id, 0) if agent else 0
             views.append(InstanceView(
@@ -367,14 +430,15 @@ class Autoscaler:
                   for r in stopping]
         views += [InstanceView(id=f"orphan:{ci.id}", state=InstanceState.STOPPING, launched_at=ci.launched_at)
                   for ci in orphans]
-        limits = PoolLimits(
-            min_instances=settings.min_instances, max_instances=settings.max_instances,
-            slots_per_instance=pp.slots_per_instance, max_idle_agent_period=settings.max_idle_agent_period,
-            max_agent_starting_period=settings.max_agent_starting_period,
-            max_disconnected_period=settings.max_disconnected_period,
-            max_launch_per_decision=settings.max_launch_per_decision,
-        )
-        decision = decide(demand, views, limits, now)
+        return _Snapshot(demand=demand, shapes=shapes, arrivals=arrivals, views=views, live=len(rows),
+                         stopping=[(r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping],
+                         links=links, orphans=orphans)
+
+    def _apply(self, s: Session, pool: str, state: _PoolState, decision: ScaleDecision, snap: _Snapshot,
+               now: datetime) -> list[str]:
+        pp = state.provider
+        assert pp is not None
+        settings = pp.settings
         prow = s.get(ResourcePool, pool)
         assert prow is not None
         launch = decision.launch
@@ -387,15 +451,28 @@ class Autoscaler:
             error = f" ({prow.error})" if prow.error and prow.state != PoolState.DISABLED else ""
             reasons.append(f"{'not launching' if allowance.cap == 0 else 'launch 1'}: {allowance.reason}{error}")
             launch = allowance.cap
-        by_launch = {r.launch_id: r for r in rows}
-        for t in decision.terminate:
-            row = by_launch.get(t.id)
-            if row is None:
-                continue
+        for launch_id, agent_id in snap.links.items():
+            row = s.get(Instance, launch_id)
+            if row is not None and row.agent_id is None:
+                row.agent_id = agent_id
+        terminated: list[dict[str, str]] = []
+        planned = [(t, s.get(Instance, t.id)) for t in decision.terminate]
+        # Agent rows are locked in agent id order, as placement takes them: no cycle of waits.
+        for t, row in sorted(planned, key=lambda p: ((p[1].agent_id or "") if p[1] else "", p[0].id)):
+            if row is None or row.state not in st.INSTANCE_LIVE:
+                continue  # an orphan (its terminate is sent by _send_terminations), or ended meanwhile
+            if t.presumes_idle:
+                refused = self._claim_idle(s, row)
+                if refused:
+                    reasons.append(f"not terminating {t.id}: {refused}")
+                    log.info("event=idle_termination_refused pool=%s launch_id=%s instance_id=%s decided=%r why=%r",
+                             pool, row.launch_id, row.instance_id, t.reason, refused)
+                    continue
             if row.instance_id is None:
                 self._close_row(s, row, now, t.reason)
-                continue
-            self._begin_termination(s, row, now, t.reason)
+            else:
+                self._begin_termination(s, row, now, t.reason)
+            terminated.append({"id": t.id, "reason": t.reason})
         launch_ids: list[str] = []
         for _ in range(launch):
             launch_id = uuid.uuid4().hex
@@ -410,27 +487,50 @@ class Autoscaler:
             log.info("event=pool_backoff_over pool=%s previous_error=%r", pool, previous_error)
         prow.state = new_state
         prow.last_decision = {
-            "launch": launch, "terminate": [{"id": t.id, "reason": t.reason} for t in decision.terminate],
-            "reasons": reasons, "pending": {str(k): v for k, v in shapes.items()}, "instances": len(rows),
-            "stopping": len(stopping), "orphans": len(orphans),
-            "terminating": self._terminating(state, stopping, orphans, now),
+            "launch": launch, "terminate": terminated,
+            "reasons": reasons, "pending": {str(k): v for k, v in snap.shapes.items()}, "instances": snap.live,
+            "stopping": len(snap.stopping), "orphans": len(snap.orphans),
+            "terminating": self._terminating(state, snap.stopping, snap.orphans, now),
             "backoff": None if prow.backoff_until is None or prow.backoff_until <= now else {
                 "until": prow.backoff_until.isoformat(), "failures": prow.launch_failures,
                 "probe": allowance.cap == 1,
                 "next_probe_at": allowance.next_probe_at.isoformat() if allowance.next_probe_at else None,
             },
             **({"previous_error": previous_error} if previous_error else {}),
+            # Subnets/zones skipped after capacity errors (provisioners/capacity.py), and the slots one
+            # instance brings (what submissions and pending trials are checked against).
+            "capacity": cooldowns_of(pp.provider), "slots_per_instance": pp.slots_per_instance,
         }
         prow.last_decision_at = now
-        return decision, launch_ids
+        return launch_ids
+
+    def _claim_idle(self, s: Session, row: Instance) -> str | None:
+        """Whether the instance is still without work, decided under a lock on its agent's row; if
+        so its agent is disabled in the same transaction (nothing new lands on it). The reason it is
+        not, else. The lock (FOR UPDATE on PostgreSQL; SQLite's write transaction already holds the
+        database) waits for a placement writing to that agent to commit, and the check for
+        allocations runs after it, so it sees that placement's assignment."""
+        agent_id = row.agent_id or (s.scalar(select(Agent.id).where(Agent.instance_id == row.instance_id))
+                                    if row.instance_id else None)
+        if agent_id is None:
+            return None  # no agent: nothing can run there, and a stopping instance's agent is refused
+        agent = s.scalar(select(Agent).where(Agent.id == agent_id).with_for_update()
+                         .execution_options(populate_existing=True))
+        if agent is None:
+            return None
+        held = s.scalar(select(func.count()).select_from(Allocation).where(
+            Allocation.agent_id == agent.id, Allocation.state.in_(st.ALLOC_ON_AGENT)))
+        if held:
+            return f"its agent {agent.id} took {_plural(held, 'allocation')} since the decision"
+        agent.enabled = False
+        return None
 
     @staticmethod
-    def _terminating(state: _PoolState, stopping: list[Instance], orphans: list[CloudInstance],
-                     now: datetime) -> list[dict[str, Any]]:
+    def _terminating(state: _PoolState, stopping: list[tuple[str | None, datetime | None, str | None]],
+                     orphans: list[CloudInstance], now: datetime) -> list[dict[str, Any]]:
         """What `det resource-pool describe` shows of the terminations still waiting on the cloud."""
         out = []
-        for iid, since, reason in [*((r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping),
-                                   *((ci.id, None, "orphan") for ci in orphans)]:
+        for iid, since, reason in [*stopping, *((ci.id, None, "orphan") for ci in orphans)]:
             if iid is None:
                 continue
             attempts = state.terminations.get(iid, _Attempts())
@@ -477,10 +577,20 @@ class Autoscaler:
                     row.location = ci.location
                     row.instance_type = ci.instance_type
                     row.private_ip = ci.private_ip
+                elif error is not None and error.kind == ErrorKind.UNKNOWN:
+                    # An ambiguous failure (a timeout, a lost answer, a provider bug): the cloud may
+                    # have made the instance. The row stays `requested`, counted under max_instances,
+                    # until a list shows the instance (adopted by its launch-id tag) or the request
+                    # grace passes without it (closed by _reconcile).
+                    row.terminate_reason = f"launch failed: {error}"
+                    log.warning("event=launch_outcome_unknown pool=%s launch_id=%s error=%r", pool, launch_id,
+                                str(error))
                 elif error is not None:
                     self._close_row(s, row, now, f"launch failed: {error}")
             prow = s.get(ResourcePool, pool)
             assert prow is not None
+            # What the launch learnt of each subnet/zone shows on the pool at once, not a tick later.
+            prow.last_decision = {**(prow.last_decision or {}), "capacity": cooldowns_of(pp.provider)}
             if error is None:
                 self._record_success(prow)
                 state.last_launch_failure_at = None

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from control_plane.core import states as st
 from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation, scheduling_policy
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Allocation
+from control_plane.db.models import Agent, Allocation, Instance
 from control_plane.master import Master
 from control_plane.services import allocations, lifecycle
 
@@ -125,7 +126,12 @@ def place(s: Session, master: Master, pool: str) -> None:
         preemption=pool_cfg.scheduler.preemption if pool_cfg else True,
     )
     by_id = {a.id: a for a in pending}
+    claimed = claim_agents(s, sorted({asg.agent_id for asg in decision.assignments}))
     for asg in decision.assignments:
+        if asg.agent_id not in claimed:
+            log.info("event=allocation_not_assigned allocation_id=%s agent_id=%s why=%r", asg.allocation_id,
+                     asg.agent_id, "the agent was disabled or its instance is being terminated since the snapshot")
+            continue  # stays pending: the next tick places it elsewhere
         alloc = by_id[asg.allocation_id]
         alloc.state = st.ALLOC_ASSIGNED
         alloc.agent_id = asg.agent_id
@@ -142,6 +148,33 @@ def place(s: Session, master: Master, pool: str) -> None:
             log.info("event=preempted_for_priority allocation_id=%s", alloc.id)
     if decision.assignments or decision.preemptions:
         master.notify(s)
+
+
+def claim_agents(s: Session, agent_ids: list[str]) -> set[str]:
+    """Of the agents the scheduler assigned work to, those still connected and enabled, with no
+    termination begun on their instance: each checked by a compare-and-set on its row, which also
+    marks it busy (idle_since NULL). The autoscaler disables an agent it terminates as idle under a
+    lock on the same row (loops/autoscaler.py `_claim_idle`), so whichever commits first wins: on
+    PostgreSQL this UPDATE waits for that lock and re-checks `enabled` on the row as committed.
+    Agents go in id order, the autoscaler's too, so the two never wait on each other in a cycle."""
+    s.flush()  # this tick's idle tracking first: the UPDATE below bypasses the session
+    ending = select(Instance.instance_id).where(
+        Instance.instance_id.is_not(None),
+        Instance.state.in_((st.InstanceState.STOPPING, st.InstanceState.TERMINATED)))
+    claimed: set[str] = set()
+    for agent_id in agent_ids:
+        result = s.execute(
+            update(Agent)
+            .where(Agent.id == agent_id, Agent.enabled.is_(True), Agent.state == st.AGENT_CONNECTED,
+                   or_(Agent.instance_id.is_(None), Agent.instance_id.not_in(ending)))
+            .values(idle_since=None)
+            .execution_options(synchronize_session=False))
+        if result.rowcount == 1:  # type: ignore[attr-defined]
+            claimed.add(agent_id)
+            agent = s.get(Agent, agent_id)
+            if agent is not None:
+                set_committed_value(agent, "idle_since", None)
+    return claimed
 
 
 def register(master: Master) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from control_plane import auth
@@ -147,6 +148,31 @@ def register_agent(s: Session, master: Master, p: Principal, req: RegisterReques
     slots = [sl.model_dump(by_alias=True) for sl in req.slots]
     if pool_cfg.max_slots_per_agent is not None:
         slots = slots[: pool_cfg.max_slots_per_agent]
+    try:
+        agent, credential = _record_registration(s, p, req, agent, session_id, slots, now)
+    except IntegrityError:
+        # Another registration of this id enrolled it (or created its row) at the same moment and
+        # the database kept that one: the agents' primary key and the unique index on live agent
+        # credentials (db/models.py, Token) refuse the second. Nothing of the loser is written.
+        raise Conflict(f"agent {req.agent_id!r} was enrolled by another registration at the same moment: "
+                       f"only one enrolment of an agent id succeeds") from None
+    reported = set(req.running_allocations)
+    wanted = {a.id for a in _on_agent(s, agent.id)}
+    keep = reported & wanted
+    kill = sorted(reported - wanted)
+    allocations.end_agent_allocations(s, master, agent.id, st.CAUSE_AGENT_LOST, "agent restarted without it", keep=keep)
+    log.info("event=agent_registered agent_id=%s pool=%s slots=%d keep=%d kill=%d",
+             agent.id, agent.pool, len(slots), len(keep), len(kill))
+    master.notify(s)
+    return RegisterResponse(session_id=session_id, heartbeat_interval_s=HEARTBEAT_INTERVAL_S, kill=kill,
+                            cluster_id=master.cluster_id, agent_credential=credential,
+                            reconnect_backoff_max_s=master.config.agent_reconnect_cap_s)
+
+
+def _record_registration(s: Session, p: Principal, req: RegisterRequest, agent: Agent | None,
+                         session_id: str, slots: list[dict[str, object]], now: datetime) -> tuple[Agent, str | None]:
+    """Write the agent's row and, at enrolment, its credential, then flush: a racing enrolment of
+    the same id fails here (IntegrityError), not at commit."""
     if agent is None:
         agent = Agent(id=req.agent_id, pool=req.resource_pool, session_id=session_id, registered_at=now)
         s.add(agent)
@@ -173,30 +199,28 @@ def register_agent(s: Session, master: Master, p: Principal, req: RegisterReques
         # instance's credential carries its launch id, so it is revoked when the instance ends.
         credential = auth.issue_token(s, TokenKind.AGENT_CREDENTIAL, now=now, ttl=None, pool=req.resource_pool,
                                       agent_id=req.agent_id, launch_id=p.launch_id)
+    s.flush()
+    if credential is not None:
         log.info("event=agent_enrolled agent_id=%s pool=%s via=%s", req.agent_id, req.resource_pool, p.kind.value)
-    reported = set(req.running_allocations)
-    wanted = {a.id for a in _on_agent(s, agent.id)}
-    keep = reported & wanted
-    kill = sorted(reported - wanted)
-    allocations.end_agent_allocations(s, master, agent.id, st.CAUSE_AGENT_LOST, "agent restarted without it", keep=keep)
-    log.info("event=agent_registered agent_id=%s pool=%s slots=%d keep=%d kill=%d",
-             agent.id, agent.pool, len(slots), len(keep), len(kill))
-    master.notify(s)
-    return RegisterResponse(session_id=session_id, heartbeat_interval_s=HEARTBEAT_INTERVAL_S, kill=kill,
-                            cluster_id=master.cluster_id, agent_credential=credential,
-                            reconnect_backoff_max_s=master.config.agent_reconnect_cap_s)
+    return agent, credential
 
 
 def touch_agent(s: Session, master: Master, p: Principal, agent_id: str, session_id: str) -> Agent:
-    """The agent, if `p` may act for it and `session_id` is its current session; marks it seen."""
+    """The agent, if `p` is its own credential and `session_id` its current session; marks it seen.
+
+    Only the agent's credential (issued at its enrolment) acts as the agent: the shared pool token
+    and a launch's bootstrap token only enrol, and another agent's credential is refused, so no one
+    can poll an agent's commands (which carry trial tokens) or report its tasks' events."""
+    if p.kind is not TokenKind.AGENT_CREDENTIAL:
+        raise forbidden(f"a {p.kind.value} token cannot act as agent {agent_id!r}: it only enrols; the agent "
+                        f"polls and reports with its own agent credential (returned by its enrolment)")
+    if p.agent_id != agent_id:
+        raise forbidden(f"this credential belongs to agent {p.agent_id!r}, not {agent_id!r}")
     agent = s.get(Agent, agent_id)
     if agent is None:
         raise not_found(f"agent {agent_id}")
-    if p.pool != agent.pool or (p.agent_id is not None and p.agent_id != agent_id):
-        raise forbidden("this credential does not belong to that agent")
-    # An enrolment token of the pool is still accepted with the current session: only the agent
-    # that registered (with its credential, once enrolled) knows the session id; agents use their
-    # credential here too.
+    if p.pool != agent.pool:
+        raise forbidden(f"this credential is for resource pool {p.pool!r}, not {agent.pool!r}")
     if agent.session_id != session_id or agent.state != st.AGENT_CONNECTED:
         raise Conflict("stale agent session: register again")
     agent.last_seen = master.clock()

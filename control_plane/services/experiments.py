@@ -41,7 +41,7 @@ from control_plane.db.models import (
 )
 from control_plane.errors import FieldProblem, Invalid, bad_request, conflict, not_found
 from control_plane.master import Master
-from control_plane.services import lifecycle
+from control_plane.services import lifecycle, pool_capacity
 from control_plane.services.metrics import searcher_goal
 from control_plane.services.text import clean_text
 from shipyard_common.model_def import (
@@ -128,6 +128,9 @@ def validate(s: Session, master: Master, new: NewExperiment) -> ValidatedExperim
             f"(at most {pool.max_slots_per_agent})",
             "config.resources.slots_per_trial",
         )
+    unservable = pool_capacity.unservable_reason(s, master, pool.name, cfg.resources.slots_per_trial)
+    if unservable is not None:
+        raise bad_request(unservable, "config.resources.slots_per_trial")
     if cfg.name is not None and len(cfg.name) > NAME_MAX:
         raise bad_request(f"must be at most {NAME_MAX} characters", "config.name")
 

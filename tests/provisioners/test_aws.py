@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -729,3 +729,95 @@ def test_config_reports_every_problem_at_once() -> None:
         AwsPoolConfig.from_dict({"subnet_ids": [], "spot": 1})
     paths = {p for p, _ in info.value.problems}
     assert {"aws.region", "aws.image_id", "aws.instance_type", "aws.subnet_ids", "aws.spot"} <= paths
+
+
+# --- capacity memory across batches (issue 10, item 7) ----------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _three_subnets(net: Net) -> str:
+    ec2 = _client(net.session, net.moto_url)
+    return ec2.create_subnet(VpcId=net.vpc_id, CidrBlock="10.10.3.0/24", AvailabilityZone="us-east-1c")["Subnet"][
+        "SubnetId"]
+
+
+def _cooling_provider(net: Net, proxy: Ec2FaultProxy, clock: _Clock, **cfg: Any) -> AwsProvider:
+    return AwsProvider(_config(net, proxy, **cfg), cluster_id=CLUSTER, pool=POOL, master_url=MASTER,
+                       session=net.session, call_timeout_s=10, backoff_base_s=0.001, backoff_max_s=0.01, clock=clock)
+
+
+@integration
+def test_exhausted_subnets_are_skipped_by_later_batches_until_their_cooldown_ends(
+        net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    subnet_c = _three_subnets(net)
+    for subnet in (net.subnet_a, net.subnet_b):
+        ec2_faults.inject("RunInstances", "InsufficientInstanceCapacity", when={"SubnetId": subnet}, times=None)
+    clock = _Clock()
+    provider = _cooling_provider(net, ec2_faults, clock, subnet_ids=[net.subnet_a, net.subnet_b, subnet_c])
+
+    first = provider.launch([_spec("cd-1")])
+    assert first.error is None and [i.location for i in first.launched] == [subnet_c]
+    assert [p["SubnetId"] for p in _run_calls(ec2_faults)] == [net.subnet_a, net.subnet_b, subnet_c]
+    cooling = provider.capacity_cooldowns()
+    assert sorted((c.location, c.instance_type, c.code) for c in cooling) == sorted([
+        (net.subnet_a, "g4dn.12xlarge", "InsufficientInstanceCapacity"),
+        (net.subnet_b, "g4dn.12xlarge", "InsufficientInstanceCapacity")])
+    assert all(c.until == clock.now + timedelta(minutes=10) for c in cooling)  # the default cool-down
+
+    # The next batch calls RunInstances on subnet c only: no wasted calls on a and b.
+    ec2_faults.clear()
+    for subnet in (net.subnet_a, net.subnet_b):
+        ec2_faults.inject("RunInstances", "InsufficientInstanceCapacity", when={"SubnetId": subnet}, times=None)
+    clock.now += timedelta(minutes=5)
+    second = provider.launch([_spec("cd-2"), _spec("cd-3")])
+    assert second.error is None and len(second.launched) == 2
+    assert [p["SubnetId"] for p in _run_calls(ec2_faults)] == [subnet_c, subnet_c]
+
+    # After the cool-down, subnet a is asked again first (and still full: it cools down again).
+    ec2_faults.clear()
+    ec2_faults.inject("RunInstances", "InsufficientInstanceCapacity", when={"SubnetId": net.subnet_a}, times=None)
+    clock.now += timedelta(minutes=6)
+    third = provider.launch([_spec("cd-4")])
+    assert third.error is None
+    assert [p["SubnetId"] for p in _run_calls(ec2_faults)] == [net.subnet_a, net.subnet_b]
+    assert [c.location for c in provider.capacity_cooldowns()] == [net.subnet_a]
+
+
+@integration
+def test_every_subnet_cooling_fails_the_batch_with_capacity_without_a_call(
+        net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    ec2_faults.inject("RunInstances", "InsufficientInstanceCapacity", times=None)
+    clock = _Clock()
+    provider = _cooling_provider(net, ec2_faults, clock, capacity_cooldown_s=120)
+    assert provider.launch([_spec("all-1")]).error is not None
+    ec2_faults.clear()
+
+    result = provider.launch([_spec("all-2"), _spec("all-3")])
+
+    assert result.launched == ()
+    assert result.error is not None and result.error.kind is ErrorKind.CAPACITY
+    assert result.error.scope is ErrorScope.REGION  # the pool's launch backoff takes over
+    assert "cooling down" in str(result.error) and net.subnet_a in str(result.error)
+    assert _run_calls(ec2_faults) == []
+    clock.now += timedelta(seconds=121)
+    assert provider.capacity_cooldowns() == []
+
+
+@integration
+def test_quota_error_is_labelled_with_its_region(net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    ec2_faults.inject("RunInstances", "VcpuLimitExceeded", times=None)
+    provider = _provider(net, ec2_faults)
+
+    result = provider.launch([_spec("qr-1")])
+
+    assert result.error is not None
+    assert (result.error.scope, result.error.location) == (ErrorScope.REGION, REGION)
+    assert str(result.error).startswith(f"quota (VcpuLimitExceeded) in region {REGION}: ")
+    assert provider.capacity_cooldowns() == []  # a quota is not a subnet's capacity

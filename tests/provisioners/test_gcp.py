@@ -645,3 +645,80 @@ def test_missing_credentials_are_an_auth_error(monkeypatch: pytest.MonkeyPatch, 
     assert info.value.kind is ErrorKind.AUTH
     result = prov.launch(specs("l1"))
     assert result.launched == () and result.error is not None and result.error.kind is ErrorKind.AUTH
+
+
+# ---- capacity memory (issue 10, item 7) ----------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _cooling_provider(fake: GceFake, clock: _Clock, **over: Any) -> GcpProvider:
+    cfg = GcpPoolConfig.from_dict(base_cfg(api_endpoint=fake.endpoint, **over))
+    return GcpProvider(cfg, cluster_id="c1", pool="gpu", master_url=MASTER, credentials=AnonymousCredentials(),
+                       call_timeout_s=10, retry_base_s=0.01, clock=clock)
+
+
+@pytest.mark.integration
+def test_an_exhausted_zone_costs_one_insert_per_batch_then_is_skipped(fake: GceFake) -> None:
+    fake.inject("insert", zone=ZONE_A, code="ZONE_RESOURCE_POOL_EXHAUSTED", times=None)
+    clock = _Clock()
+    provider = _cooling_provider(fake, clock, zones=[ZONE_A, ZONE_B, ZONE_C])
+
+    first = provider.launch(specs("z1", "z2", "z3"))
+
+    assert first.error is None and [i.location for i in first.launched] == [ZONE_B] * 3
+    # One probe in zone a, not one insert per instance; zone b proved itself with its probe.
+    assert len(fake.calls_to("insert", zone=ZONE_A)) == 1
+    assert len(fake.calls_to("insert", zone=ZONE_B)) == 3
+    assert fake.calls_to("insert", zone=ZONE_C) == []
+    [cooling] = provider.capacity_cooldowns()
+    assert (cooling.location, cooling.instance_type, cooling.code) == (
+        ZONE_A, "n1-standard-8 + 2x nvidia-tesla-t4", "ZONE_RESOURCE_POOL_EXHAUSTED")
+    assert cooling.until == clock.now + timedelta(minutes=10)
+
+    clock.now += timedelta(minutes=9)
+    second = provider.launch(specs("z4", "z5"))
+    assert second.error is None and len(second.launched) == 2
+    assert len(fake.calls_to("insert", zone=ZONE_A)) == 1  # not asked again while it cools down
+
+    clock.now += timedelta(minutes=2)
+    assert provider.capacity_cooldowns() == []
+    provider.launch(specs("z6"))
+    assert len(fake.calls_to("insert", zone=ZONE_A)) == 2  # the cool-down is over: asked first again
+
+
+@pytest.mark.integration
+def test_every_zone_cooling_fails_the_batch_with_capacity_without_an_insert(fake: GceFake) -> None:
+    fake.inject("insert", code="ZONE_RESOURCE_POOL_EXHAUSTED", times=None)
+    provider = _cooling_provider(fake, _Clock())
+    failed = provider.launch(specs("n1", "n2", "n3"))
+    assert failed.error is not None and failed.error.kind is ErrorKind.CAPACITY
+    assert len(fake.calls_to("insert")) == 2  # one probe per zone
+
+    again = provider.launch(specs("n4"))
+
+    assert again.launched == () and again.error is not None and again.error.kind is ErrorKind.CAPACITY
+    assert "cooling down" in str(again.error)
+    assert len(fake.calls_to("insert")) == 2
+
+
+@pytest.mark.integration
+def test_quota_errors_name_their_region_or_the_project(fake: GceFake) -> None:
+    fake.inject("insert", zone=ZONE_A, code="QUOTA_EXCEEDED", message="Quota 'NVIDIA_T4_GPUS' exceeded.",
+                times=1)
+    regional = make_provider(fake).launch(specs("qa"))
+    assert regional.error is not None
+    assert str(regional.error).startswith("quota (QUOTA_EXCEEDED) in region us-central1: ")
+
+    fake.inject("insert", zone=ZONE_A, code="QUOTA_EXCEEDED", message="Quota 'GPUS_ALL_REGIONS' exceeded.",
+                times=1)
+    global_ = make_provider(fake).launch(specs("qb"))
+    assert global_.error is not None and global_.error.scope is ErrorScope.CLOUD
+    assert global_.error.location == PROJECT
+    assert str(global_.error).startswith(f"quota (QUOTA_EXCEEDED) project-wide ({PROJECT}): ")

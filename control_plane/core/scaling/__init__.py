@@ -2,9 +2,11 @@
 backoff (backoff.py)."""
 
 from control_plane.core.scaling.decider import (
+    DEFAULT_ARRIVAL_WINDOW,
     DEFAULT_MAX_AGENT_STARTING_PERIOD,
     DEFAULT_MAX_DISCONNECTED_PERIOD,
     DEFAULT_MAX_IDLE_AGENT_PERIOD,
+    Arrival,
     InstanceView,
     PendingDemand,
     PoolLimits,
@@ -17,9 +19,11 @@ from control_plane.core.scaling.decider import (
 )
 
 __all__ = [
+    "DEFAULT_ARRIVAL_WINDOW",
     "DEFAULT_MAX_AGENT_STARTING_PERIOD",
     "DEFAULT_MAX_DISCONNECTED_PERIOD",
     "DEFAULT_MAX_IDLE_AGENT_PERIOD",
+    "Arrival",
     "InstanceView",
     "PendingDemand",
     "PoolLimits",

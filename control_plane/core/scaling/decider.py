@@ -18,6 +18,13 @@ How it differs from Determined's provisioner scale decider (which it otherwise f
   that also launches, so it cannot flap between terminate and launch.
 * Above `max_instances` it sheds only instances without work (disconnected, booting, idle; newest
   first) and waits for busy ones to drain rather than killing trials.
+* Scale-down hysteresis: an instance idle past `max_idle_agent_period` is kept while the pool's
+  recent demand arrivals (passed in: when tasks arrived, over `arrival_window`) say the next one is
+  due before the instance reaches twice that period, the hard bound. Bursty demand (a trial every
+  few minutes) then finds a warm instance instead of reaping one and relaunching it seconds later.
+* A termination that presumes the instance has no work (idle, or shed while booting) is marked
+  `presumes_idle`: the shell applies it only if the database still agrees (a compare-and-set on the
+  agent), so a placement committed after the snapshot wins over the idle decision.
 * Instances being stopped still bill until the cloud says they are gone: they leave no room under
   `max_instances` for a launch (with max 2, never more than 2 billed), though they are no capacity.
 
@@ -42,6 +49,8 @@ from control_plane.core.states import InstanceState
 DEFAULT_MAX_IDLE_AGENT_PERIOD = timedelta(minutes=5)
 DEFAULT_MAX_AGENT_STARTING_PERIOD = timedelta(minutes=20)
 DEFAULT_MAX_DISCONNECTED_PERIOD = timedelta(minutes=10)
+#: How far back the demand arrivals are looked at to predict the next one (scale-down hysteresis).
+DEFAULT_ARRIVAL_WINDOW = timedelta(minutes=30)
 
 
 
@@ -58,6 +67,15 @@ class PendingDemand:
             raise ValueError(f"slots must be >= 0, got {self.slots}")
         if self.count < 0:
             raise ValueError(f"count must be >= 0, got {self.count}")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A task that arrived in the pool's queue at `at`, needing `slots` slots on one instance (an
+    allocation's creation). The recent ones predict the next (scale-down hysteresis)."""
+
+    at: datetime
+    slots: int
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,7 @@ class PoolLimits:
     max_agent_starting_period: timedelta = DEFAULT_MAX_AGENT_STARTING_PERIOD
     max_disconnected_period: timedelta = DEFAULT_MAX_DISCONNECTED_PERIOD
     max_launch_per_decision: int | None = None
+    arrival_window: timedelta = DEFAULT_ARRIVAL_WINDOW
 
     def __post_init__(self) -> None:
         if self.min_instances < 0:
@@ -101,12 +120,19 @@ class PoolLimits:
             raise ValueError(f"slots_per_instance must be >= 0, got {self.slots_per_instance}")
         if self.max_launch_per_decision is not None and self.max_launch_per_decision < 0:
             raise ValueError(f"max_launch_per_decision must be >= 0, got {self.max_launch_per_decision}")
+        if self.arrival_window <= timedelta(0):
+            raise ValueError(f"arrival_window must be > 0, got {self.arrival_window}")
 
 
 @dataclass(frozen=True)
 class Termination:
+    """`presumes_idle`: decided because the instance had no work in the snapshot (idle, or shed
+    before its agent connected). The shell must apply it only if that is still true when it writes
+    (a placement may have committed since), and skip it otherwise."""
+
     id: str
     reason: str
+    presumes_idle: bool = False
 
 
 @dataclass(frozen=True)
@@ -289,15 +315,18 @@ def decide(
     instances: Sequence[InstanceView],
     limits: PoolLimits,
     now: datetime,
+    arrivals: Sequence[Arrival] = (),
 ) -> ScaleDecision:
-    """Decide how many instances to launch and which to terminate, with a reason for each."""
+    """Decide how many instances to launch and which to terminate, with a reason for each.
+    `arrivals`: the pool's demand arrivals (any order; those older than `limits.arrival_window`
+    are ignored); none turns the scale-down hysteresis off."""
     capacity = limits.slots_per_instance
     shapes = _aggregate(demand, capacity)
     reasons: list[str] = []
     terminations: list[Termination] = []
 
-    def terminate(inst: InstanceView, why: str) -> None:
-        terminations.append(Termination(inst.id, why))
+    def terminate(inst: InstanceView, why: str, presumes_idle: bool = False) -> None:
+        terminations.append(Termination(inst.id, why, presumes_idle))
 
     # 1. Sort instances by what they can do; broken ones are terminated regardless of min_instances
     #    (a broken instance does not count toward the floor, and is replaced below).
@@ -360,7 +389,8 @@ def decide(
         ]
         shed: set[str] = set()
         for inst, kind in sheddable[:excess]:
-            terminate(inst, f"above max_instances {limits.max_instances}: shedding newest {kind} instance")
+            terminate(inst, f"above max_instances {limits.max_instances}: shedding newest {kind} instance",
+                      presumes_idle=kind != "disconnected")
             shed.add(inst.id)
         census.disconnected = [i for i in census.disconnected if i.id not in shed]
         census.booting = [i for i in census.booting if i.id not in shed]
@@ -430,6 +460,25 @@ def decide(
         keep_for_demand = max(0, packing.used[0] - (len(census.idle) - len(long_idle)))
         keep_for_min = max(0, len(long_idle) - (live - limits.min_instances))
         reapable = max(0, len(long_idle) - max(keep_for_demand, keep_for_min))
+        # Hysteresis: of those left to reap (longest idle first), the most recently idle are kept
+        # while the recent arrivals say the next task is due before they reach the hard bound.
+        forecast = _forecast(arrivals, limits, now) if reapable else None
+        kept_for_arrivals: list[InstanceView] = []
+        if forecast is not None:
+            bound = 2 * limits.max_idle_agent_period
+            for inst in reversed(long_idle[:reapable]):
+                if len(kept_for_arrivals) == forecast.instances:
+                    break
+                assert inst.idle_since is not None
+                if forecast.next_due - inst.idle_since <= bound:
+                    kept_for_arrivals.append(inst)
+            if kept_for_arrivals:
+                reasons.append(
+                    f"keeping {_plural(len(kept_for_arrivals), 'idle instance')} past max_idle_agent_period "
+                    f"{_fmt_duration(limits.max_idle_agent_period)} for expected arrivals: {forecast.describe(now)}; "
+                    f"at most {_fmt_duration(bound)} idle"
+                )
+        kept_ids = {i.id for i in kept_for_arrivals}
         if keep_for_demand and keep_for_demand >= keep_for_min:
             reasons.append(
                 f"keeping {_plural(keep_for_demand, 'idle instance')} past max_idle_agent_period "
@@ -441,13 +490,16 @@ def decide(
                 f"for min_instances {limits.min_instances}"
             )
         for inst in long_idle[:reapable]:
+            if inst.id in kept_ids:
+                continue
             assert inst.idle_since is not None
             terminate(
                 inst,
                 f"idle for {_fmt_duration(now - inst.idle_since)} "
                 f"(max_idle_agent_period {_fmt_duration(limits.max_idle_agent_period)})",
+                presumes_idle=True,
             )
-        live -= reapable
+        live -= reapable - len(kept_ids)
 
     for t in terminations:
         reasons.append(f"terminate {t.id}: {t.reason}")
@@ -458,6 +510,38 @@ def decide(
             + (f", {stopping} stopping" if stopping else "") + "), no pending demand"
         )
     return ScaleDecision(launch=launch, terminate=tuple(terminations), reasons=tuple(reasons))
+
+
+@dataclass(frozen=True)
+class _Forecast:
+    arrivals: int
+    window: timedelta
+    mean_gap: timedelta
+    next_due: datetime
+    instances: int  # how many idle instances the arrivals of one max_idle_agent_period may need
+
+    def describe(self, now: datetime) -> str:
+        due = "now (overdue)" if self.next_due <= now else f"in {_fmt_duration(self.next_due - now)}"
+        return (f"{_plural(self.arrivals, 'arrival')} in the last {_fmt_duration(self.window)} "
+                f"(one every {_fmt_duration(self.mean_gap)}), next due {due}")
+
+
+def _forecast(arrivals: Sequence[Arrival], limits: PoolLimits, now: datetime) -> _Forecast | None:
+    """When the next task is due, from the arrivals in the window: the mean gap is window /
+    arrivals (conservative while the history is shorter than the window), and the next one is due a
+    mean gap after the last, or now if that is past. Arrivals that no instance can host do not
+    count. None without any arrival in the window."""
+    capacity = limits.slots_per_instance
+    start = now - limits.arrival_window
+    recent = sorted((a for a in arrivals if start < a.at <= now and a.slots <= capacity), key=lambda a: a.at)
+    if not recent:
+        return None
+    gap = limits.arrival_window / len(recent)
+    next_due = max(now, recent[-1].at + gap)
+    # Slots arriving per max_idle_agent_period at the recent rate, in instances; at least one.
+    per_period = sum(a.slots for a in recent) * (limits.max_idle_agent_period / limits.arrival_window)
+    instances = max(1, math.ceil(per_period / capacity)) if capacity else 1
+    return _Forecast(len(recent), limits.arrival_window, gap, next_due, instances)
 
 
 def summarize(decision: ScaleDecision) -> str:

@@ -24,6 +24,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps
+from control_plane.api.admission import ServiceRate
 from control_plane.api.app import create_app
 from control_plane.config import load_config
 from control_plane.db.models import Metric
@@ -198,6 +199,40 @@ def test_queued_request_gets_the_slot_when_one_frees(serve: Any) -> None:
     join(slow + queued)
     assert [r.status_code for r in slow_results + queued_results] == [200, 200, 200, 200]
     assert s.admission.active == 0
+
+
+def test_retry_after_grows_as_the_lane_slows(serve: Any) -> None:
+    # The lane's clock is a fake one the test moves (the meter records slot releases against it),
+    # so the rate the master measures is set by construction: 3 requests served at t=1000.
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=2,
+              request_queue_wait_s=WAIT, retry_after_s=1, retry_after_max_s=5)
+    now = [1000.0]
+    s.admission.clock = lambda: now[0]
+    s.admission.served = ServiceRate()
+    for _ in range(3):
+        assert httpx.get(s.url + "/api/v1/experiments", headers=s.admin, timeout=WAIT).status_code == 200
+    slow, slow_results = in_threads(1, lambda _i: httpx.get(s.url + "/test/slow", timeout=WAIT))
+    s.gate.wait_entered(1)  # the one slot is held (and every earlier release recorded)
+    queued, queued_results = in_threads(2, lambda _i: httpx.get(s.url + "/api/v1/experiments", headers=s.admin,
+                                                               timeout=WAIT))
+    for _ in range(int(WAIT / 0.05)):
+        if s.admission.waiting == 2:
+            break
+        threading.Event().wait(0.05)
+    assert s.admission.waiting == 2
+
+    def refused_retry_after(at: float) -> int:
+        now[0] = at
+        r = httpx.get(s.url + "/api/v1/experiments", headers=s.admin, timeout=WAIT)
+        assert r.status_code == 503 and r.json()["code"] == 503, r.text
+        return int(r.headers["Retry-After"])
+
+    # 3 ahead (2 queued and this one) at 3/s: the floor; the longer nothing more is served, the
+    # lower the measured rate and the longer the wait asked for, up to the cap.
+    assert [refused_retry_after(t) for t in (1000.5, 1002.0, 1004.0, 1008.0)] == [1, 2, 4, 5]
+    s.gate.opened.set()
+    join(slow + queued)
+    assert [r.status_code for r in slow_results + queued_results] == [200, 200, 200]
 
 
 def _agent(s: Served, agent_id: str) -> tuple[dict[str, str], str]:

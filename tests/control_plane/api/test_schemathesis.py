@@ -128,35 +128,94 @@ def test_the_api_answers_as_documented(fuzzed_app: Any) -> None:
     assert not failures, f"{len(failures)} operations misbehaved:\n\n" + "\n\n".join(failures)
 
 
+def _untyped_json_answers(spec: dict[str, Any]) -> list[str]:
+    """Every 2xx JSON answer of the document whose schema is not one of the typed models."""
+    found = []
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            for code, answer in op["responses"].items():
+                if code.startswith("2"):
+                    for media, content in (answer.get("content") or {}).items():
+                        if media == "application/json" and "$ref" not in content.get("schema", {}):
+                            found.append(f"{method.upper()} {path} {code}")
+    return found
+
+
+def test_every_json_answer_is_typed(client) -> None:  # type: ignore[no-untyped-def]
+    from control_plane.api.openapi import RESPONSES
+
+    spec = client.get("/openapi.json").json()
+    assert _untyped_json_answers(spec) == []
+    documented = {(m.upper(), path) for path, ops in spec["paths"].items() for m in ops}
+    assert set(RESPONSES) <= documented, sorted(set(RESPONSES) - documented)  # no stale entry
+
+
 def test_typed_answers_match_their_documented_schema(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
-    """Every operation with a typed 200 (openapi.RESPONSES), called on real records (an
-    experiment, its trial, a checkpoint, a model and a version): the body validates against the
-    documented schema, so the document tells the truth beyond what random ids happen to reach."""
+    """Operations with a typed 200 (openapi.RESPONSES), called on real records (an experiment, its
+    trial running on a registered agent, a checkpoint, a model and a version, a user): the body
+    validates against the documented schema, so the document tells the truth beyond what random
+    ids happen to reach. Every GET, and the writes that answer more than `{}`."""
     from jsonschema import Draft202012Validator
 
     from control_plane.api.openapi import RESPONSES
+    from control_plane.loops import placement
+
+    spec = client.get("/openapi.json").json()
+    checked: set[tuple[str, str]] = set()
+
+    def check(method: str, path: str, headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
+        url = path.format(**values)
+        got = client.request(method, url, headers=admin_headers if headers is None else headers, **kwargs)
+        assert got.status_code == 200, (method, url, got.text)
+        documented = spec["paths"][path][method.lower()]["responses"]["200"]["content"]["application/json"]
+        validator = Draft202012Validator({**documented["schema"], "components": spec["components"]})
+        problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(got.json())]
+        assert not problems, (method, url, RESPONSES[(method, path)].__name__, problems[:5])
+        checked.add((method, path))
+        return got.json()
 
     exp_id = create_ok(client, admin_headers)["experiment"]["id"]
     trial = only_trial(master, exp_id)
-    ckpt = report_ckpt(client, allocation_headers(master, trial), ckpt_body(trial, 10))
+    trial_auth = allocation_headers(master, trial)
+    ckpt = report_ckpt(client, trial_auth, ckpt_body(trial, 10))
     assert client.post("/api/v1/models", headers=admin_headers, json={"name": "m"}).status_code == 200
     r = client.post("/api/v1/models/m/versions", headers=admin_headers, json={"checkpointUuid": ckpt})
     assert r.status_code == 200, r.text
-    values = {"experimentId": exp_id, "trialId": trial.id, "id": exp_id, "checkpointUuid": ckpt,
-              "modelName": "m", "modelVersionNum": 1}
-    spec = client.get("/openapi.json").json()
-    checked = 0
-    for (method, path), model in RESPONSES.items():
-        if method != "GET":
-            continue
-        url = path.format(**values)
-        if path == "/api/v1/trials/{id}/checkpoints":
-            url = path.format(id=trial.id)
-        got = client.get(url, headers=admin_headers)
-        assert got.status_code == 200, (url, got.text)
-        documented = spec["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
-        validator = Draft202012Validator({**documented, "components": spec["components"]})
-        problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(got.json())]
-        assert not problems, (url, model.__name__, problems[:5])
-        checked += 1
-    assert checked >= 10
+    values: dict[str, Any] = {"experimentId": exp_id, "trialId": trial.id, "id": exp_id, "checkpointUuid": ckpt,
+                              "modelName": "m", "modelVersionNum": 1, "username": "admin", "name": "default",
+                              "label": "l1", "agentId": "a1"}
+    # An agent enrols and the trial is placed on it: the commands carry a start with its task spec.
+    pool_token = check("POST", "/api/v1/agents/tokens", json={"resourcePool": "default"})["token"]
+    enrolled = check("POST", "/api/v1/agents/register", headers={"Authorization": f"Bearer {pool_token}"}, json={
+        "agentId": "a1", "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}]})
+    placement.tick(master)
+    agent_auth = {"Authorization": f"Bearer {enrolled['agentCredential']}"}
+    (start,) = check("GET", "/api/v1/agents/{agentId}/commands", headers=agent_auth,
+                     params={"sessionId": enrolled["sessionId"], "timeoutSeconds": 0})["commands"]
+    values["allocationId"] = start["allocationId"]
+    check("POST", "/api/v1/agents/{agentId}/events", headers=agent_auth, json={
+        "sessionId": enrolled["sessionId"], "events": [{"allocationId": start["allocationId"], "type": "running"}]})
+    report = {"group": "training", "metrics": {"trialId": trial.id, "trialRunId": 1, "stepsCompleted": 5,
+                                               "metrics": {"avgMetrics": {"loss": 0.5}, "batchMetrics": [{"loss": 1}]}}}
+    check("POST", "/api/v1/trials/{trialId}/metrics/batch", headers=trial_auth, json={"reports": [report]})
+    me = check("GET", "/api/v1/me")
+    values["userId"] = me["user"]["id"]
+    for (method, path) in RESPONSES:
+        if method == "GET" and (method, path) not in checked:
+            check(method, path, headers=trial_auth if "/searcher/" in path or "/signals/" in path else None)
+    check("POST", "/api/v1/experiments", json={"config": client.get(f"/api/v1/experiments/{exp_id}",
+                                                                      headers=admin_headers).json()["experiment"]["originalConfig"],
+                                               "validateOnly": True})
+    check("PATCH", "/api/v1/experiments/{experimentId}", json={"notes": "n"})
+    check("PUT", "/api/v1/experiments/{experimentId}/labels/{label}")
+    check("DELETE", "/api/v1/experiments/{experimentId}/labels/{label}")
+    check("POST", "/api/v1/checkpoints/{checkpointUuid}/metadata", json={"checkpoint": {"metadata": {"k": "v"}}})
+    plain = check("POST", "/api/v1/users", json={"user": {"username": "typed"}, "password": "typed-password-1"})
+    values["userId"] = plain["user"]["id"]
+    check("PATCH", "/api/v1/users/{userId}", json={"displayName": "T"})
+    check("POST", "/api/v1/users/{userId}/password", json="typed-password-2")
+    login_answer = check("POST", "/api/v1/auth/login", headers={}, json={"username": "typed", "password": "typed-password-2"})
+    check("POST", "/api/v1/auth/logout", headers={"Authorization": f"Bearer {login_answer['token']}"})
+    check("DELETE", "/api/v1/agents/{agentId}/enrolment")
+    gets = {k for k in RESPONSES if k[0] == "GET"}
+    assert gets <= checked and len(checked) >= len(gets) + 14

@@ -368,6 +368,29 @@ def test_an_idle_instance_is_terminated_after_max_idle_agent_period(
     assert idle_from < row.terminated_at and len(cloud.launches) == 1
 
 
+def test_recent_arrivals_keep_an_idle_instance_up_to_twice_max_idle_agent_period(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    """Scale-down hysteresis: the allocations created in the pool over the arrival window (30 min)
+    predict the next one; an idle instance is kept for it, but never past 2 x max_idle_agent_period."""
+    scaler, inst = idle_for_a_while(loop_master, cloud, clock)  # idle 61 s of 60, trial a1 at T0
+    for k in range(1, 40):  # a busy half hour before: a trial every 44 s (they ran elsewhere and ended)
+        add_allocation(loop_master, f"h{k}", state="terminated", created_at=T0 - k * timedelta(seconds=44))
+    scaler.tick()
+    assert cloud.terminate_calls == [] and instance_rows(loop_master)[0].state == InstanceState.RUNNING
+    reasons = pool_row(loop_master).last_decision["reasons"]  # type: ignore[index]
+    assert ("keeping 1 idle instance past max_idle_agent_period 1m for expected arrivals: 40 arrivals in the "
+            "last 30m (one every 45s), next due now (overdue); at most 2m idle") in reasons
+
+    clock.advance(seconds=59)  # idle 2 min: still kept
+    scaler.tick()
+    assert cloud.terminate_calls == []
+    clock.advance(seconds=1)  # idle 2m1s: past the bound
+    scaler.tick()
+    assert cloud.terminated == [inst.id]
+    assert instance_rows(loop_master)[0].terminate_reason == "idle for 2m1s (max_idle_agent_period 1m)"
+
+
 def test_teardown_terminates_every_instance_and_enable_launches_again(
     loop_master: Master, cloud: FakeCloud, clock: FakeClock,
 ) -> None:

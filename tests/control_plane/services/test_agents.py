@@ -6,11 +6,13 @@ loop is ticked by hand."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import select
+from sqlalchemy import event, select
+from sqlalchemy.exc import IntegrityError
 
 from control_plane import auth
 from control_plane.auth import Principal, TokenKind
@@ -102,10 +104,10 @@ def one_task(master, slot_type: str = "cpu") -> tuple[Principal, str, StartComma
     """A submitted single-trial experiment, a registered one-slot agent and the start it is owed:
     (the agent's credential, its session, the start command)."""
     submit(master)
-    p = agent_principal(master)
-    session = register(master, p, slot_type=slot_type).session_id
-    (cmd,) = started(master, p, session)
-    return p, session, cmd
+    first = register(master, agent_principal(master), slot_type=slot_type)
+    cred = credential(master, first)
+    (cmd,) = started(master, cred, first.session_id)
+    return cred, first.session_id, cmd
 
 
 def test_register_records_the_agent_under_a_new_session(master) -> None:  # type: ignore[no-untyped-def]
@@ -117,12 +119,13 @@ def test_register_records_the_agent_under_a_new_session(master) -> None:  # type
         agent = s.get(Agent, "a1")
         assert agent is not None and agent.state == st.AGENT_CONNECTED and agent.pool == "default"
         assert [sl["id"] for sl in agent.slots] == ["0", "1"] and agent.version == "test"
-    second = register(master, credential(master, first), slots=2)
+    cred = credential(master, first)
+    second = register(master, cred, slots=2)
     assert second.session_id != first.session_id and second.agent_credential is None
     # The first session is over: the agent must use the new one.
     with pytest.raises(Conflict, match="stale agent session"):
-        commands(master, p, first.session_id)
-    assert commands(master, p, second.session_id) == []
+        commands(master, cred, first.session_id)
+    assert commands(master, cred, second.session_id) == []
     assert [v.agent.id for v in _list(master)] == ["a1"]
 
 
@@ -143,11 +146,12 @@ def test_register_refusals(master) -> None:  # type: ignore[no-untyped-def]
     bound = agent_principal(master, agent_id="a2")
     with pytest.raises(PermissionDenied, match="another agent"):
         register(master, bound, agent_id="a1")
-    session = register(master, p).session_id
-    with pytest.raises(PermissionDenied, match="does not belong to that agent"):
+    first = register(master, p)
+    session = first.session_id
+    with pytest.raises(PermissionDenied, match="cannot act as agent 'a1': it only enrols"):
         commands(master, bound, session)
-    with pytest.raises(NotFound):
-        commands(master, p, session, agent_id="ghost")
+    with pytest.raises(PermissionDenied, match="belongs to agent 'a1', not 'ghost'"):
+        commands(master, credential(master, first), session, agent_id="ghost")
 
 
 def test_start_command_carries_the_task_spec(master) -> None:  # type: ignore[no-untyped-def]
@@ -243,14 +247,14 @@ def test_reregistration_after_an_agent_restart_reconciles_its_tasks(master) -> N
     submit(master, {**CONFIG, "searcher": {"name": "random", "metric": "loss", "max_trials": 2,
                                            "max_length": {"batches": 20}},
                     "hyperparameters": {"lr": {"type": "double", "minval": 0.01, "maxval": 0.1}}})
-    p = agent_principal(master)
-    first = register(master, p, slots=2)
+    first = register(master, agent_principal(master), slots=2)
     session = first.session_id
+    p = credential(master, first)
     kept, lost = (c.allocation_id for c in started(master, p, session, count=2))
     for alloc in (kept, lost):
         report(master, p, session, alloc, "running")
     # The agent comes back still running one task, plus one the master never gave it.
-    again = register(master, credential(master, first), slots=2, running=[kept, "from-before"])
+    again = register(master, p, slots=2, running=[kept, "from-before"])
     assert again.kill == ["from-before"]
     assert states(master, kept) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
     with transaction(master.sessions) as s:
@@ -280,7 +284,7 @@ def test_an_enrolled_agent_id_refuses_the_enrolment_token_and_keeps_its_tasks(ma
     p, session, cmd = one_task(master)
     report(master, p, session, cmd.allocation_id, "running")
     # Anyone holding the pool's token (another agent of the pool, a fresh one) tries to take a1 over.
-    for intruder in (p, agent_principal(master)):
+    for intruder in (agent_principal(master), agent_principal(master, agent_id="a1")):
         with pytest.raises(PermissionDenied, match="already enrolled.*own agent credential"):
             register(master, intruder, running=[])
     # Nothing changed: a1's session, its allocation and its trial's token are as they were.
@@ -308,22 +312,44 @@ def test_one_agent_cannot_register_poll_or_post_for_another(master) -> None:  # 
     y = credential(master, register(master, agent_principal(master), agent_id="y"))
     with pytest.raises(PermissionDenied, match="another agent"):
         register(master, y, agent_id="a1")
-    with pytest.raises(PermissionDenied, match="does not belong to that agent"):
+    with pytest.raises(PermissionDenied, match="belongs to agent 'y', not 'a1'"):
         commands(master, y, session)
-    with pytest.raises(PermissionDenied, match="does not belong to that agent"):
+    with pytest.raises(PermissionDenied, match="belongs to agent 'y', not 'a1'"):
         report(master, y, session, cmd.allocation_id, "exited", exit_code=0)
     assert states(master, cmd.allocation_id)[0] == st.ALLOC_ASSIGNED
+
+
+def test_the_pool_token_only_enrols_it_never_acts_as_an_agent(master) -> None:  # type: ignore[no-untyped-def]
+    # The shared pool token (even one issued for this very agent id) and a launch's bootstrap token
+    # can enrol, but polling an agent's commands (they carry trial tokens) or reporting its events
+    # takes the agent's own credential, whoever knows the session id.
+    cred, session, cmd = one_task(master)
+    with transaction(master.sessions) as s:
+        s.add(Instance(launch_id="launch-x", pool="default", provider="local", state="running"))
+        boot = auth.issue_token(s, TokenKind.BOOTSTRAP, now=master.clock(), ttl=None, pool="default",
+                                launch_id="launch-x")
+    with transaction(master.sessions) as s:
+        boot_p = auth.resolve_token(s, boot, now=master.clock())
+    assert boot_p is not None
+    for pool_p in (agent_principal(master), agent_principal(master, agent_id="a1"), boot_p):
+        with pytest.raises(PermissionDenied, match="cannot act as agent 'a1': it only enrols"):
+            commands(master, pool_p, session)
+        with pytest.raises(PermissionDenied, match="cannot act as agent 'a1': it only enrols"):
+            report(master, pool_p, session, cmd.allocation_id, "exited", exit_code=0)
+    assert states(master, cmd.allocation_id)[0] == st.ALLOC_ASSIGNED
+    assert [c.allocation_id for c in commands(master, cred, session)] == [cmd.allocation_id]
 
 
 def test_an_admin_reset_lets_the_agent_id_enrol_again(master) -> None:  # type: ignore[no-untyped-def]
     p = agent_principal(master)
     first = register(master, p)
     old = first.agent_credential or ""
+    cred = credential(master, first)
     with transaction(master.sessions) as s:
         assert service.reset_enrolment(s, master, "a1") == 1
         assert auth.resolve_token(s, old, now=master.clock()) is None  # the old credential is dead
     with pytest.raises(Conflict):  # and so is its session
-        commands(master, p, first.session_id)
+        commands(master, cred, first.session_id)
     again = register(master, p)
     assert again.agent_credential and again.agent_credential != old
     with pytest.raises(NotFound), transaction(master.sessions) as s:
@@ -357,3 +383,87 @@ def test_a_bootstrap_token_enrols_its_instance_once_and_the_credential_dies_with
         for t in s.scalars(select(Token).where(Token.launch_id == "launch-1")):
             t.revoked_at = master.clock()
         assert auth.resolve_token(s, first.agent_credential or "", now=master.clock()) is None
+
+
+# -- concurrent enrolment: the database keeps one -------------------------------------------------
+
+def _race_enrolments(master, agent_id: str) -> list[Any]:  # type: ignore[no-untyped-def]
+    """Two enrolments of `agent_id` with the pool token, started together. On PostgreSQL both are
+    held, once each has found the id not enrolled and written its credential, until the other is
+    there too, so both flush into the database at the same moment. SQLite takes the write lock at
+    BEGIN (db/engine.py), so there the second cannot start before the first commits."""
+    tokens = [agent_principal(master), agent_principal(master)]
+    start = threading.Barrier(2, timeout=10)
+    at_flush = threading.Barrier(2, timeout=10)
+    overlap = master.engine.dialect.name == "postgresql"
+
+    def hold(session, _ctx, _instances) -> None:  # type: ignore[no-untyped-def]
+        enrolling = any(isinstance(o, Token) and o.kind == TokenKind.AGENT_CREDENTIAL.value for o in session.new)
+        if overlap and enrolling and not session.info.get("held"):
+            session.info["held"] = True
+            at_flush.wait()
+
+    results: list[Any] = [None, None]
+
+    def enrol(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = register(master, tokens[i], agent_id=agent_id)
+        except Exception as e:  # noqa: BLE001 - the outcome is what the test looks at
+            results[i] = e
+
+    event.listen(master.sessions, "before_flush", hold)
+    try:
+        threads = [threading.Thread(target=enrol, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        event.remove(master.sessions, "before_flush", hold)
+    return results
+
+
+def _exactly_one_winner(master, agent_id: str, results: list[Any]) -> None:  # type: ignore[no-untyped-def]
+    won = [r for r in results if not isinstance(r, Exception)]
+    lost = [r for r in results if isinstance(r, Exception)]
+    assert len(won) == 1 and len(lost) == 1, results
+    if master.engine.dialect.name == "postgresql":  # both got past the check: the database decided
+        assert isinstance(lost[0], Conflict) and "same moment" in str(lost[0]), lost[0]
+    else:  # serialized: the second saw the first's commit
+        assert isinstance(lost[0], PermissionDenied) and "already enrolled" in str(lost[0]), lost[0]
+    with transaction(master.sessions) as s:
+        live = list(s.scalars(select(Token).where(Token.kind == TokenKind.AGENT_CREDENTIAL.value,
+                                                  Token.agent_id == agent_id, Token.revoked_at.is_(None))))
+        assert [t.token_hash for t in live] == [auth.token_digest(won[0].agent_credential)]
+        agent = s.get(Agent, agent_id)
+        assert agent is not None and agent.session_id == won[0].session_id
+    cred = credential(master, won[0])
+    assert commands(master, cred, won[0].session_id, agent_id=agent_id) == []
+
+
+def test_two_enrolments_racing_for_a_new_agent_id_leave_one_credential(master) -> None:  # type: ignore[no-untyped-def]
+    _exactly_one_winner(master, "new-1", _race_enrolments(master, "new-1"))
+
+
+def test_two_enrolments_racing_after_a_reset_leave_one_credential(master) -> None:  # type: ignore[no-untyped-def]
+    # The agent's row exists (its primary key does not collide): the unique index on live agent
+    # credentials decides.
+    register(master, agent_principal(master), agent_id="re-1")
+    with transaction(master.sessions) as s:
+        service.reset_enrolment(s, master, "re-1")
+    _exactly_one_winner(master, "re-1", _race_enrolments(master, "re-1"))
+
+
+def test_the_database_refuses_a_second_live_credential_for_one_agent(master) -> None:  # type: ignore[no-untyped-def]
+    with transaction(master.sessions) as s:
+        auth.issue_token(s, TokenKind.AGENT_CREDENTIAL, now=master.clock(), ttl=None, pool="default", agent_id="d1")
+    with pytest.raises(IntegrityError), transaction(master.sessions) as s:
+        auth.issue_token(s, TokenKind.AGENT_CREDENTIAL, now=master.clock(), ttl=None, pool="default", agent_id="d1")
+    with transaction(master.sessions) as s:  # a revoked one does not count; other kinds are not concerned
+        for row in s.scalars(select(Token).where(Token.agent_id == "d1")):
+            row.revoked_at = master.clock()
+    with transaction(master.sessions) as s:
+        auth.issue_token(s, TokenKind.AGENT_CREDENTIAL, now=master.clock(), ttl=None, pool="default", agent_id="d1")
+        auth.issue_token(s, TokenKind.AGENT, now=master.clock(), ttl=None, pool="default", agent_id="d1")
+        auth.issue_token(s, TokenKind.AGENT, now=master.clock(), ttl=None, pool="default", agent_id="d1")

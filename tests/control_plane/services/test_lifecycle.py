@@ -34,12 +34,15 @@ def agent_token(master, pool: str = "default") -> str:  # type: ignore[no-untype
         return auth.issue_token(s, auth.TokenKind.AGENT, now=master.clock(), ttl=None, pool=pool)
 
 
-def register(client, token: str, agent_id: str = "a1", slots: int = 1, running: list[str] | None = None) -> str:  # type: ignore[no-untyped-def]
+def register(client, token: str, agent_id: str = "a1", slots: int = 1,  # type: ignore[no-untyped-def]
+             running: list[str] | None = None) -> tuple[str, str]:
+    """Enrol (or re-register) the agent: (its own credential, its session). The pool token only
+    enrols; the agent polls and reports with the credential its enrolment returned."""
     r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {token}"}, json={
         "agentId": agent_id, "resourcePool": "default",
         "slots": [{"id": str(i), "type": "cpu"} for i in range(slots)], "runningAllocations": running or []})
     assert r.status_code == 200, r.text
-    return r.json()["sessionId"]
+    return r.json().get("agentCredential") or token, r.json()["sessionId"]
 
 
 def commands(client, token: str, session: str, agent_id: str = "a1") -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
@@ -62,8 +65,7 @@ def experiment(client, headers, exp_id: int) -> dict[str, Any]:  # type: ignore[
 
 def test_single_trial_runs_to_completion(client, master, admin_headers) -> None:
     exp_id = submit(client, admin_headers)
-    tok = agent_token(master)
-    session = register(client, tok)
+    tok, session = register(client, agent_token(master))
     placement.tick(master)
     (cmd,) = commands(client, tok, session)
     assert cmd["type"] == "start"
@@ -94,8 +96,7 @@ def test_single_trial_runs_to_completion(client, master, admin_headers) -> None:
 def test_allocation_token_is_scoped_to_its_trial(client, master, admin_headers) -> None:
     exp_a = submit(client, admin_headers)
     exp_b = submit(client, admin_headers)
-    tok = agent_token(master)
-    session = register(client, tok, slots=2)
+    tok, session = register(client, agent_token(master), slots=2)
     placement.tick(master)
     specs = {c["spec"]["experimentId"]: c["spec"] for c in commands(client, tok, session)}
     a, b = specs[exp_a], specs[exp_b]
@@ -135,27 +136,44 @@ def test_agent_restart_keeps_wanted_tasks_and_kills_the_rest(client, master, adm
     tok = agent_token(master)
     enrolled = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {tok}"}, json={
         "agentId": "a1", "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}]}).json()
-    session = enrolled["sessionId"]
+    session, cred = enrolled["sessionId"], enrolled["agentCredential"]
     placement.tick(master)
-    (cmd,) = commands(client, tok, session)
-    event(client, tok, session, cmd["allocationId"], "running")
+    (cmd,) = commands(client, cred, session)
+    event(client, cred, session, cmd["allocationId"], "running")
     # the agent comes back with its own credential (the pool token only enrols)
-    r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {enrolled['agentCredential']}"}, json={
+    r = client.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {cred}"}, json={
         "agentId": "a1", "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}],
         "runningAllocations": [cmd["allocationId"], "stale-alloc"]})
     assert r.json()["kill"] == ["stale-alloc"]
     new_session = r.json()["sessionId"]
     # the old session is stale now
-    stale = client.get("/api/v1/agents/a1/commands", headers={"Authorization": f"Bearer {tok}"},
+    stale = client.get("/api/v1/agents/a1/commands", headers={"Authorization": f"Bearer {cred}"},
                        params={"sessionId": session, "timeoutSeconds": 0})
     assert stale.status_code == 409
-    assert commands(client, tok, new_session) == []  # still running: no new start
+    assert commands(client, cred, new_session) == []  # still running: no new start
+
+
+def test_only_the_agents_own_credential_polls_and_reports_for_it(client, master, admin_headers) -> None:
+    submit(client, admin_headers)
+    pool_token = agent_token(master)
+    cred, session = register(client, pool_token)
+    other, _ = register(client, pool_token, agent_id="a2")
+    placement.tick(master)
+    (cmd,) = commands(client, cred, session)
+    for token, reason in ((pool_token, "it only enrols"), (other, "belongs to agent 'a2', not 'a1'")):
+        auth_h = {"Authorization": f"Bearer {token}"}
+        r = client.get("/api/v1/agents/a1/commands", headers=auth_h, params={"sessionId": session, "timeoutSeconds": 0})
+        assert r.status_code == 403 and reason in r.json()["message"], r.text
+        r = client.post("/api/v1/agents/a1/events", headers=auth_h, json={
+            "sessionId": session, "events": [{"allocationId": cmd["allocationId"], "type": "exited", "exitCode": 0}]})
+        assert r.status_code == 403 and reason in r.json()["message"], r.text
+    # nothing moved: the start is still owed to a1
+    assert [c["allocationId"] for c in commands(client, cred, session)] == [cmd["allocationId"]]
 
 
 def test_priority_preemption(client, master, admin_headers) -> None:
     low = submit(client, admin_headers, {**CONFIG, "resources": {"priority": 60}})
-    tok = agent_token(master)
-    session = register(client, tok)
+    tok, session = register(client, agent_token(master))
     placement.tick(master)
     (cmd,) = commands(client, tok, session)
     event(client, tok, session, cmd["allocationId"], "running")
@@ -175,8 +193,7 @@ def test_priority_preemption(client, master, admin_headers) -> None:
 
 def test_environment_variables_reach_the_task(client, master, admin_headers) -> None:
     submit(client, admin_headers, {**CONFIG, "environment": {"environment_variables": ["A=1", "B=x=y"]}})
-    tok = agent_token(master)
-    session = register(client, tok)
+    tok, session = register(client, agent_token(master))
     placement.tick(master)
     (cmd,) = commands(client, tok, session)
     env = cmd["spec"]["env"]
@@ -189,8 +206,7 @@ def test_asha_trials_are_labelled_with_the_searchers_own_rungs(client, master, a
     config = {**CONFIG, "searcher": {"name": "adaptive_asha", "metric": "loss", "max_length": {"batches": 10},
                                      "max_trials": 4, "mode": "aggressive"}}
     exp_id = submit(client, admin_headers, config)
-    tok = agent_token(master)
-    session = register(client, tok, slots=4)
+    tok, session = register(client, agent_token(master), slots=4)
     placement.tick(master)
     specs = [c["spec"] for c in commands(client, tok, session)]
     assert len(specs) == 4
