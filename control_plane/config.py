@@ -36,6 +36,9 @@ class SchedulerConfig(_Strict):
     type: str = scheduling.DEFAULT_POLICY
     preemption: bool = True
     default_priority: int = Field(42, ge=1, le=99)
+    # Where a gang goes among agents that can hold it: "best" packs (fewest free slots that fit),
+    # "worst" spreads (most free slots).
+    fitting_policy: Literal["best", "worst"] = "best"
 
     @field_validator("type")
     @classmethod
@@ -95,6 +98,9 @@ class MasterConfig(_Strict):
     agent_reconnect_cap_s: float = Field(15.0, gt=0, le=3600)
     scheduler_interval_s: float = Field(0.5, gt=0)
     task_kill_grace_s: float = Field(10.0, ge=0)
+    # `det agent disable --drain`: work still running on a draining agent after this long is
+    # preempted (cooperatively, then killed after the preemption grace).
+    agent_drain_timeout_s: float = Field(1800.0, gt=0)
     # Load: the connection pool, and how many requests that use the database run at once (default:
     # the pool minus what the background loops keep for themselves). Past that, up to
     # `request_queue` requests wait at most `request_queue_wait_s`; the rest get 503 + Retry-After.
@@ -105,8 +111,11 @@ class MasterConfig(_Strict):
     # (metrics, checkpoints, searcher, preemption). However busy users keep the master, agents
     # still heartbeat and trials still report, so user load never fails a trial.
     cluster_concurrent_requests: int = Field(3, ge=1, le=1000)
-    request_queue: int = Field(64, ge=0, le=100_000)
-    request_queue_wait_s: float = Field(1.0, ge=0, le=30)
+    # The queue holds what the lane can serve within request_queue_wait_s at its recent rate (and
+    # never more than request_queue requests): a full master keeps working through its queue at
+    # full speed while the clients it refuses wait out their Retry-After.
+    request_queue: int = Field(1024, ge=0, le=100_000)
+    request_queue_wait_s: float = Field(5.0, ge=0, le=30)
     retry_after_s: int = Field(1, ge=1, le=60)
     # Retry-After grows with the pressure (the queue ahead at the recent service rate) from
     # retry_after_s up to this; the cluster's lane stays within half agent_heartbeat_timeout_s so

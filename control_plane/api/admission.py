@@ -60,6 +60,17 @@ def retry_after(backlog: int, served_per_s: float, *, floor_s: int, cap_s: int) 
     return cap_s if estimate >= cap_s else max(floor_s, math.ceil(estimate))
 
 
+def queue_admits(ahead: int, served_per_s: float, wait_s: float) -> bool:
+    """Whether a request that finds `ahead` requests queued should queue too: only if the lane,
+    at its recent rate, serves them and it within `wait_s`. A request that would only time out in
+    the queue is refused at once instead, so the queue holds what can be served in time and a
+    refused client learns when to come back (the Retry-After) without occupying a place meanwhile.
+    With no measured rate, the count bound (`queue`) alone decides. Pure."""
+    if served_per_s <= 0 or math.isnan(served_per_s):
+        return True
+    return (ahead + 1) / served_per_s <= wait_s
+
+
 @dataclass
 class ServiceRate:
     """Requests served (slots released) per second over the last `window_s` seconds, in one-second
@@ -85,6 +96,11 @@ class ServiceRate:
         span = max(1.0, now - self._buckets[0][0])
         return sum(c for _, c in self._buckets) / span
 
+    def count_since(self, now: float, span_s: float) -> int:
+        """Events recorded in the last `span_s` seconds (as far back as the window reaches)."""
+        self._trim(int(now))
+        return sum(c for second, c in self._buckets if second > now - span_s - 1)
+
     def _trim(self, second: int) -> None:
         while self._buckets and self._buckets[0][0] <= second - self.window_s:
             self._buckets.popleft()
@@ -101,7 +117,8 @@ class _Waiter:
 class Admission:
     """At most `limit` holders; up to `queue` more wait up to `wait_s` for a slot, first come first
     served (a released slot is handed to the oldest waiter, so a steady stream of new arrivals
-    cannot starve it)."""
+    cannot starve it). A request the queue could not serve within `wait_s` at the lane's recent
+    rate is refused at once (`queue_admits`)."""
 
     limit: int
     queue: int
@@ -112,6 +129,10 @@ class Admission:
     active: int = 0
     clock: Callable[[], float] = time.monotonic
     served: ServiceRate = field(default_factory=ServiceRate)
+    # Clients refused lately: each comes back when its Retry-After ends, so those told to wait
+    # are a queue too, only outside; counting them spreads the returns instead of bunching them.
+    refused: ServiceRate = field(default_factory=lambda: ServiceRate(window_s=120))
+    _last_retry_after: int = 0
     _waiters: deque[_Waiter] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -120,12 +141,18 @@ class Admission:
         return len(self._waiters)
 
     def retry_after(self) -> int:
-        """The Retry-After for a request refused now: the queue ahead of it (plus itself) at the
-        lane's recent service rate."""
+        """The Retry-After for a request refused now (and counted as refused): the queue ahead of
+        it, plus the clients refused within the last Retry-After (they come back first), plus
+        itself, at the lane's recent service rate."""
         with self._lock:
-            rate = self.served.per_s(self.clock())
-            backlog = len(self._waiters) + 1
-        return retry_after(backlog, rate, floor_s=self.retry_after_s, cap_s=self.retry_after_max_s)
+            now = self.clock()
+            rate = self.served.per_s(now)
+            outside = self.refused.count_since(now, max(self._last_retry_after, self.retry_after_s))
+            backlog = len(self._waiters) + outside + 1
+            self.refused.record(now)
+            self._last_retry_after = retry_after(backlog, rate, floor_s=self.retry_after_s,
+                                                 cap_s=self.retry_after_max_s)
+            return self._last_retry_after
 
     async def acquire(self, wait_s: float | None = None) -> bool:
         with self._lock:
@@ -134,6 +161,9 @@ class Admission:
                 return True
             if len(self._waiters) >= self.queue:
                 return False
+            budget = self.wait_s if wait_s is None else wait_s
+            if not queue_admits(len(self._waiters), self.served.per_s(self.clock()), budget):
+                return False  # it would time out in the queue: refuse now, with a Retry-After that says when
             loop = asyncio.get_running_loop()
             w = _Waiter(loop, loop.create_future())
             self._waiters.append(w)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.api.admission import ServiceRate, retry_after
+from control_plane.api.admission import Admission, ServiceRate, queue_admits, retry_after
 
 
 @pytest.mark.parametrize(("backlog", "rate", "expected"), [
@@ -49,3 +49,54 @@ def test_service_rate_over_its_window() -> None:
     assert rate.per_s(109.0) == 30 / 9  # 30 over the 9 s since second 100 began
     assert rate.per_s(110.0) == 2.0     # second 100 has left the window: 10 over the 5 s since 105
     assert rate.per_s(200.0) == 0.0   # nothing served lately
+
+
+@pytest.mark.parametrize(("ahead", "rate", "wait_s", "admitted"), [
+    (0, 10.0, 5.0, True),      # 0.1 s of work ahead
+    (49, 10.0, 5.0, True),     # exactly 5 s including itself
+    (50, 10.0, 5.0, False),    # 5.1 s: it would time out in the queue
+    (500, 0.0, 5.0, True),     # no measured rate: only the count bound decides
+    (3, float("nan"), 1.0, True),
+    (0, 0.5, 1.0, False),      # a lane serving one request every 2 s cannot serve it within 1 s
+])
+def test_the_queue_admits_only_what_it_can_serve_in_time(ahead: int, rate: float, wait_s: float,
+                                                         admitted: bool) -> None:
+    assert queue_admits(ahead, rate, wait_s) is admitted
+
+
+def test_a_request_that_would_time_out_in_the_queue_is_refused_at_once() -> None:
+    import asyncio
+
+    now = [100.0]
+    lane = Admission(limit=1, queue=1000, wait_s=2.0, retry_after_s=1, retry_after_max_s=30, clock=lambda: now[0])
+    for _ in range(4):  # served 4 in the last second: 4/s
+        lane.served.record(now[0])
+    now[0] += 0.5
+
+    async def scenario() -> list[bool]:
+        assert await lane.acquire()  # the one slot
+        queued = [asyncio.ensure_future(lane.acquire()) for _ in range(8)]  # 8 ahead = 2 s at 4/s
+        await asyncio.sleep(0)
+        refused = await lane.acquire()  # the 9th would wait 2.25 s > 2 s: refused without waiting
+        for f in queued:
+            f.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+        return [refused, lane.waiting == 0]
+
+    refused, drained = asyncio.run(scenario())
+    assert refused is False and drained
+
+
+def test_clients_told_to_wait_count_as_a_queue_outside() -> None:
+    """Refused clients come back when their Retry-After ends: a burst of refusals is spread over
+    time (each later one told to wait longer) instead of all returning at the same instant."""
+    now = [50.0]
+    lane = Admission(limit=1, queue=0, wait_s=1.0, retry_after_s=1, retry_after_max_s=30, clock=lambda: now[0])
+    for _ in range(2):
+        lane.served.record(now[0])
+    now[0] += 0.5  # 2 served within the last second: 2/s
+    waits = [lane.retry_after() for _ in range(10)]
+    assert waits == sorted(waits) and waits[0] == 1 and waits[-1] == 5, waits
+    now[0] += 120  # long after: those refusals have come and gone
+    lane.served.record(now[0])
+    assert lane.retry_after() == 1
