@@ -5,6 +5,7 @@ takes seconds, so the tests share it and each uses its own user / experiment nam
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ADMIN_PASSWORD, LiveMaster
+
+# Tables are as wide as the terminal: fix it, so that what a test looks for (a UUID, an agent id)
+# is never folded across lines, whatever terminal (or none) the suite runs under.
+os.environ["COLUMNS"] = "240"
 
 
 @dataclass
