@@ -8,7 +8,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = ("user", "master", "experiment", "trial", "checkpoint", "agent", "resource_pool",
-                   "model", "deploy")
+                   "model", "deploy", "job")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -101,6 +101,8 @@ class MasterConfig(_Strict):
     # `det agent disable --drain`: work still running on a draining agent after this long is
     # preempted (cooperatively, then killed after the preemption grace).
     agent_drain_timeout_s: float = Field(1800.0, gt=0)
+    # How long a trial asked to stop gracefully (preemption, drain, pause) may take before it is killed.
+    preemption_grace_s: float = Field(300.0, ge=0)
     # Load: the connection pool, and how many requests that use the database run at once (default:
     # the pool minus what the background loops keep for themselves). Past that, up to
     # `request_queue` requests wait at most `request_queue_wait_s`; the rest get 503 + Retry-After.

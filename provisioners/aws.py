@@ -229,6 +229,9 @@ class AwsPoolConfig:
     endpoint_url: str | None = None  # tests and private endpoints
     # A subnet that answered "no capacity" is skipped by later launches for this long (0: never).
     capacity_cooldown_s: int = DEFAULT_CAPACITY_COOLDOWN_S
+    # An instance found stopped (by hand, not by this master) is still terminated; true keeps its
+    # EBS volumes (DeleteOnTermination turned off first), false deletes them with it.
+    keep_stopped_disks: bool = False
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, path: str = "aws") -> AwsPoolConfig:
@@ -314,6 +317,11 @@ class AwsPoolConfig:
         if spot_max_price is not None and not spot:
             bad("spot_max_price", "only applies to spot pools (set spot: true)")
 
+        keep_stopped_disks = data.get("keep_stopped_disks", False)
+        if not isinstance(keep_stopped_disks, bool):
+            bad("keep_stopped_disks", f"must be true or false, not {keep_stopped_disks!r}")
+            keep_stopped_disks = False
+
         tags = _tags(data.get("tags"), lambda key, reason: problems.append((f"{path}.tags{key}", reason)))
 
         capacity_cooldown_s = integer("capacity_cooldown_s", DEFAULT_CAPACITY_COOLDOWN_S, 0, 86400)
@@ -341,6 +349,7 @@ class AwsPoolConfig:
             tags=tags,
             endpoint_url=endpoint_url,
             capacity_cooldown_s=capacity_cooldown_s,
+            keep_stopped_disks=keep_stopped_disks,
         )
 
 
@@ -606,10 +615,16 @@ class AwsProvider(Provider):
         return out
 
     def terminate(self, ids: Sequence[str]) -> None:
-        """Terminate instances; ids that AWS no longer knows are skipped, not errors."""
+        """Terminate instances; ids that AWS no longer knows are skipped, not errors. With
+        `keep_stopped_disks`, the volumes of the stopped (or stopping) ones are kept: their
+        DeleteOnTermination is turned off first, and a failure to do so leaves the instance for the
+        next call rather than losing its disks."""
         unique = tuple(dict.fromkeys(ids))
         for start in range(0, len(unique), TERMINATE_CHUNK):
-            self._terminate_chunk(unique[start : start + TERMINATE_CHUNK])
+            chunk = unique[start : start + TERMINATE_CHUNK]
+            if self.cfg.keep_stopped_disks:
+                self._keep_volumes_of_stopped(chunk)
+            self._terminate_chunk(chunk)
 
     # -- internals --------------------------------------------------------------------------
 
@@ -800,6 +815,35 @@ class AwsProvider(Provider):
                          states=",".join(f"{i}:{found[i].state if i in found else 'not_found'}" for i in remaining)))
             return out
         return out
+
+    def _keep_volumes_of_stopped(self, chunk: Sequence[str]) -> None:
+        """Turn DeleteOnTermination off on every volume of the chunk's stopped or stopping instances
+        (a filter rather than InstanceIds: ids AWS no longer knows are not an error here)."""
+        filters = [
+            {"Name": "instance-id", "Values": list(chunk)},
+            {"Name": "instance-state-name", "Values": ["stopping", "stopped"]},
+        ]
+        try:
+            resp = self._call("DescribeInstances", self._ec2.describe_instances, Filters=filters)
+            for raw in (i for r in resp.get("Reservations", []) for i in r.get("Instances", [])):
+                devices = [(m["DeviceName"], m.get("Ebs", {}).get("VolumeId"))
+                           for m in raw.get("BlockDeviceMappings", [])
+                           if m.get("Ebs", {}).get("DeleteOnTermination")]
+                if not devices:
+                    continue
+                self._call(
+                    "ModifyInstanceAttribute",
+                    self._ec2.modify_instance_attribute,
+                    InstanceId=raw["InstanceId"],
+                    BlockDeviceMappings=[{"DeviceName": d, "Ebs": {"DeleteOnTermination": False}} for d, _ in devices],
+                )
+                log.info(_kv(event="aws_stopped_instance_volumes_kept", cluster=self.cluster_id, pool=self.pool,
+                             instance_id=raw["InstanceId"], state=raw.get("State", {}).get("Name"),
+                             volume_ids=[v for _, v in devices if v]))
+        except ClientError as exc:
+            raise classify_error(exc, self.cfg.region) from exc
+        except BotoCoreError as exc:
+            raise _transport_error(exc, self.cfg.region) from exc
 
     def _terminate_chunk(self, chunk: Sequence[str]) -> None:
         remaining = list(chunk)

@@ -106,6 +106,8 @@ _STATE_BY_STATUS = {
     "STOPPED": CloudState.STOPPED,
     "TERMINATED": CloudState.STOPPED,
 }
+# Powered-off statuses: the VM is not running and its disks bill (what keep_stopped_disks is about).
+_POWERED_OFF = frozenset({"TERMINATED", "STOPPED", "SUSPENDED"})
 
 _NAME_PREFIX_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _PROJECT_RE = re.compile(r"^(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")
@@ -157,6 +159,9 @@ class GcpPoolConfig:
     credentials_file: str | None = None  # service-account JSON; None = application default credentials
     # A zone that answered "no capacity" is skipped by later launches for this long (0: never).
     capacity_cooldown_s: int = DEFAULT_CAPACITY_COOLDOWN_S
+    # A VM found powered off (TERMINATED, STOPPED, SUSPENDED: not by this master) is still deleted;
+    # true keeps its disks (autoDelete turned off first), false deletes them with it.
+    keep_stopped_disks: bool = False
 
     def __post_init__(self) -> None:
         _check_str(self.project, "project")
@@ -188,7 +193,7 @@ class GcpPoolConfig:
         else:
             _check_int(self.instance_slots, "instance_slots", lo=1, hi=1024)
 
-        for name in ("spot", "preemptible", "external_ip"):
+        for name in ("spot", "preemptible", "external_ip", "keep_stopped_disks"):
             if not isinstance(getattr(self, name), bool):
                 raise GcpConfigError(name, f"must be true or false, not {getattr(self, name)!r}")
         if self.spot and self.preemptible:
@@ -1095,6 +1100,19 @@ class GcpProvider:
             if zone is None:
                 log.info("event=gcp_terminate_skipped pool=%s instance=%s reason=not_found", self.pool, name)
                 continue
+            if self.cfg.keep_stopped_disks:
+                try:
+                    self._keep_disks_if_powered_off(name, zone)
+                except ProviderError as err:
+                    if isinstance(err.__cause__, gexc.NotFound):
+                        with self._lock:
+                            self._zone_of.pop(name, None)
+                        continue
+                    # Not deleted: a later terminate tries again rather than losing the disks.
+                    log.warning("event=gcp_keep_disks_failed pool=%s zone=%s instance=%s error=%s",
+                                self.pool, zone, name, err)
+                    first_error = first_error or err
+                    continue
             request = compute_v1.DeleteInstanceRequest(
                 project=self.cfg.project,
                 zone=zone,
@@ -1129,6 +1147,37 @@ class GcpProvider:
             log.info("event=gcp_instance_terminating pool=%s zone=%s instance=%s", self.pool, zone, name)
         if first_error is not None:
             raise first_error
+
+
+    def _keep_disks_if_powered_off(self, name: str, zone: str) -> None:
+        """For a powered-off VM, turn autoDelete off on each of its disks (waiting for each
+        operation), so that deleting the VM keeps them. A running VM is left as is."""
+        inst = self._get(name, zone)
+        if inst.status not in _POWERED_OFF:
+            return
+        instances, _ = self._clients()
+        deadline = time.monotonic() + self._timeout
+        kept = []
+        for disk in inst.disks:
+            if disk.auto_delete:
+                op = self._call(
+                    "setDiskAutoDelete",
+                    zone,
+                    lambda disk=disk: instances.set_disk_auto_delete_unary(
+                        project=self.cfg.project, zone=zone, instance=name, auto_delete=False,
+                        device_name=disk.device_name, retry=None, timeout=self._timeout,
+                    ),
+                )
+                done = self._wait(zone, op, deadline)
+                if done.status != compute_v1.Operation.Status.DONE:
+                    raise ProviderError(ErrorKind.UNKNOWN, f"setDiskAutoDelete on {name} did not finish in time",
+                                        location=zone)
+                error = _operation_error(done)
+                if error is not None:
+                    raise classify_error(error, zone)
+            kept.append(_last_segment(disk.source) or disk.device_name)
+        log.info("event=gcp_stopped_instance_disks_kept pool=%s zone=%s instance=%s status=%s disks=%s",
+                 self.pool, zone, name, inst.status, kept)
 
 
 def _metadata(inst: compute_v1.Instance) -> dict[str, str]:

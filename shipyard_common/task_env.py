@@ -25,6 +25,8 @@ TRIAL_ENV_VARS = (
     "DET_LATEST_CHECKPOINT",
     "DET_SLOT_IDS",
     "DET_AGENT_ID",
+    "DET_USER",
+    "DET_STEPS_COMPLETED",
 )
 
 
@@ -45,6 +47,10 @@ class TrialEnvironment:
     experiment_config: dict[str, Any]
     latest_checkpoint: str | None = None
     task_type: str = "TRIAL"
+    # Determined's `determined.core` needs these too: the owner's name (its task session's
+    # username) and the steps the latest checkpoint holds (its TrialInfo).
+    user: str = ""
+    steps_completed: int = 0
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -63,6 +69,8 @@ class TrialEnvironment:
             "DET_EXPERIMENT_CONFIG": json.dumps(self.experiment_config),
             "DET_LATEST_CHECKPOINT": self.latest_checkpoint or "",
             "DET_TASK_TYPE": self.task_type,
+            "DET_USER": self.user,
+            "DET_STEPS_COMPLETED": str(self.steps_completed),
         }
         assert set(env) == set(TRIAL_ENV_VARS)
         return env

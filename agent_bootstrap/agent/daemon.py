@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from agent_bootstrap.agent import __version__
+from agent_bootstrap.agent import __version__, determined_env
 from agent_bootstrap.agent.client import (
     AuthRefused,
     MasterClient,
@@ -666,7 +666,7 @@ class Agent:
             if task.kill_requested.is_set():
                 self._exited(task, None, f"{task.kill_reason} before the process started")
                 return
-            env = task_environment(self._base_env, spec, slots, self.agent_id)
+            env = determined_env.prepare(task_environment(self._base_env, spec, slots, self.agent_id), workdir)
             try:
                 handle = self.runtime.start(LaunchSpec(allocation_id=alloc, argv=spec.argv, env=env,
                                                        workdir=workdir, output=self._output_fn(task)))

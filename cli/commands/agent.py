@@ -1,4 +1,4 @@
-"""det agent list, det slot list"""
+"""det agent list|enable|disable [--drain]|reset-enrolment, det slot list"""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = g.add_parser("list", help="list agents")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=list_agents)
+    p = g.add_parser("enable", help="let an agent take new work again (admin)")
+    p.add_argument("agent_id")
+    p.set_defaults(func=enable_agent)
+    p = g.add_parser("disable", help="place nothing new on an agent; kill its work, or let it finish with --drain "
+                                     "(admin)")
+    p.add_argument("agent_id")
+    p.add_argument("--drain", action="store_true",
+                   help="let the running work finish (preempted after the master's agent_drain_timeout_s)")
+    p.set_defaults(func=disable_agent)
     p = g.add_parser("reset-enrolment", help="revoke an agent's credential so that it can enrol again")
     p.add_argument("agent_id")
     p.set_defaults(func=reset_enrolment)
@@ -53,6 +62,37 @@ def list_agents(args: Any) -> int:
     table(["Agent ID", "Resource Pool", "State", "Slots", "Busy", "Enabled", "Draining", "Last Seen", "Addresses",
            "Version", "Instance"], rows)
     return 0
+
+
+def enable_agent(args: Any) -> int:
+    from cli.session import authed
+
+    authed(args).post(f"/api/v1/agents/{_quoted(args.agent_id)}/enable")
+    print(f"Enabled agent {args.agent_id}")
+    return 0
+
+
+def disable_agent(args: Any) -> int:
+    from cli.session import authed
+
+    agent = authed(args).post(f"/api/v1/agents/{_quoted(args.agent_id)}/disable",
+                              {"drain": True} if args.drain else {}).get("agent") or {}
+    busy = sorted({str((sl.get("container") or {}).get("id")) for sl in _slot_list(agent) if sl.get("container")})
+    if not args.drain:
+        extra = f"; {len(busy)} allocation(s) killed and placed again elsewhere" if busy else ""
+        print(f"Disabled agent {args.agent_id}{extra}")
+    elif busy:
+        print(f"Draining agent {args.agent_id}: {len(busy)} allocation(s) still running ({', '.join(busy)}); "
+              "they are preempted if still running after the drain timeout")
+    else:
+        print(f"Draining agent {args.agent_id}: nothing running on it")
+    return 0
+
+
+def _quoted(agent_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(agent_id, safe="")
 
 
 def reset_enrolment(args: Any) -> int:

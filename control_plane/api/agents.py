@@ -20,6 +20,7 @@ from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation
+from control_plane.errors import bad_request
 from control_plane.master import Master
 from control_plane.services import agents as service
 from shipyard_common.agent_protocol import (
@@ -128,7 +129,7 @@ def agent_json(agent: Agent, allocs: list[Allocation]) -> dict[str, Any]:
             "device": {"id": sl["id"], "brand": sl.get("brand") or "", "uuid": sl.get("uuid") or "",
                        "type": "TYPE_CUDA" if sl.get("type") == "cuda" else "TYPE_CPU"},
             "enabled": agent.enabled,
-            "draining": False,
+            "draining": service.is_draining(agent),
             "container": ({"id": a.id, "state": "STATE_RUNNING", "devices": []} if a else None),
         }
     return {
@@ -138,7 +139,8 @@ def agent_json(agent: Agent, allocs: list[Allocation]) -> dict[str, Any]:
         "lastSeen": ts(agent.last_seen),
         "state": agent.state,
         "enabled": agent.enabled,
-        "draining": False,
+        "draining": service.is_draining(agent),
+        "drainStartedTime": ts(agent.drain_started_at),
         "addresses": agent.addresses,
         "version": agent.version,
         "slots": slots,
@@ -159,4 +161,36 @@ def list_agents(
 @router.get("/api/v1/agents/{agentId}")
 def get_agent(agentId: str, _p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     view = service.get_agent(db, agentId)
+    return {"agent": agent_json(view.agent, view.allocations)}
+
+
+class DisableAgentRequest(StrictWire):
+    """Determined's v1DisableAgentRequest (its CLI sends no body, or only `drain`)."""
+
+    agent_id: str | None = None
+    drain: bool | None = None
+
+
+@router.post("/api/v1/agents/{agentId}/enable")
+def enable_agent(
+    agentId: str,
+    _p: Principal = Depends(deps.admin),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    view = service.enable_agent(db, master, agentId)
+    return {"agent": agent_json(view.agent, view.allocations)}
+
+
+@router.post("/api/v1/agents/{agentId}/disable")
+def disable_agent(
+    agentId: str,
+    body: DisableAgentRequest | None = None,
+    _p: Principal = Depends(deps.admin),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    if body is not None and body.agent_id and body.agent_id != agentId:
+        raise bad_request(f"names agent {body.agent_id!r} but the path names {agentId!r}", "agentId")
+    view = service.disable_agent(db, master, agentId, drain=bool(body and body.drain))
     return {"agent": agent_json(view.agent, view.allocations)}

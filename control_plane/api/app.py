@@ -13,7 +13,9 @@ from control_plane.api import (
     agent_package,
     agents,
     checkpoints,
+    compat,
     experiments,
+    jobs,
     logs,
     metrics,
     models,
@@ -36,11 +38,16 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
         version=__import__("control_plane").__version__,
         description="Elastic control plane for deep-learning training; Determined-compatible /api/v1.",
         docs_url="/docs",
+        # Determined's client (0.38.1) posts JSON bodies without a Content-Type: read them as JSON.
+        # Body limits (api/limits.py) and admission still run first, as ASGI middleware.
+        strict_content_type=False,
     )
     app.state.master = master
     install_error_handlers(app)
-    for module in (users, experiments, trials, metrics, logs, checkpoints, agents, tasks, pools, models, agent_package):
+    for module in (users, experiments, trials, metrics, logs, checkpoints, agents, tasks, pools, models, agent_package,
+                   compat):
         app.include_router(module.router)
+    app.include_router(jobs.router)  # the job queue (api/jobs.py)
     for router in extra_routers or []:
         app.include_router(router)
     app.add_middleware(BodyLimits, config=master.config)

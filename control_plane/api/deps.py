@@ -35,10 +35,16 @@ def get_db(request: Request, master: Master = Depends(get_master)) -> Iterator[S
         yield session
 
 
+# Determined's task sessions (`determined.core`, `api.TaskSession`) send their token in this gRPC
+# gateway header instead of Authorization, as `Bearer <token>`.
+TASK_TOKEN_HEADER = "grpc-metadata-x-allocation-token"
+
+
 def bearer_token(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:].strip() or None
+    for name in ("authorization", TASK_TOKEN_HEADER):
+        header = request.headers.get(name, "")
+        if header.lower().startswith("bearer "):
+            return header[7:].strip() or None
     # Determined's web UI uses a cookie; accept it too.
     return request.cookies.get("auth") or None
 

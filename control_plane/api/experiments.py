@@ -35,6 +35,17 @@ class CreateExperimentRequest(StrictWire):
     unmanaged: bool | None = None
 
 
+# What grpc-gateway renders for Determined's empty experimentv1.Experiment (a validateOnly answer).
+_EMPTY_EXPERIMENT: dict[str, Any] = {
+    "id": 0, "name": "", "description": "", "labels": [], "notes": "", "startTime": "1970-01-01T00:00:00Z",
+    "endTime": None, "duration": None, "state": "STATE_UNSPECIFIED", "archived": False, "numTrials": 0,
+    "trialIds": [], "userId": 0, "username": "", "resourcePool": "", "searcherType": "", "searcherMetric": None,
+    "jobId": "", "progress": 0.0, "projectId": 0, "projectOwnerId": 0, "workspaceId": 0, "config": {},
+    "originalConfig": "", "hyperparameters": {}, "checkpointSize": "0", "checkpointCount": 0,
+    "bestTrialId": None, "modelDefinitionSize": None, "unmanaged": False,
+}
+
+
 @router.post("/api/v1/experiments")
 def create_experiment(
     body: CreateExperimentRequest,
@@ -52,7 +63,8 @@ def create_experiment(
     )
     if body.validate_only:
         v = experiments.validate(db, master, new)
-        return {"experiment": None, "config": serializers.redact_config(v.config_dict), "warnings": [],
+        # Determined answers an empty (zero-valued) experiment here; its client parses it.
+        return {"experiment": _EMPTY_EXPERIMENT, "config": serializers.redact_config(v.config_dict), "warnings": [],
                 "configWarnings": v.warnings}
     exp, v = experiments.create(db, master, p, new)
     return {

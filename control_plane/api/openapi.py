@@ -61,6 +61,9 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", "/api/v1/experiments/{experimentId}"): r.GetExperimentResponse,
     ("GET", "/api/v1/experiments/{experimentId}/trials"): r.GetExperimentTrialsResponse,
     ("GET", "/api/v1/trials/{trialId}"): r.GetTrialResponse,
+    ("GET", "/api/v1/trials/{trialId}/workloads"): r.GetTrialWorkloadsResponse,
+    ("POST", "/api/v1/trials/{trialId}/kill"): r.Empty,
+    ("POST", "/api/v1/runs/start"): r.RunPrepareForReportingResponse,
     ("GET", "/api/v1/checkpoints/{checkpointUuid}"): r.GetCheckpointResponse,
     ("GET", "/api/v1/experiments/{id}/checkpoints"): r.GetCheckpointsResponse,
     ("GET", "/api/v1/trials/{id}/checkpoints"): r.GetCheckpointsResponse,
@@ -130,6 +133,13 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("DELETE", "/api/v1/agents/{agentId}/enrolment"): r.ResetEnrolmentResponse,
     ("GET", "/api/v1/agents"): r.GetAgentsResponse,
     ("GET", "/api/v1/agents/{agentId}"): r.GetAgentResponse,
+    ("POST", "/api/v1/agents/{agentId}/enable"): r.GetAgentResponse,
+    ("POST", "/api/v1/agents/{agentId}/disable"): r.GetAgentResponse,
+    # the job queue
+    ("GET", "/api/v1/job-queues-v2"): r.GetJobsV2Response,
+    ("GET", "/api/v1/job-queues"): r.GetJobsResponse,
+    ("GET", "/api/v1/job-queues/stats"): r.GetJobQueueStatsResponse,
+    ("POST", "/api/v1/job-queues"): r.Empty,
 }
 
 # Answered from memory outside admission control (api/app.py): never 503.

@@ -31,8 +31,8 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
     return {
         "name": row.name,
         "description": row.description,
-        "type": "RESOURCE_POOL_TYPE_STATIC" if not provider or provider.get("type") == "static"
-        else "RESOURCE_POOL_TYPE_" + str(provider.get("type", "")).upper(),
+        # Determined's enum has no "local": such pools say UNSPECIFIED (`provider` names them).
+        "type": _POOL_TYPES.get(str(provider.get("type") or "static"), "RESOURCE_POOL_TYPE_UNSPECIFIED"),
         "defaultComputePool": row.name == master.config.default_resource_pool,
         "defaultAuxPool": row.name == master.config.default_resource_pool,
         "numAgents": len(connected),
@@ -53,6 +53,7 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         "lastDecisionAt": ts(row.last_decision_at),
         # Subnets/zones skipped after capacity errors, as the autoscaler last recorded them.
         "capacityCooldowns": _cooldowns(row.last_decision),
+        **_determined_pool_fields(master, provider, cfg, slots_total, len(connected), allocs),
         "instances": [
             {"launchId": i.launch_id, "instanceId": i.instance_id, "state": i.state, "agentId": i.agent_id,
              "location": i.location, "instanceType": i.instance_type, "launchedAt": ts(i.launched_at or i.requested_at),
@@ -60,6 +61,41 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
              "terminateReason": i.terminate_reason, "terminateRequestedAt": ts(i.terminate_requested_at)}
             for i in instances
         ],
+    }
+
+
+_POOL_TYPES = {"static": "RESOURCE_POOL_TYPE_STATIC", "aws": "RESOURCE_POOL_TYPE_AWS", "gcp": "RESOURCE_POOL_TYPE_GCP"}
+
+
+def _determined_pool_fields(master: Master, provider: dict[str, Any], cfg: Any, slots_total: int, agents: int,
+                            allocs: list[Allocation]) -> dict[str, Any]:
+    """The rest of Determined's v1ResourcePool, which its client (0.38.1) requires: what Shipyard
+    has no notion of (Docker images for agents, aux containers) is empty or zero."""
+    return {
+        "schedulerFittingPolicy": "FITTING_POLICY_" + (cfg.scheduler.fitting_policy.upper() if cfg else "BEST"),
+        "location": str(provider.get("region") or provider.get("zone") or ""),
+        "imageId": str(provider.get("image_id") or provider.get("image") or ""),
+        "instanceType": str(provider.get("instance_type") or provider.get("machine_type") or ""),
+        "masterUrl": master.config.advertised_url,
+        "masterCertName": "",
+        "startupScript": "",
+        "containerStartupScript": "",
+        "agentDockerNetwork": "",
+        "agentDockerRuntime": "",
+        "agentDockerImage": "",
+        "agentFluentImage": "",
+        "maxIdleAgentPeriod": float(provider.get("max_idle_agent_period") or 0),
+        "maxAgentStartingPeriod": float(provider.get("max_agent_starting_period") or 0),
+        "details": {},
+        "slotsPerAgent": slots_total // agents if agents else 0,
+        "auxContainerCapacity": 0,
+        "auxContainersRunning": 0,
+        "auxContainerCapacityPerAgent": 0,
+        "clusterName": master.config.cluster_name,
+        "resourceManagerMetadata": {},
+        "accelerator": "",
+        "stats": {"queuedCount": sum(1 for a in allocs if a.state == st.ALLOC_PENDING),
+                  "scheduledCount": sum(1 for a in allocs if a.state in st.ALLOC_ON_AGENT)},
     }
 
 

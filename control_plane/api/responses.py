@@ -111,6 +111,43 @@ class CheckpointOut(Wire):
     training: dict[str, Any]
 
 
+class MetricsOut(Wire):
+    avg_metrics: dict[str, Any]
+
+
+class MetricsWorkloadOut(Wire):
+    """Determined's v1MetricsWorkload."""
+
+    metrics: MetricsOut
+    num_inputs: int
+    total_batches: int
+
+
+class CheckpointWorkloadOut(Wire):
+    """Determined's v1CheckpointWorkload."""
+
+    uuid: str
+    state: str
+    total_batches: int
+
+
+class WorkloadContainerOut(Wire):
+    """Determined's v1WorkloadContainer: exactly one of the three is present."""
+
+    training: MetricsWorkloadOut | None = None
+    validation: MetricsWorkloadOut | None = None
+    checkpoint: CheckpointWorkloadOut | None = None
+
+
+class RunPrepareForReportingResponse(Wire):
+    storage_id: int | None
+
+
+class GetTrialWorkloadsResponse(Wire):
+    workloads: list[WorkloadContainerOut]
+    pagination: Pagination
+
+
 class GetCheckpointResponse(Wire):
     checkpoint: CheckpointOut
 
@@ -227,9 +264,9 @@ class LoginResponse(Wire):
 
 
 class CreateExperimentResponse(Wire):
-    """`experiment` is null for `validateOnly`."""
+    """`experiment` is empty (zero-valued, id 0) for `validateOnly`, as Determined answers."""
 
-    experiment: ExperimentOut | None
+    experiment: ExperimentOut
     config: dict[str, Any]
     warnings: list[Any]
     config_warnings: list[str]
@@ -422,6 +459,7 @@ class AgentOut(Wire):
     state: str
     enabled: bool
     draining: bool
+    drain_started_time: str | None
     addresses: list[Any]
     version: str
     slots: dict[str, AgentSlotOut]
@@ -437,3 +475,65 @@ class GetAgentsResponse(Wire):
 
 class GetAgentResponse(Wire):
     agent: AgentOut
+
+
+class JobSummaryOut(Wire):
+    """Determined's v1JobSummary."""
+
+    state: str
+    jobs_ahead: int
+
+
+class JobOut(Wire):
+    """Determined's v1Job (`jobs.job_json`), plus Shipyard's `waitingReason`."""
+
+    summary: JobSummaryOut
+    type: str
+    submission_time: str | None
+    username: str
+    user_id: int
+    resource_pool: str
+    is_preemptible: bool
+    priority: int
+    weight: float
+    entity_id: str
+    job_id: str
+    requested_slots: int
+    allocated_slots: int
+    name: str
+    progress: float
+    workspace_id: int
+    waiting_reason: str | None
+
+
+class RBACJobOut(Wire):
+    """Determined's v1RBACJob: every caller sees the full job."""
+
+    full: JobOut
+
+
+class GetJobsV2Response(Wire):
+    jobs: list[RBACJobOut]
+    pagination: Pagination
+
+
+class GetJobsResponse(Wire):
+    jobs: list[JobOut]
+    pagination: Pagination
+
+
+class QueueStatsOut(Wire):
+    queued_count: int
+    scheduled_count: int
+
+
+class RPQueueStatOut(Wire):
+    """Determined's v1RPQueueStat."""
+
+    resource_pool: str
+    stats: QueueStatsOut
+    aggregates: list[Any]
+
+
+class GetJobQueueStatsResponse(Wire):
+    results: list[RPQueueStatOut]

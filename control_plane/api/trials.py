@@ -13,7 +13,7 @@ from control_plane.api.wire import INT32_MAX, Id
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.master import Master
-from control_plane.services import access, pool_capacity, trials
+from control_plane.services import access, lifecycle, pool_capacity, trials
 
 router = APIRouter()
 
@@ -58,3 +58,18 @@ def get_trial(
     trial = access.get_trial(db, trialId)
     access.require_read_trial(p, trial)
     return {"trial": serializers.trials_json(db, [trial], master.clock(), master)[0]}
+
+
+@router.post("/api/v1/trials/{trialId}/kill")
+def kill_trial(
+    trialId: Id,
+    p: Principal = Depends(deps.user),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    """Determined's KillTrial (`det trial kill`): the trial ends CANCELED, the experiment goes on."""
+    trial = access.get_trial(db, trialId)
+    exp = access.get_experiment(db, trial.experiment_id)
+    access.require_owner(p, exp)
+    lifecycle.kill_trial(db, master, trial)
+    return {}

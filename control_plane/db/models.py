@@ -239,10 +239,14 @@ class Agent(Base):
     disconnected_at: Mapped[datetime | None] = mapped_column(nullable=True)
     idle_since: Mapped[datetime | None] = mapped_column(nullable=True)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Set by `det agent disable --drain` (with enabled False): its work may finish, and what still
+    # runs after `agent_drain_timeout_s` is preempted. NULL when not draining. Migration 0004.
+    drain_started_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class Allocation(Base):
-    """A request for `slots_needed` slots for a task, placed whole on one agent."""
+    """A request for `slots_needed` slots for a task, placed whole: on one agent, or across whole
+    agents (`placement`)."""
 
     __tablename__ = "allocations"
     # The autoscaler reads a pool's recent arrivals every tick (scale-down hysteresis). Migration 0003.
@@ -264,6 +268,8 @@ class Allocation(Base):
     restored_checkpoint_uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
     kill_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     preempt_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # When the graceful stop was asked: the preemption grace runs from here (migration 0006).
+    preempt_requested_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     assigned_at: Mapped[datetime | None] = mapped_column(nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
@@ -273,6 +279,11 @@ class Allocation(Base):
     # Why it ended, for restart accounting: "exited" (the process's own doing) or an
     # infrastructure cause ("agent_lost", "preempted", "killed", "instance_terminated").
     end_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # A gang across agents: every part, the chief first ([{"agent": id, "slots": [...]}]); `agent_id`
+    # and `slot_ids` are the chief's. NULL on one agent. Migration 0005.
+    placement: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # Why a pending allocation waits (the scheduler's latest word); NULL once placed. Migration 0005.
+    waiting_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Instance(Base):

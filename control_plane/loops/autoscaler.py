@@ -60,6 +60,7 @@ from control_plane.core.scaling import (
     decide,
 )
 from control_plane.core.scaling import reconcile as rec
+from control_plane.core.scheduling.gang import whole_agent_parts
 from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool, Token
@@ -390,7 +391,11 @@ class Autoscaler:
                                                            Allocation.state == st.ALLOC_PENDING)))
         shapes: dict[int, int] = {}
         for a in pending:
-            shapes[a.slots_needed] = shapes.get(a.slots_needed, 0) + 1
+            # A gang larger than an instance goes on whole instances (core/scheduling/gang.py):
+            # demand that many full instances; one that cannot be split stays unschedulable.
+            parts = whole_agent_parts(a.slots_needed, limits.slots_per_instance)
+            size = limits.slots_per_instance if parts is not None and parts > 1 else a.slots_needed
+            shapes[size] = shapes.get(size, 0) + (parts if parts is not None and parts > 1 else 1)
         demand = [PendingDemand(slots, count) for slots, count in sorted(shapes.items())]
         # The demand arrivals of the window (every allocation created in it, whatever it became):
         # they predict the next one (scale-down hysteresis).
@@ -686,7 +691,15 @@ class Autoscaler:
     # -- cluster teardown -------------------------------------------------------------------------
     def terminate_all(self, pool: str | None = None) -> int:
         """Disable launching and terminate every instance with this cluster's tags in one pool (or
-        all elastic pools): what `det deploy local down` and deleting a pool do."""
+        all elastic pools): what `det deploy local down` and deleting a pool do. Returns how many
+        instances the terminate was asked for.
+
+        Like any other termination, the rows go to `stopping` (committed before the call) and end
+        when the cloud says the instance is gone, on a later tick: a terminate that fails here (or
+        a list that fails) is sent again by the next tick, or the next start of the master. The
+        allocations on them end at once (requeued as infrastructure failures). A row with no
+        instance yet (a launch in flight) ends at once: an instance that lands later is an orphan
+        to the next tick."""
         count = 0
         for name in [pool] if pool else self.elastic_pools():
             with transaction(self.master.sessions) as s:
@@ -696,16 +709,44 @@ class Autoscaler:
             state = self._pool(name)
             if state.provider is None:
                 continue
-            ids = [ci.id for ci in state.provider.provider.list()]
-            if ids:
-                state.provider.provider.terminate(ids)
-                count += len(ids)
+            try:
+                cloud = state.provider.provider.list()
+            except ProviderError as e:
+                # Blind: the rows are still stopped, and the instances without a row wait for the
+                # orphan sweep of a tick whose list works.
+                log.warning("event=teardown_list_failed pool=%s error=%s", name, e)
+                cloud = []
+            reason = "cluster or pool taken down"
             with transaction(self.master.sessions) as s:
                 now = self.master.clock()
-                for row in s.scalars(select(Instance).where(Instance.pool == name,
-                                                             Instance.state != InstanceState.TERMINATED)):
-                    self._close_row(s, row, now, "cluster or pool taken down")
-        log.info("event=teardown pools=%s instances_terminated=%d", pool or "all", count)
+                rows = list(s.scalars(select(Instance).where(Instance.pool == name,
+                                                              Instance.state != InstanceState.TERMINATED)))
+                by_launch = {r.launch_id: r for r in rows}
+                by_instance = {r.instance_id: r for r in rows if r.instance_id}
+                orphans = []
+                for ci in cloud:
+                    row = by_launch.get(ci.launch_id or "") or by_instance.get(ci.id)
+                    if row is None:
+                        orphans.append(ci)
+                    elif row.instance_id is None:
+                        row.instance_id = ci.id  # adopted: its termination is followed like the others
+                for row in rows:
+                    if row.instance_id is None:
+                        self._close_row(s, row, now, reason)
+                        continue
+                    if row.state != InstanceState.STOPPING:
+                        self._begin_termination(s, row, now, reason)
+                    agent = self._agent_of(s, row)
+                    if agent is not None:
+                        allocations.end_agent_allocations(s, self.master, agent.id, st.CAUSE_INSTANCE_TERMINATED,
+                                                          f"instance {row.instance_id} is being terminated: {reason}")
+                    state.terminations.pop(row.instance_id, None)  # sent now, whatever was due
+                    count += 1
+            for ci in orphans:
+                state.terminations.pop(ci.id, None)
+            count += len(orphans)
+            self._send_terminations(name, state, orphans, now)
+        log.info("event=teardown pools=%s instances_terminating=%d", pool or "all", count)
         return count
 
     def enable(self, pool: str) -> None:

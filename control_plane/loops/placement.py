@@ -7,23 +7,32 @@ result back in one transaction. Agents learn about their work through their long
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from control_plane.core import states as st
-from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation, scheduling_policy
+from control_plane.core.scheduling import (
+    AgentSlots,
+    Assignment,
+    Part,
+    PendingAllocation,
+    RunningAllocation,
+    scheduling_policy,
+)
+from control_plane.core.scheduling.policy import DEFAULT_PRIORITY
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Allocation, Instance
+from control_plane.db.models import Agent, Allocation, Experiment, Instance
 from control_plane.master import Master
 from control_plane.services import allocations, lifecycle
+from control_plane.services.agents import expire_drains
 
 log = logging.getLogger("shipyard.pools")
 
-# How long a trial asked to stop gracefully may take before it is killed.
-PREEMPT_GRACE = timedelta(minutes=5)
 
 
 def tick(master: Master) -> None:
@@ -32,6 +41,7 @@ def tick(master: Master) -> None:
     with transaction(master.sessions) as s:
         lifecycle.reconcile_all(s, master)
     with transaction(master.sessions) as s:
+        expire_drains(s, master)  # `det agent disable --drain` past agent_drain_timeout_s
         escalate_preemptions(s, master)
         for pool in master.config.resource_pools:
             place(s, master, pool.name)
@@ -67,11 +77,22 @@ def expire_agents(s: Session, master: Master) -> None:
         log.warning("event=agent_lost agent_id=%s allocation_id=%s", alloc.agent_id, alloc.id)
         allocations.end_allocation(s, master, alloc, cause=st.CAUSE_AGENT_LOST,
                                    reason="agent stopped answering", exit_code=None)
+    # A gang across agents ends whole when any of its agents is lost (its chief is handled above).
+    lost = set(s.scalars(silent))
+    if lost:
+        for alloc in s.scalars(select(Allocation).where(Allocation.placement.is_not(None),
+                                                        Allocation.state.in_(st.ALLOC_ON_AGENT))):
+            gone = [agent_id for agent_id, _ in parts_of(alloc) if agent_id in lost]
+            if gone:
+                log.warning("event=agent_lost agent_id=%s allocation_id=%s", gone[0], alloc.id)
+                allocations.end_allocation(s, master, alloc, cause=st.CAUSE_AGENT_LOST,
+                                           reason=f"agent {gone[0]} of the gang stopped answering", exit_code=None)
 
 
 def escalate_preemptions(s: Session, master: Master) -> None:
-    """A trial asked to stop gracefully that has not stopped within the grace period is killed."""
-    cutoff = master.clock() - PREEMPT_GRACE
+    """A trial asked to stop gracefully that has not stopped within the grace period (counted from
+    the request) is killed."""
+    cutoff = master.clock() - timedelta(seconds=master.config.preemption_grace_s)
     for alloc in s.scalars(
         select(Allocation).where(
             Allocation.preempt_requested.is_(True),
@@ -79,25 +100,33 @@ def escalate_preemptions(s: Session, master: Master) -> None:
             Allocation.state.in_(st.ALLOC_ON_AGENT),
         )
     ):
-        since = alloc.started_at or alloc.assigned_at or alloc.created_at
+        since = alloc.preempt_requested_at or alloc.started_at or alloc.assigned_at or alloc.created_at
         if since < cutoff:
             alloc.kill_requested = True
             log.warning("event=preemption_timeout allocation_id=%s", alloc.id)
 
 
 def place(s: Session, master: Master, pool: str) -> None:
+    """Read the pool's snapshot (agents, allocations on them, the queue with each job's priority,
+    weight, queue position and max_slots), ask the pool's policy, and apply its decision: gangs
+    assigned whole (every agent of a gang claimed, or none), preemptions asked for, and every
+    waiting allocation's reason recorded (`det job list` shows it)."""
     agents = list(s.scalars(select(Agent).where(Agent.pool == pool)))
     on_agents = list(
         s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state.in_(st.ALLOC_ON_AGENT)))
     )
-    pending = list(
-        s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state == st.ALLOC_PENDING))
-    )
+    # The queue as plain rows (it can be long): ORM objects only for what gets assigned.
+    pending = list(s.execute(
+        select(Allocation.id, Allocation.slots_needed, Allocation.priority, Allocation.weight,
+               Allocation.created_at, Allocation.experiment_id, Allocation.waiting_reason)
+        .where(Allocation.pool == pool, Allocation.state == st.ALLOC_PENDING)))
     now = master.clock()
     used: dict[str, set[str]] = {}
+    busy_agents: set[str] = set()
     for a in on_agents:
-        used.setdefault(a.agent_id or "", set()).update(str(x) for x in a.slot_ids)
-    busy_agents = {a.agent_id for a in on_agents}
+        for agent_id, slot_ids in parts_of(a):
+            used.setdefault(agent_id, set()).update(slot_ids)
+            busy_agents.add(agent_id)
     for agent in agents:
         # Idle tracking feeds the autoscaler's scale-down.
         if agent.id in busy_agents:
@@ -107,13 +136,29 @@ def place(s: Session, master: Master, pool: str) -> None:
     if not pending:
         return
     pool_cfg = master.config.pool(pool)
+    default_priority = pool_cfg.scheduler.default_priority if pool_cfg else DEFAULT_PRIORITY
+    jobs = _jobs(s, {a.experiment_id for a in pending} | {a.experiment_id for a in on_agents}, default_priority)
+
+    def job_of(a: Any) -> dict[str, Any]:
+        return jobs.get(a.experiment_id or -1) or {"job_id": "", "priority": a.priority, "weight": a.weight,
+                                                    "queue_position": None, "max_slots": None}
+
+    queue = []
+    for a in pending:
+        j = job_of(a)
+        queue.append(PendingAllocation(a.id, a.slots_needed, j["priority"], a.created_at.timestamp(), j["job_id"],
+                                       j["weight"], j["queue_position"], j["max_slots"]))
+    running = []
+    for a in on_agents:
+        j = job_of(a)
+        since = a.started_at or a.assigned_at or a.created_at
+        running.append(RunningAllocation(
+            a.id, tuple(Part(agent_id, tuple(ids)) for agent_id, ids in parts_of(a)), j["priority"],
+            stopping=a.preempt_requested or a.kill_requested, job_id=j["job_id"], weight=j["weight"],
+            order=since.timestamp(), max_slots=j["max_slots"]))
     decision = scheduling_policy(pool_cfg.scheduler.type if pool_cfg else None).schedule(
-        [PendingAllocation(a.id, a.slots_needed, a.priority, a.created_at.timestamp()) for a in pending],
-        [
-            RunningAllocation(a.id, a.agent_id or "", tuple(str(x) for x in a.slot_ids), a.priority,
-                              stopping=a.preempt_requested or a.kill_requested)
-            for a in on_agents
-        ],
+        queue,
+        running,
         [
             AgentSlots(
                 agent.id,
@@ -124,30 +169,81 @@ def place(s: Session, master: Master, pool: str) -> None:
             for agent in agents
         ],
         preemption=pool_cfg.scheduler.preemption if pool_cfg else True,
+        fitting=pool_cfg.scheduler.fitting_policy if pool_cfg else "best",
     )
-    by_id = {a.id: a for a in pending}
-    claimed = claim_agents(s, sorted({asg.agent_id for asg in decision.assignments}))
-    for asg in decision.assignments:
-        if asg.agent_id not in claimed:
-            log.info("event=allocation_not_assigned allocation_id=%s agent_id=%s why=%r", asg.allocation_id,
-                     asg.agent_id, "the agent was disabled or its instance is being terminated since the snapshot")
-            continue  # stays pending: the next tick places it elsewhere
-        alloc = by_id[asg.allocation_id]
-        alloc.state = st.ALLOC_ASSIGNED
-        alloc.agent_id = asg.agent_id
-        alloc.slot_ids = list(asg.slot_ids)
-        alloc.assigned_at = now
-        allocations.ensure_allocation_token(s, master, alloc)
-        log.info("event=allocation_assigned allocation_id=%s agent_id=%s slots=%s",
-                 alloc.id, asg.agent_id, list(asg.slot_ids))
+    claimed = claim_agents(s, sorted({p.agent_id for asg in decision.assignments for p in asg.parts}))
+    ids = [asg.allocation_id for asg in decision.assignments]
+    rows = {a.id: a for n in range(0, len(ids), 1000)
+            for a in s.scalars(select(Allocation).where(Allocation.id.in_(ids[n:n + 1000])))}
+    with s.no_autoflush:  # one flush at the end (batched), not one per allocation
+        _assign(s, master, decision.assignments, claimed, rows)
+    known = {a.id: a.waiting_reason for a in pending}
+    changed = [{"id": alloc_id, "waiting_reason": reason} for alloc_id, reason in decision.reasons.items()
+               if known.get(alloc_id) != reason]
+    if changed:  # one executemany by primary key (the rows are not loaded as objects)
+        s.execute(update(Allocation), changed)
     running_by_id = {a.id: a for a in on_agents}
     for victim in decision.preemptions:
         alloc = running_by_id[victim]
-        if not alloc.preempt_requested:
-            alloc.preempt_requested = True
-            log.info("event=preempted_for_priority allocation_id=%s", alloc.id)
+        if lifecycle.request_preemption(alloc, now):
+            log.info("event=preempted_by_scheduler allocation_id=%s", alloc.id)
     if decision.assignments or decision.preemptions:
         master.notify(s)
+
+
+def _assign(s: Session, master: Master, assignments: Sequence[Assignment], claimed: set[str],
+            rows: dict[str, Allocation]) -> None:
+    """Write the gangs whose every agent was claimed; the others stay pending, whole."""
+    now = master.clock()
+    for asg in assignments:
+        missing = [p.agent_id for p in asg.parts if p.agent_id not in claimed]
+        if missing:
+            log.info("event=allocation_not_assigned allocation_id=%s agent_id=%s why=%r", asg.allocation_id,
+                     missing[0], "the agent was disabled or its instance is being terminated since the snapshot")
+            continue  # stays pending, whole: the next tick places it elsewhere
+        alloc = rows.get(asg.allocation_id)
+        if alloc is None or alloc.state != st.ALLOC_PENDING:
+            continue
+        alloc.state = st.ALLOC_ASSIGNED
+        alloc.agent_id = asg.agent_id
+        alloc.slot_ids = list(asg.slot_ids)
+        alloc.placement = ([{"agent": p.agent_id, "slots": list(p.slot_ids)} for p in asg.parts]
+                           if len(asg.parts) > 1 else None)
+        alloc.waiting_reason = None
+        alloc.assigned_at = now
+        allocations.ensure_allocation_token(s, master, alloc)
+        log.info("event=allocation_assigned allocation_id=%s agent_id=%s slots=%s%s",
+                 alloc.id, asg.agent_id, list(asg.slot_ids),
+                 "" if len(asg.parts) == 1 else " gang=" + ",".join(f"{p.agent_id}:{len(p.slot_ids)}" for p in asg.parts))
+
+
+def parts_of(alloc: Allocation) -> list[tuple[str, list[str]]]:
+    """(agent id, slot ids) of every agent an allocation is placed on, the chief first."""
+    if alloc.placement:
+        return [(str(p["agent"]), [str(x) for x in p["slots"]]) for p in alloc.placement]
+    if alloc.agent_id is None:
+        return []
+    return [(alloc.agent_id, [str(x) for x in alloc.slot_ids])]
+
+
+def _jobs(s: Session, experiment_ids: set[int | None], default_priority: int) -> dict[int, dict[str, Any]]:
+    """The job attributes of experiments (one query): priority (the job's, else its config's, else
+    the pool's default), weight, queue position, and the config's resources.max_slots."""
+    ids = [i for i in experiment_ids if i is not None]
+    out: dict[int, dict[str, Any]] = {}
+    for chunk in range(0, len(ids), 1000):
+        for eid, job_id, priority, weight, position, config in s.execute(
+            select(Experiment.id, Experiment.job_id, Experiment.priority, Experiment.weight,
+                   Experiment.queue_position, Experiment.config).where(Experiment.id.in_(ids[chunk:chunk + 1000]))
+        ):
+            resources = (config or {}).get("resources") or {}
+            if priority is None:
+                priority = resources.get("priority") or default_priority
+            max_slots = resources.get("max_slots")
+            out[eid] = {"job_id": job_id or f"experiment-{eid}", "priority": int(priority),
+                        "weight": float(weight if weight is not None else resources.get("weight") or 1.0),
+                        "queue_position": position, "max_slots": max_slots if isinstance(max_slots, int) else None}
+    return out
 
 
 def claim_agents(s: Session, agent_ids: list[str]) -> set[str]:

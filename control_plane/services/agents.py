@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -21,10 +21,10 @@ from control_plane import auth
 from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.core.expconf import ConfigInvalid, ExperimentConfig
-from control_plane.db.models import Agent, Allocation, Experiment, Instance, Token, Trial
+from control_plane.db.models import Agent, Allocation, Checkpoint, Experiment, Instance, Token, Trial, User
 from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import allocations
+from control_plane.services import allocations, lifecycle
 from shipyard_common.agent_protocol import (
     Command,
     EventsRequest,
@@ -264,7 +264,7 @@ def _apply_event(s: Session, master: Master, alloc: Allocation, ev: TaskEvent) -
     if alloc_state == st.ALLOC_RUNNING:
         alloc.started_at = master.clock()
     trial = s.get(Trial, alloc.trial_id) if alloc.trial_id else None
-    if trial is not None and trial.state not in st.TRIAL_TERMINAL:
+    if trial is not None and trial.state not in st.TRIAL_TERMINAL and trial.state != st.TRIAL_STOPPING_KILLED:
         trial.state = trial_state
 
 
@@ -281,13 +281,14 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> Ta
         raise Internal(f"experiment {exp.id}: the stored config no longer validates: {e}") from None
     token = allocations.ensure_allocation_token(s, master, alloc)
     argv = list(cfg.entrypoint) if isinstance(cfg.entrypoint, list) else ["sh", "-c", str(cfg.entrypoint)]
-    slot_ids = [str(x) for x in alloc.slot_ids]
+    slot_ids = _slots_on(alloc, agent.id)
     env = cfg.environment.environment_variables.as_dict(agent_device_type(agent))
     env.update(TrialEnvironment(
         master_url=master.config.advertised_url, cluster_id=master.cluster_id, agent_id=agent.id,
         task_id=alloc.task_id, allocation_id=alloc.id, session_token=token, trial_id=trial.id,
         experiment_id=exp.id, trial_seed=trial.seed, trial_run_id=alloc.run_id, slot_ids=slot_ids,
         hparams=trial.hparams, experiment_config=exp.config, latest_checkpoint=trial.latest_checkpoint_uuid,
+        user=_owner_name(s, exp), steps_completed=_restored_steps(s, trial),
     ).to_env())
     return TaskSpec(
         allocation_id=alloc.id, task_id=alloc.task_id, trial_id=trial.id, experiment_id=exp.id,
@@ -295,6 +296,16 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> Ta
         model_definition_path=f"/api/v1/experiments/{exp.id}/model_def",
         kill_grace_seconds=master.config.task_kill_grace_s,
     )
+
+
+def _owner_name(s: Session, exp: Experiment) -> str:
+    owner = s.get(User, exp.owner_id) if exp.owner_id is not None else None
+    return owner.username if owner is not None else ""
+
+
+def _restored_steps(s: Session, trial: Trial) -> int:
+    ckpt = s.get(Checkpoint, trial.latest_checkpoint_uuid) if trial.latest_checkpoint_uuid else None
+    return ckpt.steps_completed if ckpt is not None else 0
 
 
 def agent_device_type(agent: Agent) -> str:
@@ -319,7 +330,9 @@ def list_agents(s: Session, pool: str | None = None) -> list[AgentView]:
         q = q.where(Agent.pool == pool)
     by_agent: dict[str, list[Allocation]] = {}
     for a in s.scalars(select(Allocation).where(Allocation.state.in_(st.ALLOC_ON_AGENT))):
-        by_agent.setdefault(a.agent_id or "", []).append(a)
+        members = [str(part.get("agent")) for part in a.placement or ()] or [a.agent_id or ""]
+        for agent_id in members:  # a gang across agents shows on each of them
+            by_agent.setdefault(agent_id, []).append(a)
     return [AgentView(agent, by_agent.get(agent.id, [])) for agent in s.scalars(q)]
 
 
@@ -331,5 +344,99 @@ def get_agent(s: Session, agent_id: str) -> AgentView:
 
 
 def _on_agent(s: Session, agent_id: str) -> list[Allocation]:
-    return list(s.scalars(
-        select(Allocation).where(Allocation.agent_id == agent_id, Allocation.state.in_(st.ALLOC_ON_AGENT))))
+    """The allocations placed on the agent: those it is the chief of, and gangs across agents it is
+    a member of (`placement`, few at a time: filtered here rather than in JSON SQL)."""
+    rows = s.scalars(select(Allocation).where(
+        or_(Allocation.agent_id == agent_id, Allocation.placement.is_not(None)),
+        Allocation.state.in_(st.ALLOC_ON_AGENT)))
+    return [a for a in rows if a.agent_id == agent_id
+            or any(str(part.get("agent")) == agent_id for part in a.placement or ())]
+
+
+def _slots_on(alloc: Allocation, agent_id: str) -> list[str]:
+    """The slot ids of an allocation on one of its agents."""
+    for part in alloc.placement or ():
+        if str(part.get("agent")) == agent_id:
+            return [str(x) for x in part.get("slots", ())]
+    return [str(x) for x in alloc.slot_ids]
+
+
+# --------------------------------------------------------------------------------------------
+# Enabling, disabling and draining (admin: `det agent enable|disable [--drain]`)
+# --------------------------------------------------------------------------------------------
+
+
+def is_draining(agent: Agent) -> bool:
+    return not agent.enabled and agent.drain_started_at is not None
+
+
+def _ending_instance(s: Session, agent: Agent) -> Instance | None:
+    """The instance of the agent, if the autoscaler has begun terminating it."""
+    ending = (st.InstanceState.STOPPING, st.InstanceState.TERMINATED)
+    q = select(Instance).where(Instance.state.in_(ending))
+    if agent.instance_id:
+        q = q.where(Instance.instance_id == agent.instance_id)
+    else:
+        q = q.where(Instance.agent_id == agent.id)
+    return s.scalars(q).first()
+
+
+def _locked_agent(s: Session, agent_id: str) -> Agent:
+    # The autoscaler disables an agent it terminates under a lock on the same row
+    # (loops/autoscaler.py): taking it first, the instance's state read below is the committed one.
+    agent = s.scalar(select(Agent).where(Agent.id == agent_id).with_for_update()
+                     .execution_options(populate_existing=True))
+    if agent is None:
+        raise not_found(f"agent {agent_id}")
+    return agent
+
+
+def enable_agent(s: Session, master: Master, agent_id: str) -> AgentView:
+    """The agent takes new work again (and stops draining). Refused (409) for an agent whose
+    instance the autoscaler is terminating: it is disabled because it is going away."""
+    agent = _locked_agent(s, agent_id)
+    inst = _ending_instance(s, agent)
+    if inst is not None:
+        raise Conflict(f"agent {agent_id!r} cannot be enabled: its instance {inst.instance_id or inst.launch_id} "
+                       f"is being terminated by the autoscaler of pool {inst.pool!r} "
+                       f"({inst.terminate_reason or 'terminating'}); it will not take work again")
+    agent.enabled = True
+    agent.drain_started_at = None
+    log.info("event=agent_enabled agent_id=%s", agent.id)
+    master.notify(s)
+    return get_agent(s, agent_id)
+
+
+def disable_agent(s: Session, master: Master, agent_id: str, *, drain: bool) -> AgentView:
+    """Nothing new is placed on the agent. Without `drain` its allocations are killed now and their
+    trials placed again elsewhere (an infrastructure cause: no restart is counted); with `drain`
+    they may finish, and whatever still runs after `agent_drain_timeout_s` is preempted."""
+    agent = _locked_agent(s, agent_id)
+    now = master.clock()
+    agent.enabled = False
+    if drain:
+        if agent.drain_started_at is None:
+            agent.drain_started_at = now
+    else:
+        agent.drain_started_at = None
+        for alloc in _on_agent(s, agent.id):
+            if not alloc.kill_requested:
+                alloc.kill_requested = True
+                log.info("event=kill_requested allocation_id=%s agent_id=%s reason=%r", alloc.id, agent.id,
+                         "agent disabled")
+    log.info("event=agent_disabled agent_id=%s drain=%s", agent.id, drain)
+    master.notify(s)
+    return get_agent(s, agent_id)
+
+
+def expire_drains(s: Session, master: Master) -> None:
+    """Called on every placement tick: on an agent draining for longer than
+    `agent_drain_timeout_s`, ask what still runs to stop (cooperative preemption: the trial
+    checkpoints and is placed elsewhere; one that ignores it is killed after the preemption grace)."""
+    cutoff = master.clock() - timedelta(seconds=master.config.agent_drain_timeout_s)
+    overdue = s.scalars(select(Agent.id).where(Agent.enabled.is_(False), Agent.drain_started_at.is_not(None),
+                                               Agent.drain_started_at <= cutoff))
+    for agent_id in overdue.all():
+        for alloc in _on_agent(s, agent_id):  # a gang across agents too, when the agent is a member
+            if not alloc.kill_requested and lifecycle.request_preemption(alloc, master.clock()):
+                log.warning("event=drain_timeout allocation_id=%s agent_id=%s", alloc.id, agent_id)

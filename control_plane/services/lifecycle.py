@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -192,6 +193,26 @@ def on_trial_early_exit(s: Session, master: Master, trial: Trial, reason: Exited
     _apply(s, master, exp, method, method.trial_exited_early(trial.request_id, reason))
 
 
+def kill_trial(s: Session, master: Master, trial: Trial) -> None:
+    """The user kills one trial (Determined's KillTrial): its process is killed, it ends
+    CANCELED, and the searcher hears it was canceled by the user; the experiment goes on."""
+    exp = s.get(Experiment, trial.experiment_id)
+    assert exp is not None
+    exp = _lock(s, exp)
+    s.refresh(trial)
+    if trial.state in st.TRIAL_TERMINAL or trial.state == st.TRIAL_STOPPING_KILLED:
+        return
+    log.info("event=trial_kill_requested experiment_id=%s trial_id=%s", exp.id, trial.id)
+    trial.state = st.TRIAL_STOPPING_KILLED
+    trial.exit_reason = "killed by the user"
+    if not trial.searcher_closed:
+        trial.searcher_closed = True
+        method = _method(exp)
+        _apply(s, master, exp, method, method.trial_exited_early(trial.request_id, ExitedReason.USER_CANCELED))
+    reconcile_experiment(s, master, exp)
+    master.notify(s)
+
+
 def on_checkpoint_reported(s: Session, master: Master, checkpoint: Any) -> None:
     """Checkpoint rows are written by the API; nothing to decide here yet."""
 
@@ -271,6 +292,17 @@ def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
         if trial.state in st.TRIAL_TERMINAL:
             continue
         alloc = live.get(trial.id)
+        if trial.state == st.TRIAL_STOPPING_KILLED:  # the user killed this trial (kill_trial)
+            if alloc is None:
+                _end_trial(s, master, exp, trial, st.TRIAL_CANCELED)
+            elif alloc.state == st.ALLOC_PENDING:  # not started anywhere yet: withdraw it
+                alloc.state = st.ALLOC_TERMINATED
+                alloc.end_cause = st.CAUSE_KILLED
+                alloc.ended_at = master.clock()
+                _end_trial(s, master, exp, trial, st.TRIAL_CANCELED)
+            else:
+                alloc.kill_requested = True
+            continue
         if alloc is not None:
             _steer_live(master, exp, trial, alloc)
             continue
@@ -305,10 +337,20 @@ def _steer_live(master: Master, exp: Experiment, trial: Trial, alloc: Allocation
         if not alloc.kill_requested:
             alloc.kill_requested = True
             log.info("event=kill_requested allocation_id=%s trial_id=%s", alloc.id, trial.id)
-    elif stop and not alloc.preempt_requested:
-        alloc.preempt_requested = True
+    elif stop and request_preemption(alloc, master.clock()):
         log.info("event=preempt_requested allocation_id=%s trial_id=%s reason=%s", alloc.id, trial.id,
                  "searcher" if exp.state == st.EXP_ACTIVE else exp.state)
+
+
+def request_preemption(alloc: Allocation, now: datetime) -> bool:
+    """Ask an allocation to stop gracefully (its trial sees `should_preempt`, checkpoints and
+    exits); the preemption grace (`preemption_grace_s`) runs from this first request. False if it
+    was already asked."""
+    if alloc.preempt_requested:
+        return False
+    alloc.preempt_requested = True
+    alloc.preempt_requested_at = now
+    return True
 
 
 def _allocate(s: Session, master: Master, exp: Experiment, trial: Trial) -> None:

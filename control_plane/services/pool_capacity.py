@@ -18,6 +18,7 @@ from control_plane.core import states as st
 from control_plane.core.scheduling.fit import PoolCapacity, cannot_host
 from control_plane.db.models import Agent, Allocation, ResourcePool
 from control_plane.master import Master
+from provisioners.factory import PoolConfigError, elastic_settings
 
 _SLOT_KEYS = ("instance_slots", "slots_per_instance", "slots_per_host", "gpu_num")
 
@@ -37,6 +38,9 @@ def pool_capacity(s: Session, master: Master, pool: str) -> PoolCapacity | None:
     agents = [len(a.slots or []) for a in s.scalars(select(Agent).where(Agent.pool == pool,
                                                                            Agent.state == st.AGENT_CONNECTED))]
     largest_agent = max(agents, default=None)
+    sizes: dict[int, int] = {}
+    for n in agents:
+        sizes[n] = sizes.get(n, 0) + 1
     per_instance: int | None = None
     if cfg.provider:
         per_instance = _configured_slots(cfg.provider)
@@ -45,9 +49,15 @@ def pool_capacity(s: Session, master: Master, pool: str) -> PoolCapacity | None:
             recorded = (row.last_decision or {}).get("slots_per_instance") if row is not None else None
             per_instance = recorded if isinstance(recorded, int) and recorded > 0 else None
     if per_instance is not None and (largest_agent is None or per_instance >= largest_agent):
-        return PoolCapacity(pool, per_instance, "its instances")
+        # A gang across instances takes whole instances, at most max_instances of them.
+        try:
+            total: int | None = per_instance * elastic_settings(cfg.provider).max_instances if cfg.provider else None
+        except PoolConfigError:
+            total = None
+        return PoolCapacity(pool, per_instance, "its instances", total_slots=total)
     if largest_agent is not None:
-        return PoolCapacity(pool, largest_agent, "its largest connected agent")
+        return PoolCapacity(pool, largest_agent, "its largest connected agent",
+                            agent_sizes=tuple(sorted(sizes.items(), reverse=True)))
     return None
 
 

@@ -45,7 +45,7 @@ def test_missing_file(tmp_path) -> None:
         load_config(tmp_path / "nope.yaml", env={})
 
 
-@pytest.mark.parametrize("policy", ["fair_share", "round_robin", "lottery"])
+@pytest.mark.parametrize("policy", ["fairshare", "round_robin", "lottery"])
 def test_scheduler_type_must_be_a_registered_policy(tmp_path, policy: str) -> None:
     path = tmp_path / "master.yaml"
     path.write_text(f"resource_pools:\n  - name: default\n    scheduler:\n      type: {policy}\n")
@@ -53,7 +53,7 @@ def test_scheduler_type_must_be_a_registered_policy(tmp_path, policy: str) -> No
         load_config(path, env={})
     message = str(e.value)
     assert "resource_pools.0.scheduler.type" in message
-    assert f"unknown scheduler type {policy!r}; expected one of: priority" in message
+    assert f"unknown scheduler type {policy!r}; expected one of: priority, fair_share" in message
 
 
 def test_scheduler_type_defaults_to_the_registered_default(tmp_path) -> None:

@@ -13,7 +13,12 @@ provisioner:
 - error injection per method and zone: HTTP errors (429, 403, 400, 503...) or operation errors
   (ZONE_RESOURCE_POOL_EXHAUSTED, QUOTA_EXCEEDED...);
 - a record of every call and of every insert body as sent, so tests can assert what went over the
-  wire.
+  wire;
+- disks: each attached disk exists until its instance is deleted with `autoDelete` true (then it is
+  recorded in `deleted_disks`), else it outlives the instance (`disks`); `setDiskAutoDelete` flips
+  the flag like GCE's (an operation);
+- `hide_from_list(name, times)`: the next lists miss an instance that exists (GCE lists are
+  eventually consistent right after an insert); a get still finds it.
 
 Point a client at it with `client_options={"api_endpoint": fake.endpoint}` and
 `AnonymousCredentials()`. The `gce_fake` fixture starts one per test.
@@ -77,6 +82,7 @@ METHODS = (
     "delete",
     "operations.get",
     "operations.wait",
+    "setDiskAutoDelete",
 )
 
 
@@ -170,6 +176,10 @@ class GceFake:
     injections: list[Injection] = field(default_factory=list)
 
     _instances: dict[tuple[str, str, str], _InstanceState] = field(default_factory=dict)
+    # (project, zone, disk name) -> the disk; the names of disks deleted with their instance
+    _disks: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    deleted_disks: list[str] = field(default_factory=list)
+    _hidden: dict[str, int] = field(default_factory=dict)  # instance name -> lists still to miss it
     _operations: dict[tuple[str, str, str], _Operation] = field(default_factory=dict)
     _request_ids: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -227,8 +237,8 @@ class GceFake:
             raise ValueError(f"unknown method {method!r}; one of {METHODS}")
         if (code is None) == (status is None):
             raise ValueError("give exactly one of code= (operation error) or status= (HTTP error)")
-        if code is not None and method not in ("insert", "delete"):
-            raise ValueError("operation errors only apply to insert and delete")
+        if code is not None and method not in ("insert", "delete", "setDiskAutoDelete"):
+            raise ValueError("operation errors only apply to insert, delete and setDiskAutoDelete")
         if after and status is None:
             raise ValueError("after=True needs status=")
         rule = Injection(method, zone, code, status, reason, message, times, skip=skip, after=after)
@@ -273,6 +283,17 @@ class GceFake:
             res["status"] = status
             self._instances[(project, zone, name)] = _InstanceState((project, zone, name), res)
             return copy.deepcopy(res)
+
+    def hide_from_list(self, name: str, times: int = 1) -> None:
+        """The next `times` list / aggregatedList answers leave this instance out (it exists)."""
+        with self._lock:
+            self._hidden[name] = times
+
+    @property
+    def disks(self) -> list[str]:
+        """The names of the disks that exist (attached or left behind by a deleted instance)."""
+        with self._lock:
+            return sorted(k[2] for k in self._disks)
 
     @property
     def instances(self) -> list[dict[str, Any]]:
@@ -352,6 +373,9 @@ class GceFake:
         if method == "delete":
             assert zone is not None
             return self._delete(project, zone, rest, params, op_rule)
+        if method == "setDiskAutoDelete":
+            assert zone is not None
+            return self._set_disk_auto_delete(project, zone, rest, params, op_rule)
         if method == "operations.get":
             assert zone is not None
             return self._op_read(project, zone, rest, wait=False)
@@ -431,7 +455,9 @@ class GceFake:
             disk.setdefault("autoDelete", False)  # GCE's API default, unlike gcloud's
             disk["index"] = i
             disk["deviceName"] = f"persistent-disk-{i}"
-            disk["source"] = f"{LINK_BASE}projects/{project}/zones/{zone}/disks/{name}"
+            disk_name = name if i == 0 else f"{name}-{i}"
+            disk["source"] = f"{LINK_BASE}projects/{project}/zones/{zone}/disks/{disk_name}"
+            self._disks[(project, zone, disk_name)] = {"name": disk_name, "users": [res["selfLink"]]}
         md = res.setdefault("metadata", {})
         md["kind"] = "compute#metadata"
         md["fingerprint"] = "h0o0B1ws-xs="
@@ -443,7 +469,7 @@ class GceFake:
         view = copy.deepcopy(st.resource)
         if st.deleting:
             if st.reads > 1:
-                self._instances.pop(st.key, None)
+                self._remove_instance(st)
                 return None
             return view
         if self.auto_advance and st.resource["status"] in ("PROVISIONING", "STAGING"):
@@ -470,6 +496,9 @@ class GceFake:
             if not pred(st.resource):
                 continue
             view = self._read_instance(st)
+            if view is not None and self._hidden.get(key[2], 0) > 0:
+                self._hidden[key[2]] -= 1  # the list lags: this answer misses it
+                continue
             if view is not None:
                 out.append(view)
         return out
@@ -559,12 +588,50 @@ class GceFake:
                 st.resource["status"] = "STOPPING"
 
             def gone(state: _InstanceState = st) -> None:
-                if self._instances.get(state.key) is state:
-                    del self._instances[state.key]
+                self._remove_instance(state)
 
             op.on_done = gone
         if request_id is not None:
             self._request_ids[(project, request_id)] = (zone, op.resource["name"])
+        return self._op_view(op)
+
+    def _remove_instance(self, st: _InstanceState) -> None:
+        """The instance is gone: its disks with autoDelete go with it, the others are detached."""
+        if self._instances.get(st.key) is not st:
+            return
+        del self._instances[st.key]
+        project, zone, _ = st.key
+        for disk in st.resource.get("disks", []):
+            key = (project, zone, disk["source"].rsplit("/", 1)[-1])
+            if key not in self._disks:
+                continue
+            if disk.get("autoDelete"):
+                del self._disks[key]
+                self.deleted_disks.append(key[2])
+            else:
+                self._disks[key]["users"] = []
+
+    def _set_disk_auto_delete(
+        self, project: str, zone: str, name: str, params: dict[str, str], rule: Injection | None
+    ) -> dict[str, Any]:
+        st = self._instances.get((project, zone, name))
+        if st is None:
+            raise FakeHttpError(
+                404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
+            )
+        if "autoDelete" not in params or "deviceName" not in params:
+            raise _invalid("Required parameters 'autoDelete' and 'deviceName' are missing.")
+        disk = next((d for d in st.resource.get("disks", []) if d.get("deviceName") == params["deviceName"]), None)
+        if disk is None:
+            raise _invalid(f"No attached disk found with device name '{params['deviceName']}'")
+        op = self._new_operation(project, zone, "setDiskAutoDelete", st.resource["selfLink"])
+        if rule is not None:
+            rule.hits += 1
+            assert rule.code is not None
+            op.error = _op_error(rule.code, rule.message, zone)
+            op.http_error = _op_http_error(rule.code)
+        else:
+            disk["autoDelete"] = params["autoDelete"].lower() == "true"
         return self._op_view(op)
 
     def _new_operation(self, project: str, zone: str, kind: str, target: str) -> _Operation:
@@ -637,6 +704,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$"), "get"),
     ("DELETE", re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$"), "delete"),
     ("GET", re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances$"), "aggregatedList"),
+    (
+        "POST",
+        re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/setDiskAutoDelete$"),
+        "setDiskAutoDelete",
+    ),
     ("GET", re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+)$"), "operations.get"),
     (
         "POST",

@@ -12,6 +12,8 @@ moto 5.2 has no way to make EC2 calls fail over HTTP (its `/moto-api/static/...`
 results of a few other services), so the proxy injects EC2 error responses itself. It also keeps
 EC2's RunInstances ClientToken semantics, which moto does not implement: a repeated request with a
 ClientToken that already succeeded gets the original response back instead of a second instance.
+`hide(instance_id, times)` makes the next DescribeInstances answers leave out an instance that exists
+(EC2's eventual consistency right after RunInstances): lists only, or lookups by id too.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import http.client
 import logging
 import threading
 import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -67,6 +70,14 @@ class RecordedCall:
     status: int = 0
     faulted: bool = False
     replayed: bool = False  # answered from the ClientToken cache
+    hidden: list[str] = field(default_factory=list)  # instance ids left out of this answer (hide)
+
+
+@dataclass
+class Hide:
+    instance_id: str
+    times: int  # answers still to leave it out of
+    by_id: bool  # also DescribeInstances calls naming instance ids (else lists only)
 
 
 @dataclass
@@ -74,6 +85,7 @@ class _State:
     faults: list[Fault] = field(default_factory=list)
     calls: list[RecordedCall] = field(default_factory=list)
     tokens: dict[str, bytes] = field(default_factory=dict)  # RunInstances ClientToken -> response
+    hides: list[Hide] = field(default_factory=list)
 
 
 class Ec2FaultProxy:
@@ -133,6 +145,14 @@ class Ec2FaultProxy:
                 )
             )
 
+    def hide(self, instance_id: str, *, times: int = 1, by_id: bool = False) -> None:
+        """Leave `instance_id` out of the next `times` successful DescribeInstances answers: the
+        listing ones (filters, no InstanceId), or with `by_id` also those naming instance ids (an
+        instance EC2 "does not know yet" is then simply absent; moto answers a filter-less lookup
+        of an unknown id with InvalidInstanceID.NotFound, which this does not imitate)."""
+        with self._lock:
+            self._state.hides.append(Hide(instance_id, times, by_id))
+
     def calls(self, action: str | None = None) -> list[RecordedCall]:
         with self._lock:
             return [c for c in self._state.calls if action is None or c.action == action]
@@ -189,8 +209,37 @@ class Ec2FaultProxy:
         if fault is not None:  # after_forward: the call landed, its answer is lost
             call.status, call.faulted = fault.status, True
             return fault.status, [("Content-Type", "text/xml")], _ec2_error_body(fault.code, fault.message)
+        if action == "DescribeInstances" and status == 200:
+            resp_body = self._apply_hides(call, params, resp_body)
         call.status = status
         return status, resp_headers, resp_body
+
+    def _apply_hides(self, call: RecordedCall, params: dict[str, str], body: bytes) -> bytes:
+        by_id = any(k.startswith("InstanceId.") for k in params)
+        with self._lock:
+            hides = [h for h in self._state.hides if h.times > 0 and (h.by_id or not by_id)]
+            if not hides:
+                return body
+            root = ET.fromstring(body)
+            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            reservations = root.find(f"{ns}reservationSet")
+            for reservation in list(reservations) if reservations is not None else []:
+                instances = reservation.find(f"{ns}instancesSet")
+                for item in list(instances) if instances is not None else []:
+                    hide = next((h for h in hides if h.instance_id == item.findtext(f"{ns}instanceId")), None)
+                    if hide is None or hide.times <= 0:
+                        continue
+                    assert instances is not None and reservations is not None
+                    instances.remove(item)
+                    hide.times -= 1
+                    call.hidden.append(hide.instance_id)
+                if instances is not None and len(instances) == 0 and reservations is not None:
+                    reservations.remove(reservation)
+        if not call.hidden:
+            return body
+        if ns:
+            ET.register_namespace("", ns[1:-1])
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         proxy = self

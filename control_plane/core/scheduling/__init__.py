@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from control_plane.core.scheduling import priority
+from control_plane.core.scheduling import fair_share, priority
 from control_plane.core.scheduling.policy import (
     AgentSlots,
     Assignment,
+    Fitting,
+    Part,
     PendingAllocation,
     RunningAllocation,
     ScheduleDecision,
@@ -26,6 +28,8 @@ __all__ = [
     "POLICIES",
     "AgentSlots",
     "Assignment",
+    "Fitting",
+    "Part",
     "PendingAllocation",
     "RunningAllocation",
     "ScheduleDecision",
@@ -36,7 +40,7 @@ __all__ = [
     "scheduling_policy",
 ]
 
-_REGISTERED: tuple[SchedulingPolicy, ...] = (priority.POLICY,)
+_REGISTERED: tuple[SchedulingPolicy, ...] = (priority.POLICY, fair_share.POLICY)
 
 POLICIES: Mapping[str, SchedulingPolicy] = MappingProxyType({p.name: p for p in _REGISTERED})
 DEFAULT_POLICY = priority.POLICY.name

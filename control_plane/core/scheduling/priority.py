@@ -1,34 +1,42 @@
-"""The scheduler: a pure function from a pool's queue and agents to placements and preemptions.
+"""The `priority` policy (the default): a queue ordered by priority (1..99, lower first, default 42),
+then queue position (a job moved in the queue), then submission time.
 
-Allocations are placed whole (gang) on one agent, in priority order (1 is the highest, as in
-Determined) then submission order. Placement is best-fit — the agent with the fewest free slots
-that still fit — which keeps large holes free for large gangs. A pending allocation that fits
-nowhere does not block smaller ones behind it (backfill); the autoscaler sees it as demand.
-With preemption on, a pending allocation that cannot fit may evict strictly lower-priority
-running allocations from one agent, choosing the agent that needs the fewest evictions."""
+Allocations start in queue order, each as a whole gang (gang.py): on one agent when one holds it
+(best fit packs, worst fit spreads), else across whole agents. One that cannot start now reserves
+the agents closest to holding it, so nothing behind it in the queue takes the slots it waits for;
+smaller work behind it backfills only onto slots no reservation needs, so a large gang is not
+starved by a stream of small ones. With preemption on, one that cannot start has strictly lower
+priority preemptible work yield — the newest first, only as much as needed, counting slots of
+work already stopping. Every allocation left waiting gets a reason."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from control_plane.core.scheduling.gang import PoolState, unschedulable_reason
 from control_plane.core.scheduling.policy import (
     AgentSlots,
     Assignment,
+    Fitting,
     PendingAllocation,
     RunningAllocation,
     ScheduleDecision,
     SchedulingPolicy,
 )
 
-__all__ = [
-    "POLICY",
-    "AgentSlots",
-    "Assignment",
-    "PendingAllocation",
-    "RunningAllocation",
-    "ScheduleDecision",
-    "schedule",
-]
+__all__ = ["POLICY", "schedule"]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _behind(n_higher: int, n_same: int) -> str:
+    if n_higher and n_same:
+        return f"behind {_plural(n_higher, 'higher-priority job')} and {n_same} earlier of the same priority"
+    if n_higher:
+        return f"behind {_plural(n_higher, 'higher-priority job')}"
+    return f"behind {_plural(n_same, 'earlier job')} of the same priority"
 
 
 def schedule(
@@ -37,77 +45,75 @@ def schedule(
     agents: Sequence[AgentSlots],
     *,
     preemption: bool = True,
+    fitting: Fitting = "best",
 ) -> ScheduleDecision:
-    free: dict[str, list[str]] = {}
-    for a in agents:
-        if a.schedulable:
-            free[a.agent_id] = [s for s in a.slot_ids if s not in a.used_slot_ids]
-    largest = max((len(a.slot_ids) for a in agents if a.schedulable), default=0)
-    by_agent: dict[str, list[RunningAllocation]] = {}
+    pool = PoolState(agents, running)
+    held: dict[str, int] = {}
     for r in running:
-        by_agent.setdefault(r.agent_id, []).append(r)
-    preempting: set[str] = set()
+        if not r.stopping:
+            held[r.job] = held.get(r.job, 0) + r.slots
+    # The lowest priority (highest number) of work that could yield: nothing at or above it preempts.
+    lowest = max((r.priority for r in running if r.preemptible and not r.stopping), default=0)
     assignments: list[Assignment] = []
+    preemptions: list[str] = []
     unplaced: list[str] = []
     reasons: dict[str, str] = {}
+    waiting_jobs: set[str] = set()  # jobs with an allocation waiting ahead (holding the queue)
+    higher_waiting = 0  # of those, jobs of strictly higher priority than the current one
+    current: int | None = None
+    no_eviction_from = 1 << 62  # a gang this large or larger found nothing to preempt: neither will later ones
 
-    for p in sorted(pending, key=lambda p: (p.priority, p.order, p.id)):
-        agent_id = _best_fit(free, p.slots)
-        if agent_id is not None:
-            taken = tuple(free[agent_id][: p.slots])
-            free[agent_id] = free[agent_id][p.slots :]
-            assignments.append(Assignment(p.id, agent_id, taken))
+    order = sorted(pending, key=lambda p: (p.priority, p.order if p.queue_position is None else p.queue_position,
+                                           p.order, p.id))
+    for p in order:
+        if p.priority != current:
+            current, higher_waiting = p.priority, len(waiting_jobs)
+        job, k = p.job, p.slots
+        if p.max_slots is not None and held.get(job, 0) + k > p.max_slots:
+            unplaced.append(p.id)
+            reasons[p.id] = f"its job holds {held.get(job, 0)} slots of its max_slots {p.max_slots}"
+            continue
+        if k <= 0:
+            i = pool.find_one(0, fitting)
+            if i is not None:
+                assignments.append(Assignment(p.id, (pool.take(i, 0),)))
+                continue
+            parts = None
+        else:
+            parts = pool.place(k, fitting)
+        if parts is not None:
+            assignments.append(Assignment(p.id, parts))
+            held[job] = held.get(job, 0) + k
             continue
         unplaced.append(p.id)
-        if p.slots > largest:
-            reasons[p.id] = f"needs {p.slots} slots on one agent; the largest agent has {largest}"
+        if k > 0 and not pool.shapes(k) or not pool.ids:
+            reasons[p.id] = unschedulable_reason(k, pool.sizes)
             continue
-        reasons[p.id] = f"waiting for {p.slots} free slots"
-        if preemption:
-            victims = _victims(p, free, by_agent, preempting)
-            if victims:
-                preempting.update(victims)
-                reasons[p.id] = f"preempting {len(victims)} lower-priority allocation(s)"
-    return ScheduleDecision(tuple(assignments), tuple(sorted(preempting)), tuple(unplaced), reasons)
-
-
-def _best_fit(free: dict[str, list[str]], slots: int) -> str | None:
-    best: tuple[int, str] | None = None
-    for agent_id, ids in free.items():
-        if len(ids) >= slots and (best is None or (len(ids), agent_id) < best):
-            best = (len(ids), agent_id)
-    return best[1] if best else None
-
-
-def _victims(
-    p: PendingAllocation,
-    free: dict[str, list[str]],
-    by_agent: dict[str, list[RunningAllocation]],
-    already: set[str],
-) -> list[str]:
-    """The fewest strictly-lower-priority allocations on one agent whose eviction fits `p`."""
-    best: list[str] | None = None
-    for agent_id, ids in free.items():
-        on_agent = by_agent.get(agent_id, [])
-        # Slots that allocations already stopping will free count as available, so repeated
-        # ticks do not evict more than needed.
-        have = len(ids) + sum(len(r.slot_ids) for r in on_agent if r.stopping or r.id in already)
-        if have >= p.slots:
-            return []
-        candidates = sorted(
-            (r for r in on_agent
-             if r.preemptible and not r.stopping and r.priority > p.priority and r.id not in already),
-            key=lambda r: (-r.priority, -len(r.slot_ids), r.id),
-        )
-        chosen: list[str] = []
-        for r in candidates:
-            if have >= p.slots:
-                break
-            chosen.append(r.id)
-            have += len(r.slot_ids)
-        if have >= p.slots and chosen and (best is None or len(chosen) < len(best)):
-            best = chosen
-    return best or []
+        ahead_same = len(waiting_jobs) - higher_waiting - (job in waiting_jobs)
+        blocker = pool.blocked_by_reservation(k)
+        at_most, whole = (pool.max_cap(), None) if k <= pool.m else (None, pool.whole_free(k))
+        reason: str | None = None
+        if preemption and p.priority < lowest and k < no_eviction_from:
+            got = pool.preempt_for(k, p.priority, lambda r, mine=p.priority: r.preemptible and r.priority > mine)
+            if got is None:
+                no_eviction_from = k
+            else:
+                victims = got[1]
+                preemptions.extend(r.id for r in victims)
+                reason = (f"preempting {_plural(len(victims), 'lower-priority allocation')}" if victims
+                          else "waiting for slots of allocations already stopping")
+        if reason is None:
+            if pool.reserve_for(k, p.priority) is not None:
+                if blocker is not None:
+                    reason = ("reserved slots for a higher-priority job" if blocker[1] < p.priority
+                              else "reserved slots for a job ahead in the queue")
+                else:
+                    reason = pool.waiting_reason(k, at_most, whole)
+            else:
+                reason = _behind(higher_waiting, ahead_same)
+        reasons[p.id] = reason
+        waiting_jobs.add(job)
+    return ScheduleDecision(tuple(assignments), tuple(preemptions), tuple(unplaced), reasons)
 
 
 POLICY = SchedulingPolicy(name="priority", schedule=schedule)

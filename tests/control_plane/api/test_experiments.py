@@ -162,7 +162,7 @@ def test_validate_only_writes_nothing(client, admin_headers, master) -> None:
     before = row_counts(master)
     r = create(client, admin_headers, validateOnly=True)
     assert r.status_code == 200, r.text
-    assert r.json()["experiment"] is None and r.json()["config"]["searcher"]["name"] == "single"
+    assert r.json()["experiment"]["id"] == 0 and r.json()["config"]["searcher"]["name"] == "single"
     assert row_counts(master) == before
 
 

@@ -47,12 +47,15 @@ def _config(slots: int, pool: str) -> str:
 
 def test_a_shape_larger_than_any_instance_is_refused_naming_the_pool(api: tuple[TestClient, dict[str, str]]) -> None:
     client, headers = api
-    r = create(client, headers, _config(16, "gpu8"))
+    r = create(client, headers, _config(12, "gpu8"))  # across instances, a trial takes whole ones
     assert r.status_code == 400, r.text
     body = r.text
     assert "config.resources.slots_per_trial" in body
-    assert "'gpu8'" in body and "8 slots" in body and "16 slots per trial" in body
+    assert "'gpu8'" in body and "8 slots each" in body and "12 is not a multiple of 8" in body
+    r = create(client, headers, _config(24, "gpu8"))  # more than max_instances (2) can bring
+    assert r.status_code == 400 and "at most 16 slots across its agents" in r.text
     create_ok(client, headers, _config(8, "gpu8"))  # the largest instance is enough
+    create_ok(client, headers, _config(16, "gpu8"))  # two whole instances
 
 
 def test_a_pool_without_provider_is_judged_by_its_largest_connected_agent(
@@ -77,11 +80,11 @@ def test_a_pool_shrunk_after_submission_shows_why_on_the_trial_and_the_experimen
     # The pool is reconfigured to smaller instances (a master restart with a new config).
     pool = pool_master.config.pool("gpu8")
     assert pool is not None and pool.provider is not None
-    pool.provider["slots_per_instance"] = 4
+    pool.provider["slots_per_instance"] = 3
 
     got = client.get(f"/api/v1/trials/{trial.id}", headers=headers).json()["trial"]
-    assert "8 slots per trial cannot fit on any instance of pool 'gpu8'" in got["pendingReason"]
-    assert "4 slots" in got["pendingReason"]
+    assert "8 slots per trial cannot be served by pool 'gpu8'" in got["pendingReason"]
+    assert "3 slots each" in got["pendingReason"]
     listed = client.get(f"/api/v1/experiments/{exp['id']}/trials", headers=headers).json()["trials"]
     assert listed[0]["pendingReason"] == got["pendingReason"]
     described = client.get(f"/api/v1/experiments/{exp['id']}", headers=headers).json()["experiment"]

@@ -17,7 +17,7 @@ from control_plane.core.scheduling import (
 
 
 def test_priority_is_registered_and_is_the_default() -> None:
-    assert policy_names() == ("priority",)
+    assert policy_names() == ("priority", "fair_share")
     assert DEFAULT_POLICY == "priority"
     assert scheduling_policy("priority") is priority.POLICY
     assert scheduling_policy(None) is priority.POLICY
@@ -30,9 +30,9 @@ def test_the_registered_function_is_what_runs() -> None:
     assert [(a.allocation_id, a.agent_id, a.slot_ids) for a in d.assignments] == [("p", "a", ("0",))]
 
 
-@pytest.mark.parametrize("name", ["fair_share", "round_robin", "PRIORITY"])
+@pytest.mark.parametrize("name", ["fairshare", "round_robin", "PRIORITY"])
 def test_unknown_policy_names_the_allowed_ones(name: str) -> None:
     with pytest.raises(UnknownPolicy) as e:
         scheduling_policy(name)
-    assert str(e.value) == f"unknown scheduler type {name!r}; expected one of: priority"
+    assert str(e.value) == f"unknown scheduler type {name!r}; expected one of: priority, fair_share"
     assert isinstance(e.value, ValueError)  # so pydantic reports it as the field's error

@@ -403,11 +403,14 @@ def test_teardown_terminates_every_instance_and_enable_launches_again(
     assert scaler.terminate_all(ELASTIC) == 2
     assert sorted(cloud.terminated) == sorted([launched.id, orphan.id]) and cloud.instances == {}
     [row] = instance_rows(loop_master)
-    assert (row.state, row.terminate_reason) == (InstanceState.TERMINATED, "cluster or pool taken down")
+    # Stopping until the cloud says the instance is gone (a failed terminate is sent again).
+    assert (row.state, row.terminate_reason) == (InstanceState.STOPPING, "cluster or pool taken down")
     assert pool_row(loop_master).state == PoolState.DISABLED
 
     clock.advance(seconds=10)
     scaler.tick()  # the trial still waits, but a torn-down pool launches nothing
+    [row] = instance_rows(loop_master)
+    assert (row.state, row.terminate_reason) == (InstanceState.TERMINATED, "cluster or pool taken down")
     decision = pool_row(loop_master).last_decision
     assert len(cloud.launches) == 1 and decision is not None
     assert "not launching: the pool was torn down (enable it to launch again)" in decision["reasons"]
@@ -770,3 +773,15 @@ def test_during_a_long_quota_backoff_one_instance_probes_and_ends_it_early(
         assert clock() < T0 + timedelta(minutes=10)
     finally:
         master.stop()
+
+
+def test_a_gang_larger_than_an_instance_is_demand_for_that_many_whole_instances(
+    loop_master: Master, cloud: FakeCloud,
+) -> None:
+    add_allocation(loop_master, "gang", slots=4)  # 2 slots per instance: two whole instances
+    add_allocation(loop_master, "odd", slots=3)  # not whole instances: never placed, launches nothing
+    scaler = scaler_for(loop_master, cloud)
+
+    scaler.tick()
+
+    assert sum(len(batch) for batch in cloud.launches) == 2

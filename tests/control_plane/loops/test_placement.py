@@ -10,7 +10,7 @@ from sqlalchemy import select
 from control_plane import auth
 from control_plane.auth import Principal
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Allocation, Token
+from control_plane.db.models import Agent, Allocation, Experiment, Instance, ModelDefinition, Token, User
 from control_plane.loops import placement
 from control_plane.master import Master
 from control_plane.services import agents as agents_service
@@ -184,7 +184,7 @@ def test_higher_priority_work_preempts_and_the_preemption_escalates_after_the_gr
     assert (low.preempt_requested, low.kill_requested) == (True, False)  # asked to stop gracefully
     assert allocation(loop_master, "high").state == "pending"  # waits for the slots to free up
 
-    clock.advance(seconds=placement.PREEMPT_GRACE.total_seconds())
+    clock.advance(seconds=loop_master.config.preemption_grace_s)
     heartbeat(loop_master, "a1")
     placement.tick(loop_master)
     assert allocation(loop_master, "low").kill_requested is False  # the grace is not over yet
@@ -192,6 +192,31 @@ def test_higher_priority_work_preempts_and_the_preemption_escalates_after_the_gr
     clock.advance(seconds=1)
     placement.tick(loop_master)
     assert allocation(loop_master, "low").kill_requested is True
+
+
+def test_the_preemption_grace_runs_from_the_request_not_from_the_start(
+    loop_master: Master, clock: FakeClock,
+) -> None:
+    """A trial that has run for hours and is asked to stop gets the whole grace to checkpoint."""
+    add_agent(loop_master, "a1", pool=POOL, slots=2)
+    add_allocation(loop_master, "long", pool=POOL, slots=2, priority=60, state="running", agent_id="a1",
+                   slot_ids=["0", "1"])
+    clock.advance(hours=3)
+    heartbeat(loop_master, "a1")
+    add_allocation(loop_master, "urgent", pool=POOL, slots=2, priority=10)
+    placement.tick(loop_master)
+    long = allocation(loop_master, "long")
+    assert (long.preempt_requested, long.kill_requested) == (True, False)
+    assert long.preempt_requested_at == clock()
+
+    clock.advance(seconds=loop_master.config.preemption_grace_s - 1)
+    heartbeat(loop_master, "a1")
+    placement.tick(loop_master)
+    assert allocation(loop_master, "long").kill_requested is False
+    clock.advance(seconds=2)
+    heartbeat(loop_master, "a1")
+    placement.tick(loop_master)
+    assert allocation(loop_master, "long").kill_requested is True
 
 
 def test_equal_priority_does_not_preempt(loop_master: Master) -> None:
@@ -236,3 +261,126 @@ def test_a_disconnected_agent_gets_no_idle_time_and_no_work(loop_master: Master,
     placement.tick(loop_master)
     assert agent(loop_master, "gone").idle_since is None
     assert allocation(loop_master, "work").state == "pending"
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduling: gangs across agents, job attributes from the experiment, waiting reasons
+# --------------------------------------------------------------------------------------------
+
+
+def _experiment(master: Master, *, priority: int | None = None, weight: float = 1.0,
+                queue_position: float | None = None, resources: dict[str, object] | None = None) -> int:
+    with transaction(master.sessions) as s:
+        owner = s.scalar(select(User))
+        assert owner is not None
+        md = ModelDefinition(archive=b"", size_bytes=0, sha256="0" * 64, file_count=0)
+        s.add(md)
+        s.flush()
+        exp = Experiment(name="e", config={"resources": resources or {}}, original_config="", state="ACTIVE",
+                         owner_id=owner.id, model_definition_id=md.id, resource_pool=POOL, priority=priority,
+                         weight=weight, job_id=f"job-{md.id}", queue_position=queue_position)
+        s.add(exp)
+        s.flush()
+        return exp.id
+
+
+def _of_experiment(master: Master, alloc_id: str, exp_id: int) -> None:
+    with transaction(master.sessions) as s:
+        row = s.get(Allocation, alloc_id)
+        assert row is not None
+        row.experiment_id = exp_id
+
+
+def test_a_gang_larger_than_any_agent_is_placed_whole_across_agents_and_each_agent_sees_it(
+    loop_master: Master, clock: FakeClock,
+) -> None:
+    for name in ("g1", "g2", "g3"):
+        add_agent(loop_master, name, pool=POOL, slots=2)
+    add_allocation(loop_master, "gang", pool=POOL, slots=4)
+    add_allocation(loop_master, "odd", pool=POOL, slots=3)  # not whole agents of 2: never placed
+
+    placement.tick(loop_master)
+
+    gang = allocation(loop_master, "gang")
+    assert gang.state == "assigned" and gang.placement is not None and len(gang.placement) == 2
+    members = [p["agent"] for p in gang.placement]
+    assert gang.agent_id == members[0] and gang.slot_ids == gang.placement[0]["slots"] == ["0", "1"]
+    assert gang.waiting_reason is None
+    odd = allocation(loop_master, "odd")
+    assert odd.state == "pending" and (odd.waiting_reason or "").startswith("unschedulable: needs 3 slots")
+    with loop_master.sessions() as s:
+        for member in members:  # every agent of the gang gets it in its commands, with its own slots
+            view = agents_service.get_agent(s, member)
+            assert [a.id for a in view.allocations] == ["gang"]
+        listed = {v.agent.id: [a.id for a in v.allocations] for v in agents_service.list_agents(s, POOL)}
+    assert sorted(m for m, ids in listed.items() if ids == ["gang"]) == sorted(members)
+    with transaction(loop_master.sessions) as s:  # their idle clocks stop: both are busy
+        assert all(not s.get(Agent, m).idle_since for m in members)  # type: ignore[union-attr]
+
+
+def test_a_gang_is_not_assigned_when_one_of_its_agents_is_being_terminated(loop_master: Master) -> None:
+    add_agent(loop_master, "g1", pool=POOL, slots=2)
+    add_agent(loop_master, "g2", pool=POOL, slots=2, instance_id="i-ending")
+    with transaction(loop_master.sessions) as s:  # terminated by the autoscaler since the snapshot
+        s.add(Instance(launch_id="l-1", pool=POOL, provider="local", instance_id="i-ending", state="stopping"))
+    add_allocation(loop_master, "gang", pool=POOL, slots=4)
+
+    placement.tick(loop_master)
+
+    gang = allocation(loop_master, "gang")
+    assert (gang.state, gang.agent_id, gang.placement) == ("pending", None, None)  # whole or nothing
+
+
+def test_a_gang_ends_whole_when_one_of_its_agents_is_lost(loop_master: Master, clock: FakeClock) -> None:
+    add_agent(loop_master, "g1", pool=POOL, slots=2)
+    add_agent(loop_master, "g2", pool=POOL, slots=2)
+    add_allocation(loop_master, "gang", pool=POOL, slots=4)
+    clock.advance(seconds=loop_master.config.agent_lost_grace_s + 1)  # past the restart grace
+    heartbeat(loop_master, "g1")
+    heartbeat(loop_master, "g2")
+    placement.tick(loop_master)
+    chief = allocation(loop_master, "gang").agent_id
+    member = "g2" if chief == "g1" else "g1"
+
+    clock.advance(seconds=loop_master.config.agent_lost_grace_s + 1)
+    heartbeat(loop_master, chief or "")  # only the chief still answers
+    placement.tick(loop_master)
+
+    gang = allocation(loop_master, "gang")
+    assert (gang.state, gang.end_cause) == ("terminated", "agent_lost")
+    assert member in (gang.exit_reason or "")
+
+
+def test_the_queue_orders_by_the_jobs_priority_and_position_and_says_why_the_rest_waits(
+    loop_master: Master, clock: FakeClock,
+) -> None:
+    add_agent(loop_master, "a", pool=POOL, slots=3)
+    urgent = _experiment(loop_master, priority=5)
+    from_config = _experiment(loop_master, resources={"priority": 20})
+    moved = _experiment(loop_master, queue_position=-1.0)  # default priority, moved to the front of it
+    plain = _experiment(loop_master)
+    for name, exp in (("plain", plain), ("moved", moved), ("from-config", from_config), ("urgent", urgent)):
+        add_allocation(loop_master, name, pool=POOL, slots=1, priority=99)  # the row's own copy is stale
+        _of_experiment(loop_master, name, exp)
+        clock.advance(seconds=1)
+
+    placement.tick(loop_master)
+
+    assigned = {n for n in ("urgent", "from-config", "moved", "plain") if allocation(loop_master, n).state == "assigned"}
+    assert assigned == {"urgent", "from-config", "moved"}
+    assert allocation(loop_master, "plain").waiting_reason == "waiting for 1 slot on one agent; 1 agent has at most 0 free"
+
+
+def test_max_slots_of_the_job_caps_its_running_allocations(loop_master: Master) -> None:
+    add_agent(loop_master, "a", pool=POOL, slots=4)
+    exp = _experiment(loop_master, resources={"max_slots": 2})
+    for name in ("t1", "t2", "t3"):
+        add_allocation(loop_master, name, pool=POOL, slots=1)
+        _of_experiment(loop_master, name, exp)
+
+    placement.tick(loop_master)
+
+    states = sorted(allocation(loop_master, n).state for n in ("t1", "t2", "t3"))
+    assert states == ["assigned", "assigned", "pending"]
+    waiting = next(n for n in ("t1", "t2", "t3") if allocation(loop_master, n).state == "pending")
+    assert allocation(loop_master, waiting).waiting_reason == "its job holds 2 slots of its max_slots 2"

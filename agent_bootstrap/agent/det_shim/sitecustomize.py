@@ -1,0 +1,94 @@
+"""Put on a task's PYTHONPATH by the Shipyard agent (shipyard_common/determined_info.py says why).
+
+When the task imports Determined's package (`determined`, 0.38.x), point it at this task's info
+files instead of the fixed `/run/determined/info/`, and at the shared_fs storage's host path
+instead of the container mount `/determined_shared_fs` (there is no container). Only the default
+arguments and a constant change; nothing is imported that the task does not import itself.
+Then run the environment's own `sitecustomize`, if it has one.
+"""
+
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+
+_DIR = os.environ.get("SHIPYARD_DET_INFO_DIR")
+
+
+def _patch_info(module):  # type: ignore[no-untyped-def]
+    paths = {name: os.path.join(_DIR, f"{name}.json") for name in ("cluster", "trial", "rendezvous", "resources")}
+    for cls_name, key in (("ClusterInfo", "cluster"), ("TrialInfo", "trial"), ("RendezvousInfo", "rendezvous"),
+                          ("ResourcesInfo", "resources")):
+        cls = getattr(module, cls_name, None)
+        for meth in ("_from_file", "_to_file"):
+            fn = getattr(cls, meth, None) if cls is not None else None
+            fn = getattr(fn, "__func__", fn)
+            if fn is not None and fn.__defaults__:
+                fn.__defaults__ = (paths[key],) + fn.__defaults__[1:]
+    for key, path in paths.items():
+        const = f"DEFAULT_{key.upper()}_INFO_PATH"
+        if hasattr(module, const):
+            setattr(module, const, path)
+
+
+def _patch_constants(module):  # type: ignore[no-untyped-def]
+    try:
+        with open(os.path.join(_DIR, "trial.json")) as f:
+            storage = (json.load(f).get("config") or {}).get("checkpoint_storage") or {}
+    except (OSError, ValueError):
+        return
+    if storage.get("type") == "shared_fs" and storage.get("host_path") and hasattr(module, "SHARED_FS_CONTAINER_PATH"):
+        module.SHARED_FS_CONTAINER_PATH = storage["host_path"]
+
+
+_PATCHES = {"determined._info": _patch_info, "determined.common.constants": _patch_constants}
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner, patch):  # type: ignore[no-untyped-def]
+        self.inner = inner
+        self.patch = patch
+
+    def create_module(self, spec):  # type: ignore[no-untyped-def]
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):  # type: ignore[no-untyped-def]
+        self.inner.exec_module(module)
+        self.patch(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+        patch = _PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader, patch)
+                return spec
+        return None
+
+
+if _DIR:
+    sys.meta_path.insert(0, _Finder())
+
+
+def _chain() -> None:
+    """The interpreter imports only the first `sitecustomize` on sys.path: this one. Run the next."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        if os.path.abspath(entry or os.getcwd()) == here:
+            continue
+        candidate = os.path.join(entry or os.getcwd(), "sitecustomize.py")
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_shipyard_next_sitecustomize", candidate)
+            if spec is not None and spec.loader is not None:
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            return
+
+
+_chain()

@@ -1,0 +1,29 @@
+"""Prepares a trial's directory for Determined's own `determined.core` (shipyard_common/determined_info.py
+says what and why): the info files in a private directory of the task, and the shim on PYTHONPATH."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from shipyard_common import private_files
+from shipyard_common.determined_info import INFO_DIR_ENV, info_files
+
+SHIM_DIR = Path(__file__).resolve().parent / "det_shim"
+
+
+def prepare(env: dict[str, str], task_dir: Path, container_addr: str = "127.0.0.1") -> dict[str, str]:
+    """The task's environment with the info files written under `task_dir` (0700 / 0600: they
+    hold the task's token); a task without a trial id is left as it is."""
+    if "DET_TRIAL_ID" not in env:
+        return env
+    info_dir = task_dir / ".determined-info"
+    private_files.private_dir(info_dir)
+    for name, content in info_files(env, container_addr).items():
+        private_files.write_private(info_dir / name, json.dumps(content).encode())
+    out = dict(env)
+    out[INFO_DIR_ENV] = str(info_dir)
+    existing = out.get("PYTHONPATH")
+    out["PYTHONPATH"] = str(SHIM_DIR) + (os.pathsep + existing if existing else "")
+    return out
