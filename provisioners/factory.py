@@ -17,7 +17,7 @@ COMMON_KEYS = {
     "type", "min_instances", "max_instances", "max_idle_agent_period", "max_agent_starting_period",
     "max_disconnected_period", "launch_error_backoff", "launch_error_backoff_max", "master_url",
     "startup_script", "agent", "max_launch_per_decision", "bootstrap_token_ttl", "list_miss_grace",
-    "launch_probe_interval",
+    "launch_probe_interval", "arrival_window",
 }
 
 
@@ -46,6 +46,10 @@ class ElasticSettings:
     # During a long launch backoff (quota), one instance is launched this often to see whether the
     # error is over, rather than waiting for the whole backoff.
     launch_probe_interval: timedelta = timedelta(minutes=5)
+    # Scale-down hysteresis: the demand arrivals of this window predict the next one, and an idle
+    # instance the next arrival is expected to use is kept (up to twice max_idle_agent_period).
+    # 0 turns the hysteresis off: idle instances go after max_idle_agent_period.
+    arrival_window: timedelta = timedelta(minutes=30)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -87,7 +91,7 @@ def elastic_settings(provider_cfg: dict[str, Any]) -> ElasticSettings:
     durations = {}
     for key in ("max_idle_agent_period", "max_agent_starting_period", "max_disconnected_period",
                 "launch_error_backoff", "launch_error_backoff_max", "bootstrap_token_ttl", "list_miss_grace",
-                "launch_probe_interval"):
+                "launch_probe_interval", "arrival_window"):
         if key in provider_cfg:
             durations[key] = parse_duration(provider_cfg[key], key)
     agent = provider_cfg.get("agent") or {}

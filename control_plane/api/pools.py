@@ -15,6 +15,7 @@ from control_plane.core import states as st
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
 from control_plane.errors import bad_request, not_found
 from control_plane.master import Master
+from provisioners.factory import PoolConfigError, parse_duration
 
 router = APIRouter()
 
@@ -67,6 +68,17 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
 _POOL_TYPES = {"static": "RESOURCE_POOL_TYPE_STATIC", "aws": "RESOURCE_POOL_TYPE_AWS", "gcp": "RESOURCE_POOL_TYPE_GCP"}
 
 
+def _seconds(value: Any) -> float:
+    """A pool duration setting ("5m", 300) in seconds, as Determined's wire has it; 0 when unset
+    (or unusable: the pool itself then shows the config error)."""
+    if value in (None, ""):
+        return 0.0
+    try:
+        return parse_duration(value, "duration").total_seconds()
+    except PoolConfigError:
+        return 0.0
+
+
 def _determined_pool_fields(master: Master, provider: dict[str, Any], cfg: Any, slots_total: int, agents: int,
                             allocs: list[Allocation]) -> dict[str, Any]:
     """The rest of Determined's v1ResourcePool, which its client (0.38.1) requires: what Shipyard
@@ -84,8 +96,8 @@ def _determined_pool_fields(master: Master, provider: dict[str, Any], cfg: Any, 
         "agentDockerRuntime": "",
         "agentDockerImage": "",
         "agentFluentImage": "",
-        "maxIdleAgentPeriod": float(provider.get("max_idle_agent_period") or 0),
-        "maxAgentStartingPeriod": float(provider.get("max_agent_starting_period") or 0),
+        "maxIdleAgentPeriod": _seconds(provider.get("max_idle_agent_period")),
+        "maxAgentStartingPeriod": _seconds(provider.get("max_agent_starting_period")),
         "details": {},
         "slotsPerAgent": slots_total // agents if agents else 0,
         "auxContainerCapacity": 0,

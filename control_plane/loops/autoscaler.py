@@ -51,6 +51,7 @@ from sqlalchemy.orm import Session
 from control_plane import auth
 from control_plane.core import states as st
 from control_plane.core.scaling import (
+    DEFAULT_ARRIVAL_WINDOW,
     Arrival,
     InstanceView,
     PendingDemand,
@@ -377,16 +378,17 @@ class Autoscaler:
             max_agent_starting_period=settings.max_agent_starting_period,
             max_disconnected_period=settings.max_disconnected_period,
             max_launch_per_decision=settings.max_launch_per_decision,
+            arrival_window=settings.arrival_window or DEFAULT_ARRIVAL_WINDOW,
         )
         with self.master.read_sessions() as s:
-            snap = self._snapshot(s, pool, orphans, limits, now)
+            snap = self._snapshot(s, pool, orphans, limits, now, hysteresis=bool(settings.arrival_window))
         decision = decide(snap.demand, snap.views, limits, now, snap.arrivals)
         with transaction(self.master.sessions) as s:
             launch_ids = self._apply(s, pool, state, decision, snap, now)
         return decision, launch_ids
 
     def _snapshot(self, s: Session, pool: str, orphans: list[CloudInstance], limits: PoolLimits,
-                  now: datetime) -> _Snapshot:
+                  now: datetime, *, hysteresis: bool = True) -> _Snapshot:
         pending = list(s.scalars(select(Allocation).where(Allocation.pool == pool,
                                                            Allocation.state == st.ALLOC_PENDING)))
         shapes: dict[int, int] = {}
@@ -399,7 +401,7 @@ class Autoscaler:
         demand = [PendingDemand(slots, count) for slots, count in sorted(shapes.items())]
         # The demand arrivals of the window (every allocation created in it, whatever it became):
         # they predict the next one (scale-down hysteresis).
-        arrivals = [Arrival(at, slots) for at, slots in s.execute(
+        arrivals = [] if not hysteresis else [Arrival(at, slots) for at, slots in s.execute(
             select(Allocation.created_at, Allocation.slots_needed).where(
                 Allocation.pool == pool, Allocation.created_at > now - limits.arrival_window))]
         billed = list(s.scalars(select(Instance).where(Instance.pool == pool,

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,5 +199,15 @@ def write_config(folder: Path, name: str, **kw: Any) -> Path:
     return path
 
 
-def dumps(value: Any) -> str:
-    return json.dumps(value)
+TERMINAL = ("STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR")
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last={last!r}")

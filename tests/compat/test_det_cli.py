@@ -4,32 +4,18 @@ recorded. One cluster and one finished experiment serve most tests (tests/compat
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.compat.conftest import MODEL_DIR, CompatCluster, Det, write_config
+from tests.compat.conftest import MODEL_DIR, TERMINAL, CompatCluster, Det, wait_for, write_config
 from tests.conftest import ADMIN_PASSWORD
-
-TERMINAL = ("STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR")
 
 
 def login_status(cluster: CompatCluster, username: str, password: str) -> int:
     return httpx.post(cluster.url + "/api/v1/auth/login", json={"username": username, "password": password}).status_code
-
-
-def wait_for(predicate: Any, what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
 
 
 @pytest.fixture(scope="package")

@@ -9,15 +9,21 @@ GCP provider (google-cloud-compute client) against the GCE fake, on SQLite and P
    when it reappears, not relaunched: launches stay at the demand;
 3. an EC2 instance stopped by hand is terminated, a GCE VM powered off (TERMINATED) is deleted, disks
    included unless the pool sets `keep_stopped_disks`;
+4. an allocation placed on an idle instance's agent between the autoscaler's read and its write keeps
+   the instance: no terminate reaches the cloud, and the pool's last decision says why (the
+   interleaving is forced at the seam between the decision and its write, as in
+   tests/control_plane/loops/test_idle_race.py);
 6. once a quota error clears, a probe launch (one instance) goes out before the backoff ends, and the
    pool shows state ok with no stale error;
+8. bursty arrivals (allocations created minutes apart) keep an instance idle past
+   max_idle_agent_period, with the reason, and once they stop it is terminated by twice that period;
 and teardown (`terminate_all`) keeps its rows `stopping` until the cloud confirms, so a failed
 terminate is retried by the next tick."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +43,17 @@ from provisioners.base import TAG_CLUSTER, Provider
 from provisioners.factory import PoolConfigError, build_provider
 from provisioners.gcp import GcpProvider
 from tests.conftest import login
-from tests.control_plane.loops.conftest import ELASTIC, FakeClock, add_allocation, make_master
+from tests.control_plane.loops.conftest import (
+    ELASTIC,
+    FakeClock,
+    add_agent,
+    add_allocation,
+    agent,
+    allocation,
+    make_master,
+)
+from tests.control_plane.loops.test_autoscaler import go_idle
+from tests.control_plane.loops.test_idle_race import decide_then, place_now
 from tests.fakes.gce import GceFake, running_gce_fake
 
 if TYPE_CHECKING:
@@ -454,3 +470,132 @@ def test_keep_stopped_disks_must_be_a_boolean(provider: dict[str, Any], field: s
         build_provider({**provider, "keep_stopped_disks": "yes"}, pool="gpu", cluster_id="c1",
                        master_url="http://m:8080", state_dir=tmp_path)
     assert str(err.value).startswith(f"{field}: must be true or false"), str(err.value)
+
+
+# -- 4. a placement committed between the idle decision and its write keeps the instance -------------
+
+
+def idle_instance(master: Master, scaler: Autoscaler, clock: FakeClock, idle: timedelta) -> Instance:
+    """One instance launched for trial a1, its agent (named after the instance) connected, the trial
+    run and finished there; then `idle` passes."""
+    add_allocation(master, "a1")
+    scaler.tick()
+    [row] = rows(master)
+    assert row.instance_id is not None
+    clock.advance(seconds=5)
+    add_agent(master, row.instance_id, slots=1, instance_id=row.instance_id)
+    scaler.tick()
+    go_idle(master, "a1", row.instance_id)
+    clock.advance(seconds=idle.total_seconds())
+    [row] = rows(master)
+    assert row.state == InstanceState.RUNNING
+    return row
+
+
+def test_aws_placement_between_the_idle_decision_and_its_write_keeps_the_instance(
+    masters: Callable[..., Master], ec2_faults: Ec2FaultProxy, aws_session: boto3.Session, moto_image: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _clock()
+    master = masters(aws_pool(ec2_faults, moto_image, max_idle_agent_period="1m"), clock)
+    scaler = Autoscaler(master, wrap_provider=_fast_aws(aws_session))
+    row = idle_instance(master, scaler, clock, timedelta(seconds=61))
+    agent_id = row.instance_id
+    assert agent_id is not None
+    decided: list[list[str]] = []
+
+    def trial_arrives_and_is_placed(decision: Any) -> None:
+        decided.append([t.id for t in decision.terminate if t.presumes_idle])
+        add_allocation(master, "a2")
+        place_now(master)  # commits between the autoscaler's read and its write
+        assert allocation(master, "a2").agent_id == agent_id
+
+    decide_then(monkeypatch, trial_arrives_and_is_placed)
+    scaler.tick()
+    monkeypatch.undo()
+
+    assert decided == [[row.launch_id]]  # the snapshot said idle past the period
+    assert ec2_faults.calls("TerminateInstances") == []
+    assert moto_state(ec2(aws_session, ec2_faults_upstream(ec2_faults)), agent_id) == "running"
+    [after] = rows(master)
+    assert (after.state, after.terminate_reason) == (InstanceState.RUNNING, None)
+    assert agent(master, agent_id).enabled
+    a2 = allocation(master, "a2")
+    assert (a2.state, a2.agent_id) == ("assigned", agent_id)
+    decision = pool_api(master)["lastDecision"]
+    assert decision["terminate"] == []
+    assert (f"not terminating {row.launch_id}: its agent {agent_id} took 1 allocation since the decision"
+            in decision["reasons"]), decision["reasons"]
+
+    clock.advance(seconds=30)
+    scaler.tick()  # busy now: nothing to decide about it
+    assert ec2_faults.calls("TerminateInstances") == [] and rows(master)[0].state == InstanceState.RUNNING
+    assert allocation(master, "a2").agent_id == agent_id
+
+
+# -- 8. bursty arrivals keep an idle instance, up to twice max_idle_agent_period ---------------------
+
+
+def bursty_history(master: Master, start: datetime) -> None:
+    """Eight trials created 3 minutes apart in the 24 minutes before `start` (they ran and ended)."""
+    for k in range(1, 9):
+        add_allocation(master, f"h{k}", state="terminated", created_at=start - k * timedelta(minutes=3))
+
+
+KEPT_FOR_ARRIVALS = ("keeping 1 idle instance past max_idle_agent_period 5m for expected arrivals: 9 arrivals in "
+                     "the last 30m (one every 3m20s), next due now (overdue); at most 10m idle")
+
+
+def test_aws_bursty_arrivals_keep_an_idle_instance_until_twice_max_idle_agent_period(
+    masters: Callable[..., Master], ec2_faults: Ec2FaultProxy, aws_session: boto3.Session, moto_image: str,
+) -> None:
+    clock = _clock()
+    master = masters(aws_pool(ec2_faults, moto_image, max_idle_agent_period="5m"), clock)
+    scaler = Autoscaler(master, wrap_provider=_fast_aws(aws_session))
+    bursty_history(master, clock())
+    row = idle_instance(master, scaler, clock, timedelta(minutes=5, seconds=1))
+    assert row.instance_id is not None
+    moto = ec2(aws_session, ec2_faults_upstream(ec2_faults))
+
+    scaler.tick()
+    assert ec2_faults.calls("TerminateInstances") == []
+    assert KEPT_FOR_ARRIVALS in pool_api(master)["lastDecision"]["reasons"]
+
+    for _ in range(4):  # no more arrivals: still kept while idle at most 10m (9m1s here)
+        clock.advance(minutes=1)
+        scaler.tick()
+    assert ec2_faults.calls("TerminateInstances") == [] and moto_state(moto, row.instance_id) == "running"
+    clock.advance(minutes=1)  # idle 10m1s: past the bound
+    scaler.tick()
+    assert [c.params["InstanceId.1"] for c in ec2_faults.calls("TerminateInstances")] == [row.instance_id]
+    assert moto_state(moto, row.instance_id) == "terminated"
+    tick_until_closed(scaler, clock, master, row.launch_id)
+    [closed] = rows(master)
+    assert closed.terminate_reason == "idle for 10m1s (max_idle_agent_period 5m)"
+    assert len(ec2_faults.calls("RunInstances")) == 1
+
+
+def test_gcp_bursty_arrivals_keep_an_idle_vm_until_twice_max_idle_agent_period(
+    masters: Callable[..., Master], gce: GceFake,
+) -> None:
+    clock = _clock()
+    master = masters(gcp_pool(gce, max_idle_agent_period="5m"), clock)
+    scaler = Autoscaler(master, wrap_provider=_fast_gcp)
+    bursty_history(master, clock())
+    row = idle_instance(master, scaler, clock, timedelta(minutes=5, seconds=1))
+    assert row.instance_id is not None
+
+    scaler.tick()
+    assert gce.calls_to("delete") == []
+    assert KEPT_FOR_ARRIVALS in pool_api(master)["lastDecision"]["reasons"]
+    clock.advance(minutes=4, seconds=59)  # idle 10m: still kept
+    scaler.tick()
+    assert gce.calls_to("delete") == [] and gce.has_instance(row.instance_id)
+    clock.advance(seconds=1)
+    scaler.tick()
+    assert len(gce.calls_to("delete")) == 1
+    tick_until_closed(scaler, clock, master, row.launch_id)
+    assert not gce.has_instance(row.instance_id)
+    [closed] = rows(master)
+    assert closed.terminate_reason == "idle for 10m1s (max_idle_agent_period 5m)"
+    assert len(gce.calls_to("insert")) == 1

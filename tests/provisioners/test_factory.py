@@ -25,6 +25,7 @@ def test_durations() -> None:
     ({"type": "kubernetes"}, "type: must be one of"),
     ({"type": "local", "max_instances": -1}, "max_instances"),
     ({"type": "local", "max_idle_agent_period": "forever"}, "max_idle_agent_period"),
+    ({"type": "local", "arrival_window": "lately"}, "arrival_window"),
     ({"type": "local", "slots_per_instance": 0}, "slots_per_instance"),
     ({"type": "local", "bogus": 1}, "bogus"),
     ({"type": "aws", "region": "us-east-1", "image_id": "ami-1", "instance_type": "g5.xlarge", "subnet_ids": []},
@@ -56,3 +57,9 @@ def test_local_pool(tmp_path) -> None:
     pp = build({"type": "local", "max_instances": 3, "slots_per_instance": 2, "max_idle_agent_period": "30s"}, tmp_path)
     assert pp.slots_per_instance == 2 and pp.settings.max_idle_agent_period == timedelta(seconds=30)
     assert elastic_settings({"type": "local"}).min_instances == 0
+
+
+def test_arrival_window_is_a_duration_and_zero_turns_it_off() -> None:
+    assert elastic_settings({"type": "local"}).arrival_window == timedelta(minutes=30)
+    assert elastic_settings({"type": "local", "arrival_window": "10m"}).arrival_window == timedelta(minutes=10)
+    assert not elastic_settings({"type": "local", "arrival_window": 0}).arrival_window

@@ -44,5 +44,5 @@ def cannot_host(slots: int, capacity: PoolCapacity | None) -> str | None:
                 f"multiple of {largest})")
     if capacity.total_slots is not None and slots > capacity.total_slots:
         return (f"{slots} slots per trial cannot be served by pool {capacity.pool!r}: it can bring at most "
-                f"{capacity.total_slots} slots across its agents")
+                f"{capacity.total_slots} slots across its agents ({capacity.source}: {largest} slots each)")
     return None

@@ -4,6 +4,7 @@ TensorboardMode.MANUAL: the compat environment has neither torch nor tensorflow 
 
 import json
 import sys
+import time
 
 import determined as det
 from determined import core
@@ -23,10 +24,12 @@ def main(ctx: core.Context) -> None:
         w, steps = state["w"], state["steps"]
         print(f"restored {info.latest_checkpoint} at step {steps}", flush=True)
     lr = float(info.trial.hparams["lr"])
+    sleep = float(info.trial.hparams.get("step_sleep", 0))
     for op in ctx.searcher.operations():
         while steps < op.length:
             steps += 1
             w -= lr * 2 * (w - 3.0)
+            time.sleep(sleep)
             ctx.train.report_training_metrics(steps_completed=steps, metrics={"loss": (w - 3.0) ** 2})
             if steps % 5 == 0 or steps == op.length:
                 ctx.train.report_validation_metrics(steps_completed=steps, metrics={"validation_loss": (w - 3.0) ** 2})

@@ -391,6 +391,19 @@ def test_recent_arrivals_keep_an_idle_instance_up_to_twice_max_idle_agent_period
     assert instance_rows(loop_master)[0].terminate_reason == "idle for 2m1s (max_idle_agent_period 1m)"
 
 
+def test_arrival_window_zero_turns_the_hysteresis_off(db_url: str, tmp_path: Path, clock: FakeClock,
+                                                      cloud: FakeCloud) -> None:
+    master = make_master(db_url, tmp_path / "state", clock, {**ELASTIC_PROVIDER, "arrival_window": 0})
+    try:
+        scaler, inst = idle_for_a_while(master, cloud, clock)  # idle 61 s of 60
+        for k in range(1, 40):  # the same busy half hour as above: no longer a reason to keep it
+            add_allocation(master, f"h{k}", state="terminated", created_at=T0 - k * timedelta(seconds=44))
+        scaler.tick()
+        assert cloud.terminated == [inst.id]
+    finally:
+        master.stop()
+
+
 def test_teardown_terminates_every_instance_and_enable_launches_again(
     loop_master: Master, cloud: FakeCloud, clock: FakeClock,
 ) -> None:
