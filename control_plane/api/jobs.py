@@ -13,7 +13,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps, serializers
-from control_plane.api.wire import INT32_MAX, StrictWire, ts
+from control_plane.api.wire import Count32, Int32, StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.master import Master
 from control_plane.services import jobs as service
@@ -64,8 +64,8 @@ def get_jobs_v2(
     db: Session = Depends(deps.get_db, scope="function"),
     resourcePool: str | None = None,
     states: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
-    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
-    limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+    offset: Annotated[Count32, Query()] = 0,
+    limit: Annotated[Count32, Query()] = 0,
     orderBy: str | None = None,
 ) -> dict[str, Any]:
     """The queue (of `resourcePool`, else every pool's, pool by pool) in queue order; `limit` 0: all."""
@@ -80,8 +80,8 @@ def get_jobs(
     db: Session = Depends(deps.get_db, scope="function"),
     resourcePool: str | None = None,
     states: Annotated[list[str], Query()] = [],  # noqa: B006
-    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
-    limit: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+    offset: Annotated[Count32, Query()] = 0,
+    limit: Annotated[Count32, Query()] = 0,
     orderBy: str | None = None,
 ) -> dict[str, Any]:
     jobs, pagination = _page(db, master, resourcePool, states, offset, limit, orderBy)
@@ -106,7 +106,7 @@ class QueueControl(StrictWire):
     """Determined's v1QueueControl (null means unchanged); `queuePosition` is Shipyard's own."""
 
     job_id: str = Field(min_length=1, max_length=64)
-    priority: int | None = Field(default=None, ge=-(2**31), le=INT32_MAX)
+    priority: Int32 | None = None
     weight: float | None = None
     resource_pool: str | None = Field(default=None, max_length=64)
     ahead_of: str | None = Field(default=None, max_length=64)
