@@ -14,6 +14,12 @@ The autoscaler renders it once per launch (`Autoscaler.default_user_data`). What
 4. when the agent loses the master for good it runs `on_connection_lost` (power off by default),
    so an instance whose master is gone stops billing.
 
+A pool with `container_runtime: docker` also gets Debian's docker.io and python3-docker, a setup
+script (/usr/local/bin/shipyard-docker-setup, run before the boot script) that starts the engine
+and, on an instance with NVIDIA GPUs (nvidia-smi answers), installs and configures NVIDIA's
+container toolkit (from the apt sources the GPU image provides), and `runtime: docker` in the agent
+config: trials then run in containers from `environment.image`.
+
 The only secret in the user-data is the bootstrap token: bound to this one launch, short-lived
 until first used, revoked when the instance ends (control_plane/api/agents.py). It appears once,
 in the token file's content, and nowhere else (not in the config, a command line or the unit).
@@ -35,6 +41,7 @@ CONFIG_PATH = f"{CONF_DIR}/agent.yaml"
 TOKEN_PATH = f"{CONF_DIR}/agent-token"
 STARTUP_SCRIPT_PATH = f"{CONF_DIR}/startup-script"
 BOOT_SCRIPT_PATH = "/usr/local/bin/shipyard-agent-boot"
+DOCKER_SETUP_PATH = "/usr/local/bin/shipyard-docker-setup"
 INSTALL_DIR = "/opt/shipyard"
 WORK_DIR = "/var/lib/shipyard-agent"
 UNIT_NAME = "shipyard-agent.service"
@@ -46,6 +53,9 @@ METADATA_URLS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google
 PACKAGES = ("python3", "python3-venv", "python3-yaml", "python3-httpx", "python3-pydantic", "python3-tenacity")
 # The same libraries for the venv fallback, pinned to the master's own versions when known.
 PIP_REQUIREMENTS = {"httpx": "httpx", "pyyaml": "PyYAML", "pydantic": "pydantic", "tenacity": "tenacity"}
+# What `container_runtime: docker` adds: the engine, and the SDK the docker runtime speaks through.
+DOCKER_PACKAGES = ("docker.io", "python3-docker")
+CONTAINER_RUNTIMES = ("process", "docker")
 
 # Agent defaults for cloud instances: ride out any master outage of less than half an hour (the
 # trials keep running meanwhile), then give up and power off rather than bill an instance nobody
@@ -74,6 +84,7 @@ class BootstrapParams:
     launch_id: str
     startup_script: str = ""  # the pool's script, run as root before the agent starts
     agent_options: dict[str, Any] = field(default_factory=dict)  # extra agent.yaml keys
+    container_runtime: str = "process"  # the pool's: `docker` installs the engine, agents run containers
 
     def __post_init__(self) -> None:
         if self.provider not in METADATA_URLS:
@@ -89,6 +100,9 @@ class BootstrapParams:
         if not isinstance(self.startup_script, str):
             raise ValueError("startup_script: must be text")
         validate_agent_options(self.agent_options)
+        if self.container_runtime not in CONTAINER_RUNTIMES:
+            raise ValueError(f"container_runtime: must be one of {', '.join(CONTAINER_RUNTIMES)} "
+                             f"(got {self.container_runtime!r})")
 
 
 def validate_agent_options(options: Any) -> dict[str, Any]:
@@ -118,19 +132,27 @@ def agent_config(p: BootstrapParams) -> dict[str, Any]:
         "work_dir": WORK_DIR,
         **DEFAULT_AGENT_CONFIG,
     }
+    if p.container_runtime == "docker":
+        cfg["runtime"] = "docker"
     cfg.update(p.agent_options)
     return cfg
 
 
-def pip_pins() -> list[str]:
+def pip_pins(container_runtime: str = "process") -> list[str]:
     """`name==version` of the agent's libraries as installed with this master (unpinned if unknown)."""
     pins = []
-    for dist, name in PIP_REQUIREMENTS.items():
+    wanted = dict(PIP_REQUIREMENTS, **({"docker": "docker"} if container_runtime == "docker" else {}))
+    for dist, name in wanted.items():
         try:
             pins.append(f"{name}=={version(dist)}")
         except PackageNotFoundError:
             pins.append(name)
     return pins
+
+
+def docker_setup_script() -> str:
+    """Starts Docker; on a GPU instance adds NVIDIA's container toolkit and makes it Docker's GPU runtime."""
+    return resources.files("agent_bootstrap").joinpath("templates/shipyard-docker-setup.sh").read_text("utf-8")
 
 
 def boot_script(p: BootstrapParams, work_dir: str = WORK_DIR) -> str:
@@ -143,7 +165,7 @@ def boot_script(p: BootstrapParams, work_dir: str = WORK_DIR) -> str:
         "POOL_COMMENT": p.pool,  # matched _POOL_RE: safe inside a comment
         "LAUNCH_ID": shlex.quote(p.launch_id),
         "WORK_DIR": shlex.quote(work_dir),
-        "PIP_PINS": " ".join(shlex.quote(pin) for pin in pip_pins()),
+        "PIP_PINS": " ".join(shlex.quote(pin) for pin in pip_pins(p.container_runtime)),
         "DEFAULT_METADATA_URL": METADATA_URLS[p.provider],
     }
     script = _PLACEHOLDER_RE.sub(lambda m: values[m.group(0).strip("@")], template)
@@ -190,12 +212,19 @@ def render_user_data(p: BootstrapParams) -> str:
                       "content": _startup_script(p.startup_script)})
     files.append({"path": BOOT_SCRIPT_PATH, "owner": "root:root", "permissions": "0755",
                   "content": boot_script(p, work_dir)})
+    packages = list(PACKAGES)
+    runcmd: list[list[str]] = [[BOOT_SCRIPT_PATH]]
+    if p.container_runtime == "docker":
+        packages += DOCKER_PACKAGES
+        files.append({"path": DOCKER_SETUP_PATH, "owner": "root:root", "permissions": "0755",
+                      "content": docker_setup_script()})
+        runcmd.insert(0, [DOCKER_SETUP_PATH])  # the engine answers before the agent starts
     doc: dict[str, Any] = {
         "package_update": True,
-        "packages": list(PACKAGES),
+        "packages": packages,
         "write_files": files,
         # The boot script runs the startup script first, then the agent.
-        "runcmd": [[BOOT_SCRIPT_PATH]],
+        "runcmd": runcmd,
     }
     header = (
         "#cloud-config\n"

@@ -55,6 +55,9 @@ class ResourcePoolConfig(_Strict):
     # config model when the pool starts; None means agents join by themselves.
     provider: dict[str, Any] | None = None
     max_slots_per_agent: int | None = None
+    # How the pool's cloud agents run trials: `docker` makes cloud-init install Docker (and NVIDIA's
+    # container toolkit on GPU instances) and start the agents with `runtime: docker`.
+    container_runtime: Literal["process", "docker"] = "process"
 
 
 class MasterConfig(_Strict):

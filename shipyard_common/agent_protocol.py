@@ -71,6 +71,27 @@ class RegisterResponse(Wire):
     reconnect_backoff_max_s: float | None = Field(default=None, gt=0)
 
 
+class ContainerMount(Wire):
+    host_path: str = Field(min_length=1)
+    container_path: str = Field(min_length=1)
+    read_only: bool = False
+
+
+class ContainerSpec(Wire):
+    """How to run a task in a container, from the experiment config. Agents whose runtime is
+    `docker` use it; an agent running tasks as processes refuses a task whose `image` is set."""
+
+    # `environment.image` for the agent's device type; None: the agent's default image.
+    image: str | None = None
+    force_pull: bool = False
+    # `environment.registry_auth` (Docker's names: username, password, serveraddress, ...).
+    registry_auth: dict[str, str] | None = Field(default=None, repr=False)
+    shm_size_bytes: int | None = Field(default=None, ge=0)
+    memory_bytes: int | None = Field(default=None, ge=0)
+    # shared_fs checkpoint storage and `bind_mounts`, in the container at the paths given.
+    mounts: list[ContainerMount] = Field(default_factory=list)
+
+
 class TaskSpec(Wire):
     allocation_id: str = Field(min_length=1)
     task_id: str = ""
@@ -83,6 +104,8 @@ class TaskSpec(Wire):
     token: str | None = Field(default=None, repr=False)
     model_definition_path: str | None = None
     kill_grace_seconds: float | None = Field(default=None, ge=0)
+    # Container settings (environment.image & co.); None from a master that predates them.
+    container: ContainerSpec | None = None
 
     @field_validator("env", mode="before")
     @classmethod

@@ -21,7 +21,8 @@ INFO_FILES = ("cluster.json", "trial.json", "rendezvous.json", "resources.json")
 
 def info_files(env: dict[str, str], container_addr: str = "127.0.0.1") -> dict[str, dict[str, Any]]:
     """The four files' contents (file name → JSON object), as Determined's `_to_file` writes
-    them. One container per trial (Shipyard gangs a trial on one agent today)."""
+    them. A trial across agents has one "container" per agent: its rendezvous comes from the
+    master (DET_RENDEZVOUS_INFO, the same answer as the rendezvous endpoint)."""
     slot_ids = [int(x) for x in json.loads(env.get("DET_SLOT_IDS") or "[]")]
     cluster = {
         "master_url": env["DET_MASTER"],
@@ -47,8 +48,13 @@ def info_files(env: dict[str, str], container_addr: str = "127.0.0.1") -> dict[s
         "debug": False,
         "inter_node_network_interface": None,
     }
-    rendezvous = {"container_addrs": [container_addr], "container_rank": 0,
-                  "container_slot_counts": [len(slot_ids)]}
+    rdzv = json.loads(env.get("DET_RENDEZVOUS_INFO") or "{}")
+    if rdzv.get("addresses"):
+        rendezvous = {"container_addrs": list(rdzv["addresses"]), "container_rank": int(rdzv.get("rank", 0)),
+                      "container_slot_counts": [int(n) for n in rdzv.get("slots") or [len(slot_ids)]]}
+    else:
+        rendezvous = {"container_addrs": [container_addr], "container_rank": 0,
+                      "container_slot_counts": [len(slot_ids)]}
     resources = {"gpu_uuids": []}
     return {"cluster.json": cluster, "trial.json": trial, "rendezvous.json": rendezvous,
             "resources.json": resources}

@@ -27,6 +27,9 @@ TRIAL_ENV_VARS = (
     "DET_AGENT_ID",
     "DET_USER",
     "DET_STEPS_COMPLETED",
+    "DET_RESOURCES_ID",
+    "DET_RENDEZVOUS_INFO",
+    "C10D_PORT",
 )
 
 
@@ -51,6 +54,13 @@ class TrialEnvironment:
     # username) and the steps the latest checkpoint holds (its TrialInfo).
     user: str = ""
     steps_completed: int = 0
+    # This process group's part of the trial (one per agent; Determined's resources id is the
+    # agent's id here), the rendezvous of all parts (Determined's v1RendezvousInfo: addresses,
+    # rank, slots; also served by GET /api/v1/allocations/{id}/resources/{rid}/rendezvous) and
+    # the port of the chief's torch.distributed store (Determined's launcher reads C10D_PORT).
+    resources_id: str = ""
+    rendezvous: dict[str, Any] = field(default_factory=dict)
+    c10d_port: int = 29400
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -71,6 +81,10 @@ class TrialEnvironment:
             "DET_TASK_TYPE": self.task_type,
             "DET_USER": self.user,
             "DET_STEPS_COMPLETED": str(self.steps_completed),
+            "DET_RESOURCES_ID": self.resources_id or self.agent_id,
+            "DET_RENDEZVOUS_INFO": json.dumps(self.rendezvous or {"addresses": ["127.0.0.1"], "rank": 0,
+                                                                  "slots": [len(self.slot_ids)]}),
+            "C10D_PORT": str(self.c10d_port),
         }
         assert set(env) == set(TRIAL_ENV_VARS)
         return env

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # What the test suite needs from Debian: cloud-init (validates the user-data schema), openssh-server
-# (the real-SSH bootstrap test) and PostgreSQL's server binaries (the throwaway PostgreSQL).
+# (the real-SSH bootstrap test), PostgreSQL's server binaries (the throwaway PostgreSQL) and Chromium
+# with its driver (the web UI's browser tests in tests/ui/, driven by playwright), and docker.io
+# (dockerd, containerd, runc, tini: tests/docker/ starts its own engine).
 # Installs what is missing when it can (root with apt-get). With CI=true anything still missing is
 # an error; elsewhere the tests that need it skip and say why.
 set -uo pipefail
@@ -9,6 +11,9 @@ missing=()
 command -v cloud-init >/dev/null 2>&1 || missing+=(cloud-init)
 { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
 { ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; } || missing+=(postgresql)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+{ command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ]; } || missing+=(docker.io)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "test set-up: installing ${missing[*]}" >&2
@@ -21,6 +26,9 @@ still=()
 command -v cloud-init >/dev/null 2>&1 || still+=(cloud-init)
 { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; } || still+=(openssh-server)
 { ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; } || still+=(postgresql)
+[ -x /usr/bin/chromium ] || still+=(chromium)
+[ -x /usr/bin/chromedriver ] || still+=(chromium-driver)
+{ command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ]; } || still+=(docker.io)
 [ ${#still[@]} -eq 0 ] && exit 0
 if [ "${CI:-}" = "true" ]; then
     echo "test set-up: could not install ${still[*]} (CI=true: the tests that need them cannot run)" >&2

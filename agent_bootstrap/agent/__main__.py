@@ -16,9 +16,15 @@ from pathlib import Path
 from typing import IO
 
 from agent_bootstrap.agent.config import AgentConfig, ConfigError, load_config
-from agent_bootstrap.agent.daemon import EXIT_CONFIG, Agent
+from agent_bootstrap.agent.daemon import EXIT_CONFIG, EXIT_INTERNAL, Agent
 from agent_bootstrap.agent.devices import DeviceError, discover_slots
-from agent_bootstrap.agent.runtime import RuntimeOptions, TaskRuntime, UnknownRuntime, create_runtime
+from agent_bootstrap.agent.runtime import (
+    RuntimeOptions,
+    RuntimeUnavailable,
+    TaskRuntime,
+    UnknownRuntime,
+    create_runtime,
+)
 
 log = logging.getLogger("shipyard.agent")
 
@@ -69,9 +75,13 @@ def clean_work_dir(config: AgentConfig, runtime: TaskRuntime) -> None:
     if killed:
         log.warning("event=leftovers_killed processes=%d", killed)
     tasks_dir = config.work_dir / "tasks"
+    # The directories of tasks the runtime can reattach to (containers outlive their agent) stay.
+    leftovers = getattr(runtime, "leftovers", list)()
+    kept = {t.workdir.resolve() for t in leftovers if t.workdir is not None}
     if tasks_dir.is_dir() and not config.keep_task_dirs:
         for child in tasks_dir.iterdir():
-            shutil.rmtree(child, ignore_errors=True)
+            if child.resolve() not in kept:
+                shutil.rmtree(child, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,10 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         try:
-            runtime = create_runtime(config.runtime, RuntimeOptions(work_dir=config.work_dir))
+            runtime = create_runtime(config.runtime, RuntimeOptions(
+                work_dir=config.work_dir, agent_id=config.agent_id, docker_host=config.docker_host,
+                container_user=config.container_user))
         except UnknownRuntime as e:
             print(f"det-agent: {e}", file=sys.stderr)
             return EXIT_CONFIG
+        except RuntimeUnavailable as e:
+            # Exit 1, not 2: the engine may only be late (starting at boot); systemd tries again.
+            print(f"det-agent: {e}", file=sys.stderr)
+            return EXIT_INTERNAL
         clean_work_dir(config, runtime)
         try:
             slots = discover_slots(config.slot_type, config.slots)

@@ -62,8 +62,19 @@ class AgentConfig(BaseModel):
     log_buffer_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     model_def_max_bytes: int = Field(96 * 1024 * 1024, gt=0)
     keep_task_dirs: bool = False
-    # The task runtime by its registered name (agent_bootstrap/agent/runtime); checked at start-up.
+    # The task runtime by its registered name (agent_bootstrap/agent/runtime); checked at start-up:
+    # `process` (tasks as host processes) or `docker` (tasks as containers, the settings below).
     runtime: str = Field("process", min_length=1)
+    # docker: the engine's address (default: $DOCKER_HOST, else the local socket).
+    docker_host: str | None = None
+    # docker: the image of a task whose experiment sets no environment.image, per slot type.
+    container_image_cpu: str | None = None
+    container_image_cuda: str | None = None
+    # docker: the user the container runs as (`uid[:gid]` or a name in the image; default the image's).
+    container_user: str | None = None
+    # docker: host paths bound read-only into every container, at the same path (e.g. a Python
+    # environment shared by the trials), or `host_path:container_path`.
+    container_mounts: list[str] = Field(default_factory=list)
 
     @field_validator("master_url")
     @classmethod
@@ -81,7 +92,23 @@ class AgentConfig(BaseModel):
             return None
         return Path(os.path.expanduser(str(v)))
 
-    @field_validator("on_connection_lost", "instance_id", "token", mode="before")
+    @field_validator("container_mounts", mode="before")
+    @classmethod
+    def _mount_list(cls, v: Any) -> Any:
+        if isinstance(v, str):  # from the command line or the environment: comma-separated
+            return [part.strip() for part in v.split(",") if part.strip()]
+        return [] if v is None else v
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _absolute_mounts(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            if not all(part.startswith("/") for part in entry.split(":", 1)):
+                raise ValueError(f"container_mounts: {entry!r} must be an absolute path or host_path:container_path")
+        return v
+
+    @field_validator("on_connection_lost", "instance_id", "token", "docker_host", "container_image_cpu",
+                     "container_image_cuda", "container_user", mode="before")
     @classmethod
     def _blank_is_none(cls, v: Any) -> Any:
         return None if isinstance(v, str) and v.strip() == "" else v
@@ -134,7 +161,14 @@ _OPTIONS: list[tuple[str, Any, str]] = [
     ("log_batch_lines", int, "flush task logs when this many lines are buffered (default 500)"),
     ("log_buffer_bytes", int, "bound of buffered task logs while the master is unreachable"),
     ("model_def_max_bytes", int, "refuse model definitions that unpack to more than this"),
-    ("runtime", str, "task runtime (default: process, tasks as process groups on this host)"),
+    ("runtime", str, "task runtime: process (default: tasks as process groups on this host) or docker "
+                     "(tasks as containers)"),
+    ("docker_host", str, "docker runtime: Docker engine address (default $DOCKER_HOST, else the local socket)"),
+    ("container_image_cpu", str, "docker runtime: image for tasks on CPU slots without environment.image"),
+    ("container_image_cuda", str, "docker runtime: image for tasks on GPUs without environment.image"),
+    ("container_user", str, "docker runtime: user the containers run as (default: the image's)"),
+    ("container_mounts", str, "docker runtime: comma-separated host paths bound read-only into every "
+                              "container (path, or host_path:container_path)"),
 ]
 
 

@@ -68,7 +68,10 @@ from agent_bootstrap.agent.credential import CredentialStore
 from agent_bootstrap.agent.devices import Slot, cuda_visible_devices
 from agent_bootstrap.agent.logship import HttpLogSink, LogLine, LogShipper
 from agent_bootstrap.agent.runtime import (
+    ContainerLaunch,
     LaunchSpec,
+    LeftoverTask,
+    Mount,
     OutputFn,
     StartFailed,
     Stream,
@@ -78,6 +81,7 @@ from agent_bootstrap.agent.runtime import (
 )
 from shipyard_common.agent_protocol import (
     MAX_EVENT_MESSAGE,
+    ContainerSpec,
     KillCommand,
     RegisterRequest,
     StartCommand,
@@ -140,6 +144,16 @@ def task_environment(base: dict[str, str], spec: TaskSpec, slots: list[Slot], ag
     path = env.get("PATH", os.defpath)
     if bindir and bindir not in path.split(os.pathsep):
         env["PATH"] = bindir + os.pathsep + path
+    return env
+
+
+def container_environment(spec: TaskSpec, slots: list[Slot], agent_id: str) -> dict[str, str]:
+    """A container's environment: the spec's and what only the agent knows, nothing of the agent's
+    own environment (the image brings its PATH and the rest)."""
+    env = dict(spec.env)
+    env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(slots)  # uuids: the same inside the container
+    env["DET_AGENT_ID"] = agent_id
+    env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
@@ -335,6 +349,7 @@ class Agent:
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
         self.shipper.start()
         self.outbox.start()
+        self._adopt_leftovers()  # before the first registration, which reports them running
         self._control.start()
         while not self._stop.is_set():
             if self._signal is not None:
@@ -666,10 +681,14 @@ class Agent:
             if task.kill_requested.is_set():
                 self._exited(task, None, f"{task.kill_reason} before the process started")
                 return
-            env = determined_env.prepare(task_environment(self._base_env, spec, slots, self.agent_id), workdir)
+            container = self._container_launch(spec, slots)
+            base = (task_environment(self._base_env, spec, slots, self.agent_id) if container is None
+                    else container_environment(spec, slots, self.agent_id))
+            env = determined_env.prepare(base, workdir)
             try:
-                handle = self.runtime.start(LaunchSpec(allocation_id=alloc, argv=spec.argv, env=env,
-                                                       workdir=workdir, output=self._output_fn(task)))
+                handle = self.runtime.start(LaunchSpec(
+                    allocation_id=alloc, argv=spec.argv, env=env, workdir=workdir, output=self._output_fn(task),
+                    image=container.image if container else None, container=container))
             except StartFailed as e:
                 self._agent_line(task, e.message)
                 self._drain(alloc)
@@ -678,16 +697,7 @@ class Agent:
             task.handle = handle
             task.state = "running"
             self._event(task, "running", pid=handle.pid)
-            code = self._wait_or_kill(task, handle)
-            message = None
-            if task.kill_requested.is_set():
-                message = task.kill_reason
-            elif code != 0:
-                sig = _signal_name(code)
-                message = f"exited with code {code}" + (f" (killed by {sig})" if sig else "")
-            self.runtime.release(handle)
-            self._drain(alloc)
-            self._exited(task, code, message)
+            self._run_to_end(task, handle)
         except _SetupError as e:
             self._agent_line(task, e.message)
             self._drain(alloc)
@@ -705,6 +715,80 @@ class Agent:
             if task.state == "exited":
                 # The record stays (so repeated commands stay idempotent) but small: a spec carries
                 # the whole experiment config.
+                task.spec = None
+                task.handle = None
+
+    def _run_to_end(self, task: _Task, handle: TaskHandle) -> None:
+        """Wait for the task (killing it when asked), clean it up and report how it ended."""
+        code = self._wait_or_kill(task, handle)
+        message = None
+        if task.kill_requested.is_set():
+            message = task.kill_reason
+        elif code != 0:
+            sig = _signal_name(code)
+            explain = getattr(self.runtime, "exit_reason", None)
+            message = (explain(handle) if explain else None) or (
+                f"exited with code {code}" + (f" (killed by {sig})" if sig else ""))
+        self.runtime.release(handle)
+        self._drain(task.allocation_id)
+        self._exited(task, code, message)
+
+    def _container_launch(self, spec: TaskSpec, slots: list[Slot]) -> ContainerLaunch | None:
+        """The container to run the task in, or None to run it as a process. An image asked for on an
+        agent that runs processes is refused with the reason (rather than run outside its image)."""
+        c = spec.container or ContainerSpec()
+        if not getattr(self.runtime, "runs_images", False):
+            if c.image:
+                raise _SetupError(
+                    f"the experiment asks for image {c.image!r} (environment.image) but agent {self.agent_id} runs "
+                    f"tasks as processes (runtime: {self.runtime.name}); run it in a pool whose agents have "
+                    f"runtime: docker, or remove environment.image")
+            return None
+        gpus = tuple(s.uuid or str(s.index) for s in slots if s.type == "cuda")
+        slot_type = "cuda" if gpus else "cpu"
+        image = c.image or (self.config.container_image_cuda if gpus else self.config.container_image_cpu)
+        if not image:
+            raise _SetupError(f"no container image for {slot_type} slots: the experiment sets no environment.image "
+                              f"and agent {self.agent_id} has no container_image_{slot_type}")
+        mounts = [Mount(m.host_path, m.container_path, m.read_only) for m in c.mounts]
+        for entry in self.config.container_mounts:
+            host, _, inside = entry.partition(":")
+            mounts.append(Mount(host, inside or host, read_only=True))
+        # Determined's `determined.core` finds its info files through this shim (determined_env.py).
+        shim = str(determined_env.SHIM_DIR)
+        mounts.append(Mount(shim, shim, read_only=True))
+        return ContainerLaunch(image=image, task_id=spec.task_id, force_pull=c.force_pull,
+                               registry_auth=c.registry_auth, shm_size_bytes=c.shm_size_bytes,
+                               memory_bytes=c.memory_bytes, mounts=tuple(mounts), gpus=gpus)
+
+    def _adopt_leftovers(self) -> None:
+        """Reattach to the tasks a previous agent left running (containers): they are reported at
+        registration; the master keeps those it still wants and lists the others in `kill`."""
+        for left in getattr(self.runtime, "leftovers", list)():
+            alloc = left.handle.allocation_id
+            spec = TaskSpec(allocation_id=alloc, task_id=left.task_id, entrypoint=[], token=left.token)
+            task = _Task(allocation_id=alloc, spec=spec, state="running", handle=left.handle)
+            with self._tasks_lock:
+                if alloc in self._tasks:
+                    continue
+                self._tasks[alloc] = task
+            self.runtime.resume(left.handle, self._output_fn(task))
+            log.info("event=task_reattached allocation=%s task=%s", alloc, left.handle.id)
+            task.thread = threading.Thread(target=self._supervise_leftover, args=(task, left),
+                                           name=f"task-{alloc}", daemon=True)
+            task.thread.start()
+
+    def _supervise_leftover(self, task: _Task, left: LeftoverTask) -> None:
+        try:
+            self._run_to_end(task, left.handle)
+        except Exception as e:
+            log.exception("event=task_supervisor_crashed allocation=%s", task.allocation_id)
+            if task.state != "exited":
+                self._exited(task, SETUP_FAILED, f"agent error: {type(e).__name__}: {e}")
+        finally:
+            if left.workdir is not None and not self.config.keep_task_dirs:
+                shutil.rmtree(left.workdir, ignore_errors=True)
+            if task.state == "exited":
                 task.spec = None
                 task.handle = None
 

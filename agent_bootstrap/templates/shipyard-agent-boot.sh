@@ -198,7 +198,8 @@ main() {
 [Unit]
 Description=Shipyard agent (pool $POOL)
 Wants=network-online.target
-After=network-online.target
+# docker.service: ordering only (agents running processes have no engine); see shipyard-docker-setup.
+After=network-online.target docker.service
 
 [Service]
 Type=simple

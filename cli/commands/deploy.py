@@ -1,4 +1,5 @@
-"""det deploy local up|status|down (det deploy aws|gcp is not built yet; see docs/ARCHITECTURE.md)"""
+"""det deploy local up|status|down, and det deploy aws|gcp up|down|list|describe|render (cli/deploy_cloud.py,
+the Pulumi programs of infra/)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         if name == "status":
             p.add_argument("--json", action="store_true")
         p.set_defaults(func=fn)
+    for cloud in ("aws", "gcp"):
+        _register_cloud(g, cloud)
 
 
 def _dir(args: Any) -> Path:
@@ -75,3 +78,144 @@ def down(args: Any) -> int:
     from cli import deploy_local
 
     return deploy_local.down(_dir(args))
+
+
+# ---- det deploy aws|gcp -----------------------------------------------------------------------------
+
+
+def _backend_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", type=Path, help="local Pulumi state directory (default ~/.shipyard/pulumi)")
+    p.add_argument("--backend-url", help="a Pulumi state backend instead (file://, s3://, gs://)")
+
+
+def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
+    """The flags that shape the cluster (up, render); defaults live in infra.settings."""
+    p.add_argument("--cluster-id", help="the cluster's name: stack name, tag value, resource name prefix")
+    p.add_argument("--inbound-cidr", help="addresses allowed to reach the master's API and SSH")
+    p.add_argument("--allow-open-ssh", action="store_true", help="accept an --inbound-cidr of 0.0.0.0/0")
+    if cloud == "aws":
+        p.add_argument("--region", help="AWS region (default us-east-1)")
+        p.add_argument("--keypair", help="EC2 key pair for SSH to the master and agents")
+        p.add_argument("--master-instance-type", help="default m6i.large")
+        p.add_argument("--compute-agent-instance-type", help="GPU agents (default g4dn.xlarge)")
+        p.add_argument("--aux-agent-instance-type", help="CPU agents (default t3.large)")
+        p.add_argument("--spot-max-price", help="USD per hour (with --spot)")
+        p.add_argument("--db-instance-class", help="RDS class (default db.t4g.medium)")
+        p.add_argument("--default-vpc", dest="use_default_vpc", action="store_true", default=None,
+                       help="use the account's default VPC instead of a new one")
+        p.add_argument("--agent-ami", help="AMI of the GPU agents (default: the Deep Learning base AMI)")
+        p.add_argument("--master-ami", help="AMI of the master (default: Ubuntu 24.04)")
+    else:
+        p.add_argument("--project", help="GCP project id")
+        p.add_argument("--zone", help="GCP zone (default us-central1-a)")
+        p.add_argument("--master-instance-type", help="default e2-standard-2")
+        p.add_argument("--compute-agent-instance-type", help="GPU agents (default n1-standard-8)")
+        p.add_argument("--aux-agent-instance-type", help="CPU agents (default e2-standard-4)")
+        p.add_argument("--gpu-type", help="default nvidia-tesla-t4")
+        p.add_argument("--gpu-num", type=int, help="GPUs per compute agent (default 1)")
+        p.add_argument("--db-tier", help="Cloud SQL tier (default db-custom-1-3840)")
+    p.add_argument("--max-dynamic-agents", type=int, help="GPU agents at most (default 5)")
+    p.add_argument("--min-dynamic-agents", type=int, help="GPU agents kept running (default 0)")
+    p.add_argument("--max-aux-agents", type=int, help="CPU agents at most (default 2)")
+    p.add_argument("--max-idle-agent-period", help="idle agents are terminated after this (default 10m)")
+    p.add_argument("--spot", action="store_true", default=None, help="GPU agents on spot capacity")
+    p.add_argument("--db-storage-gb", type=int, help="database storage (default 20)")
+    p.add_argument("--shipyard-package", help="pip requirement the master installs (default shipyard)")
+    p.add_argument("--add-tag", action="append", metavar="KEY=VALUE", help="a tag on every resource (repeatable)")
+
+
+def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
+    cp = g.add_parser(cloud, help=f"a production cluster on {cloud.upper()} (Pulumi)")
+    csub = cp.add_subparsers(dest="action", metavar="ACTION")
+    cp.set_defaults(group_parser=cp, func=None, cloud=cloud)
+    p = csub.add_parser("up", help="create or update the cluster")
+    _cluster_flags(p, cloud)
+    p.add_argument("--db-password", help="database password (or SHIPYARD_DB_PASSWORD; default: generated)")
+    p.add_argument("--admin-password", help="the master's admin password (or SHIPYARD_ADMIN_PASSWORD; default: generated)")
+    p.add_argument("--dry-run", action="store_true", help="preview the changes, create nothing")
+    _backend_flags(p)
+    p.set_defaults(func=cloud_up)
+    p = csub.add_parser("down", help="terminate the agents, then destroy every resource of the cluster")
+    p.add_argument("--cluster-id")
+    _backend_flags(p)
+    p.set_defaults(func=cloud_down)
+    p = csub.add_parser("list", help="the clusters in the state backend")
+    _backend_flags(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cloud_list)
+    p = csub.add_parser("describe", help="master URL, cost at rest, pools and instances")
+    p.add_argument("--cluster-id")
+    _backend_flags(p)
+    p.set_defaults(func=cloud_describe)
+    p = csub.add_parser("render", help="write master.yaml and the user-data the cluster would boot")
+    _cluster_flags(p, cloud)
+    p.add_argument("--out", type=Path, required=True, help="directory to write into")
+    p.set_defaults(func=cloud_render)
+
+
+def cloud_up(args: Any) -> int:
+    from cli import deploy_cloud as dc
+
+    s = dc.settings_from_args(args.cloud, args)
+    db_password, admin_password = dc.passwords_from_args(args)
+    backend = dc.Backend.from_args(args)
+    dc.require_pulumi()
+    outputs = dc.up(args.cloud, s, backend, db_password=db_password, admin_password=admin_password,
+                    dry_run=args.dry_run)
+    if args.dry_run:
+        print("Preview only: nothing was created.")
+        return 0
+    print(f"Master:  {outputs.get('master_url')}")
+    print(f"Admin password: in the secret {outputs.get('secret')} (key admin_password)")
+    print(f"Try: det -m {outputs.get('master_url')} user login admin")
+    return 0
+
+
+def cloud_down(args: Any) -> int:
+    from cli import deploy_cloud as dc
+
+    cluster_id = dc.cluster_id_from_args(args)
+    backend = dc.Backend.from_args(args)
+    dc.require_pulumi()
+    dc.down(args.cloud, cluster_id, backend)
+    print(f"Cluster {cluster_id} is gone.")
+    return 0
+
+
+def cloud_list(args: Any) -> int:
+    from cli import deploy_cloud as dc
+    from cli.output import print_json
+
+    stacks = dc.list_stacks(args.cloud, dc.Backend.from_args(args))
+    if args.json:
+        print_json([{k: v for k, v in st.items() if k != "outputs"} for st in stacks])
+        return 0
+    if not stacks:
+        print(f"No {args.cloud} cluster in this state backend")
+        return 0
+    for st in stacks:
+        print(f"{st['name']}  {st['master_url'] or '-'}  {st['resources']} resources")
+    return 0
+
+
+def cloud_describe(args: Any) -> int:
+    from cli import deploy_cloud as dc
+
+    cluster_id = dc.cluster_id_from_args(args)
+    outputs = dc.stack_outputs(args.cloud, cluster_id, dc.Backend.from_args(args))
+    for line in dc.describe(args.cloud, outputs):
+        print(line)
+    return 0
+
+
+def cloud_render(args: Any) -> int:
+    from cli import deploy_cloud as dc
+    from infra.render import render, write_rendered
+
+    s = dc.settings_from_args(args.cloud, args)
+    for path in write_rendered(render(s), args.out):
+        print(path)
+    cost = s.cost_at_rest()
+    print(f"At rest: ${sum(c.usd_per_hour for c in cost):.3f}/hour (" +
+          ", ".join(f"{c.what} ${c.usd_per_hour:.3f}" for c in cost) + ")")
+    return 0

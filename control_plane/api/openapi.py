@@ -119,6 +119,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/api/v1/trials/{trialId}/progress"): r.Empty,
     ("GET", "/api/v1/allocations/{allocationId}/signals/preemption"): r.PreemptionResponse,
     ("POST", "/api/v1/allocations/{allocationId}/signals/ack_preemption"): r.Empty,
+    ("GET", "/api/v1/allocations/{allocationId}/resources/{resourcesId}/rendezvous"): r.RendezvousResponse,
     ("GET", "/api/v1/tasks"): r.GetTasksResponse,
     # resource pools
     ("GET", "/api/v1/resource-pools"): r.GetResourcePoolsResponse,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from control_plane.api.wire import Pagination, Wire
+from control_plane.api.wire import Int32, Pagination, Wire
 
 
 class ExperimentOut(Wire):
@@ -332,6 +332,28 @@ class PreemptionResponse(Wire):
     preempt: bool
 
 
+class RendezvousInfo(Wire):
+    """Determined's v1RendezvousInfo: one address per process group (agent), this group's rank,
+    the slots of every group."""
+
+    addresses: list[str]
+    rank: Int32
+    slots: list[Int32]
+
+
+class RendezvousResponse(Wire):
+    rendezvous_info: RendezvousInfo
+
+
+class ProcessGroup(Wire):
+    """One agent's part of an allocation placed across agents (rank = its position)."""
+
+    agent_id: str
+    slot_ids: list[str]
+    state: str
+    exit_code: int | None = None
+
+
 class AllocationSummary(Wire):
     """One allocation (`tasks.allocation_json`)."""
 
@@ -345,6 +367,8 @@ class AllocationSummary(Wire):
     state: str
     agent_id: str | None
     slot_ids: list[Any]
+    # A trial across agents: one process group per agent, the chief first (else empty).
+    process_groups: list[ProcessGroup] = []
     registered_time: str | None
     started_time: str | None
     ended_time: str | None

@@ -22,7 +22,7 @@ from control_plane.core.searcher import ExitedReason
 from control_plane.db.models import Allocation, Trial
 from control_plane.errors import bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import access, experiments, lifecycle, trials
+from control_plane.services import access, experiments, gangs, lifecycle, trials
 
 router = APIRouter()
 
@@ -161,6 +161,22 @@ async def preemption_signal(
             return {"preempt": False}
 
 
+@router.get("/api/v1/allocations/{allocationId}/resources/{resourcesId}/rendezvous")
+def rendezvous(
+    allocationId: str, resourcesId: str, p: Principal = Depends(deps.user_or_allocation),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    """Where every process group of the trial runs, this one's rank and every group's slots
+    (Determined's shape). A trial across agents has one group per agent; its resources id is the
+    agent's id (DET_RESOURCES_ID)."""
+    alloc = _allocation(db, p, allocationId)
+    if p.kind is not TokenKind.ALLOCATION and alloc.trial_id is not None:
+        _trial(db, p, alloc.trial_id)
+    if alloc.state not in st.ALLOC_ON_AGENT:
+        raise not_found(f"allocation {allocationId} is not running ({alloc.state})")
+    return {"rendezvousInfo": gangs.rendezvous(db, alloc, resourcesId)}
+
+
 class AckPreemption(Wire):
     allocation_id: str | None = None
 
@@ -194,6 +210,8 @@ def allocation_json(a: Allocation) -> dict[str, Any]:
         "endCause": a.end_cause,
         "preemptRequested": a.preempt_requested,
         "killRequested": a.kill_requested,
+        "processGroups": [{"agentId": p["agent"], "slotIds": p["slots"], "state": p["state"], "exitCode": p["exit_code"]}
+                          for p in gangs.parts(a)] if gangs.is_gang(a) else [],
     }
 
 

@@ -29,6 +29,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origi
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -441,6 +442,34 @@ SearcherConfig = Annotated[
 # --------------------------------------------------------------------------------------------
 
 
+_BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.I)
+_BYTE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def byte_size(value: int | str | None) -> int | None:
+    """Bytes from a size as Docker reads one: an integer, or text like ``512m``, ``4G``, ``1.5GiB``
+    (binary units); None stays None. Raises ValueError on anything else."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = _BYTE_SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a size (bytes, or a number with k, m, g or t, e.g. 4G)")
+    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])
+
+
+def _check_byte_size(value: Any) -> Any:
+    try:
+        byte_size(value)
+    except ValueError as e:
+        raise PydanticCustomError("byte_size", "{reason}", {"reason": str(e)}) from None
+    return value
+
+
+ByteSize = Annotated[Annotated[int, Field(ge=0)] | NonEmptyStr | None, AfterValidator(_check_byte_size)]
+
+
 class Resources(_Model):
     slots_per_trial: Int32 = Field(default=1, ge=1)
     max_slots: Int32 | None = Field(default=None, ge=1)
@@ -448,7 +477,10 @@ class Resources(_Model):
     priority: int | None = Field(default=None, ge=1, le=99)
     # Empty means "the master's default pool"; parse_experiment_config fills in the name.
     resource_pool: str = ""
-    shm_size: Annotated[int, Field(ge=0)] | NonEmptyStr | None = None
+    # Size of the container's /dev/shm (PyTorch data loaders need more than Docker's 64 MiB).
+    shm_size: ByteSize = None
+    # Shipyard: the container's memory limit (a trial over it is OOM-killed and says so).
+    memory: ByteSize = None
     is_single_node: bool = False
     devices: list[Any] = []
     # Deprecated in Determined, accepted so old configs still load.
@@ -597,11 +629,24 @@ def _normalize_image(value: Any) -> Any:
 
 
 class DeviceImages(_Model):
-    """Container image per device type. Shipyard runs trials natively when unset."""
+    """Container image per device type: agents whose runtime is docker run the trial in it; agents
+    running processes refuse a task that sets one."""
 
     cpu: str | None = None
     cuda: str | None = None
     rocm: str | None = None
+
+
+class RegistryAuth(_Model):
+    """Credentials for pulling `image` (Docker's names, as Determined takes them)."""
+
+    username: str | None = None
+    password: str | None = None
+    auth: str | None = None
+    email: str | None = None
+    serveraddress: str | None = None
+    identitytoken: str | None = None
+    registrytoken: str | None = None
 
 
 class Environment(_Model):
@@ -610,7 +655,7 @@ class Environment(_Model):
         DeviceVariables()
     )
     force_pull_image: bool = False
-    registry_auth: dict[str, Any] | None = None
+    registry_auth: RegistryAuth | None = None
     pod_spec: dict[str, Any] | None = None
     add_capabilities: list[str] = []
     drop_capabilities: list[str] = []

@@ -688,6 +688,7 @@ class Autoscaler:
             launch_id=launch_id,
             startup_script=pp.settings.startup_script,
             agent_options=dict(pp.settings.agent),
+            container_runtime=pool_cfg.container_runtime if (pool_cfg := self.master.config.pool(pool)) else "process",
         ))
 
     # -- cluster teardown -------------------------------------------------------------------------

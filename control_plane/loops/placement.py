@@ -15,6 +15,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from control_plane.core import gang_run
 from control_plane.core import states as st
 from control_plane.core.scheduling import (
     AgentSlots,
@@ -28,7 +29,7 @@ from control_plane.core.scheduling.policy import DEFAULT_PRIORITY
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Experiment, Instance
 from control_plane.master import Master
-from control_plane.services import allocations, lifecycle
+from control_plane.services import allocations, gangs, lifecycle
 from control_plane.services.agents import expire_drains
 
 log = logging.getLogger("shipyard.pools")
@@ -72,21 +73,19 @@ def expire_agents(s: Session, master: Master) -> None:
         return
     lost_cutoff = now - grace
     silent = select(Agent.id).where(Agent.state != st.AGENT_CONNECTED, Agent.last_seen < lost_cutoff)
-    for alloc in s.scalars(select(Allocation).where(Allocation.agent_id.in_(silent),
-                                                    Allocation.state.in_(st.ALLOC_ON_AGENT))):
-        log.warning("event=agent_lost agent_id=%s allocation_id=%s", alloc.agent_id, alloc.id)
-        allocations.end_allocation(s, master, alloc, cause=st.CAUSE_AGENT_LOST,
-                                   reason="agent stopped answering", exit_code=None)
-    # A gang across agents ends whole when any of its agents is lost (its chief is handled above).
+    # Its part of a gang across agents is gone too: the gang's other parts are stopped, and the
+    # allocation ends (agent_lost) once they have exited (services/allocations.py).
     lost = set(s.scalars(silent))
-    if lost:
-        for alloc in s.scalars(select(Allocation).where(Allocation.placement.is_not(None),
-                                                        Allocation.state.in_(st.ALLOC_ON_AGENT))):
-            gone = [agent_id for agent_id, _ in parts_of(alloc) if agent_id in lost]
-            if gone:
-                log.warning("event=agent_lost agent_id=%s allocation_id=%s", gone[0], alloc.id)
-                allocations.end_allocation(s, master, alloc, cause=st.CAUSE_AGENT_LOST,
-                                           reason=f"agent {gone[0]} of the gang stopped answering", exit_code=None)
+    if not lost:
+        return
+    holding = set(s.scalars(select(Allocation.agent_id).where(
+        Allocation.agent_id.in_(lost), Allocation.placement.is_(None), Allocation.state.in_(st.ALLOC_ON_AGENT))))
+    for alloc in s.scalars(select(Allocation).where(Allocation.placement.is_not(None),
+                                                    Allocation.state.in_(st.ALLOC_ON_AGENT))):
+        holding.update(p["agent"] for p in gangs.parts(alloc) if p["agent"] in lost and p["state"] != "exited")
+    for agent_id in sorted(holding):
+        log.warning("event=agent_lost agent_id=%s", agent_id)
+        allocations.end_agent_allocations(s, master, agent_id, st.CAUSE_AGENT_LOST, f"agent {agent_id} stopped answering")
 
 
 def escalate_preemptions(s: Session, master: Master) -> None:
@@ -207,7 +206,7 @@ def _assign(s: Session, master: Master, assignments: Sequence[Assignment], claim
         alloc.state = st.ALLOC_ASSIGNED
         alloc.agent_id = asg.agent_id
         alloc.slot_ids = list(asg.slot_ids)
-        alloc.placement = ([{"agent": p.agent_id, "slots": list(p.slot_ids)} for p in asg.parts]
+        alloc.placement = (gang_run.new_parts((p.agent_id, p.slot_ids) for p in asg.parts)
                            if len(asg.parts) > 1 else None)
         alloc.waiting_reason = None
         alloc.assigned_at = now

@@ -19,12 +19,14 @@ from sqlalchemy.orm import Session
 
 from control_plane import auth
 from control_plane.auth import Principal, TokenKind
+from control_plane.core import gang_run
 from control_plane.core import states as st
+from control_plane.core.containers import container_spec
 from control_plane.core.expconf import ConfigInvalid, ExperimentConfig
 from control_plane.db.models import Agent, Allocation, Checkpoint, Experiment, Instance, Token, Trial, User
 from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import allocations, lifecycle
+from control_plane.services import allocations, gangs, lifecycle
 from shipyard_common.agent_protocol import (
     Command,
     EventsRequest,
@@ -233,9 +235,13 @@ def pending_commands(s: Session, master: Master, p: Principal, agent_id: str, se
     agent = touch_agent(s, master, p, agent_id, session_id)
     commands: list[Command] = []
     for alloc in _on_agent(s, agent.id):
-        if alloc.kill_requested:
+        if gangs.is_gang(alloc):  # each agent of a gang is owed its own part's start or kill
+            owed = gangs.owes(alloc, agent.id, master.clock().timestamp())
+        else:
+            owed = "kill" if alloc.kill_requested else "start" if alloc.state == st.ALLOC_ASSIGNED else None
+        if owed == "kill":
             commands.append(KillCommand(allocation_id=alloc.id, grace_seconds=master.config.task_kill_grace_s))
-        elif alloc.state == st.ALLOC_ASSIGNED:
+        elif owed == "start":
             commands.append(StartCommand(allocation_id=alloc.id, spec=task_spec(s, master, alloc, agent)))
     return commands
 
@@ -246,10 +252,24 @@ def apply_events(s: Session, master: Master, p: Principal, agent_id: str, req: E
     agent = touch_agent(s, master, p, agent_id, req.session_id)
     for ev in req.events:
         alloc = s.get(Allocation, ev.allocation_id)
-        if alloc is None or alloc.agent_id != agent.id or alloc.state == st.ALLOC_TERMINATED:
+        if alloc is None or alloc.state == st.ALLOC_TERMINATED:
             continue
-        _apply_event(s, master, alloc, ev)
+        if gangs.is_gang(alloc):
+            _apply_gang_event(s, master, alloc, agent.id, ev)
+        elif alloc.agent_id == agent.id:
+            _apply_event(s, master, alloc, ev)
     master.notify(s)
+
+
+def _apply_gang_event(s: Session, master: Master, alloc: Allocation, agent_id: str, ev: TaskEvent) -> None:
+    """An event of one part of a gang: the allocation moves with its least advanced part and ends
+    when every part has exited (services/gangs.py)."""
+    if ev.type == "exited":
+        allocations.part_exited(s, master, alloc, agent_id, ev.exit_code, ev.message)
+        return
+    state = gangs.progressed(s, master, alloc, agent_id, ev.type)
+    if state is not None and state in _EVENT_STATES:
+        _move(s, master, alloc, *_EVENT_STATES[state])
 
 
 def _apply_event(s: Session, master: Master, alloc: Allocation, ev: TaskEvent) -> None:
@@ -257,6 +277,11 @@ def _apply_event(s: Session, master: Master, alloc: Allocation, ev: TaskEvent) -
         allocations.end_allocation(s, master, alloc, cause=st.CAUSE_EXITED, reason=ev.message, exit_code=ev.exit_code)
         return
     alloc_state, trial_state = _EVENT_STATES[ev.type]
+    _move(s, master, alloc, alloc_state, trial_state)
+
+
+def _move(s: Session, master: Master, alloc: Allocation, alloc_state: st.AllocationState,
+          trial_state: st.TrialState) -> None:
     # Forward only: a late "starting" after "running" is ignored.
     if alloc.state == alloc_state or not st.can_transition(alloc.state, alloc_state):
         return
@@ -289,12 +314,14 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> Ta
         experiment_id=exp.id, trial_seed=trial.seed, trial_run_id=alloc.run_id, slot_ids=slot_ids,
         hparams=trial.hparams, experiment_config=exp.config, latest_checkpoint=trial.latest_checkpoint_uuid,
         user=_owner_name(s, exp), steps_completed=_restored_steps(s, trial),
+        resources_id=agent.id, rendezvous=gangs.rendezvous(s, alloc, agent.id), c10d_port=gang_run.c10d_port(alloc.id),
     ).to_env())
     return TaskSpec(
         allocation_id=alloc.id, task_id=alloc.task_id, trial_id=trial.id, experiment_id=exp.id,
         run_id=alloc.run_id, entrypoint=argv, env=env, slot_ids=slot_ids, token=token,
         model_definition_path=f"/api/v1/experiments/{exp.id}/model_def",
         kill_grace_seconds=master.config.task_kill_grace_s,
+        container=container_spec(cfg, agent_device_type(agent)),
     )
 
 

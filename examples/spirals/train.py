@@ -3,7 +3,10 @@ Shipyard's Core API: training and validation metrics, a checkpoint at every vali
 from the latest checkpoint, and a clean exit when the master asks the trial to stop.
 
 Runs on the cluster (`det experiment create const.yaml .`) or off-cluster for debugging
-(`python train.py`)."""
+(`python train.py`). Data-parallel over several processes and agents with torch.distributed
+(`det experiment create distributed.yaml .`: `python3 -m harness.launch.torch_distributed
+train.py`, gloo on CPUs, NCCL on GPUs): every rank trains on its own batches, DDP averages the
+gradients, and only the chief reports metrics and saves checkpoints."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import math
 import pathlib
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from harness import core
@@ -50,7 +54,15 @@ def main(ctx: core.Context) -> None:
     x_train, y_train = make_spirals(4096, seed=0)
     x_val, y_val = make_spirals(1024, seed=1)
     model = build_model(int(hp.get("hidden", 64)))
+    rank, size = ctx.distributed.rank, ctx.distributed.size
+    if size > 1:
+        # harness.core.init() started torch's process group from the launcher's environment.
+        check = torch.tensor([float(rank + 1)])
+        dist.all_reduce(check)
+        log.info("rank %d of %d: all_reduce sum=%g", rank, size, check.item())
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(model.parameters(), lr=float(hp.get("lr", 0.01)))
+    net = model.module if size > 1 else model
     batch_size = int(hp.get("batch_size", 64))
     validate_every = int(hp.get("validate_every", 100))
 
@@ -58,17 +70,19 @@ def main(ctx: core.Context) -> None:
     if ctx.info.latest_checkpoint:
         with ctx.checkpoint.restore_path(ctx.info.latest_checkpoint) as path:
             state = torch.load(pathlib.Path(path) / "state.pt", weights_only=True)
-            model.load_state_dict(state["model"])
+            net.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
             steps = json.loads((pathlib.Path(path) / "progress.json").read_text())["steps"]
         log.info("resumed from checkpoint %s at step %d", ctx.info.latest_checkpoint, steps)
 
     def save(metrics: dict[str, float]) -> None:
+        if not ctx.distributed.is_chief:
+            return  # the ranks hold the same weights: the chief saves them
         with ctx.checkpoint.store_path({"steps_completed": steps, **metrics}) as (path, _uuid):
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, pathlib.Path(path) / "state.pt")
+            torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, pathlib.Path(path) / "state.pt")
             (pathlib.Path(path) / "progress.json").write_text(json.dumps({"steps": steps}))
 
-    g = torch.Generator().manual_seed(ctx.info.trial_seed + steps)
+    g = torch.Generator().manual_seed(ctx.info.trial_seed + steps + 7919 * rank)  # each rank its own batches
     for op in ctx.searcher.operations():
         while steps < op.length:
             idx = torch.randint(0, len(x_train), (batch_size,), generator=g)
@@ -80,14 +94,16 @@ def main(ctx: core.Context) -> None:
             if steps % 25 == 0:
                 ctx.train.report_training_metrics(steps, {"loss": loss.item()})
             if steps % validate_every == 0 or steps == op.length:
-                metrics = evaluate(model, x_val, y_val)
+                metrics = evaluate(net, x_val, y_val)
                 ctx.train.report_validation_metrics(steps, metrics)
                 save(metrics)
-                op.report_progress(steps)
+                if ctx.distributed.is_chief:
+                    op.report_progress(steps)
                 if ctx.preempt.should_preempt():
                     log.info("preempted at step %d; checkpoint saved, exiting", steps)
                     return
-        op.report_completed(metrics["validation_loss"])
+        if ctx.distributed.is_chief:  # (resumed at the op's end, nothing was trained: evaluate now)
+            op.report_completed(evaluate(net, x_val, y_val)["validation_loss"])
 
 
 if __name__ == "__main__":

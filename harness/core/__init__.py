@@ -6,7 +6,7 @@ metrics shipped by a background reporter that survives master outages. See `init
 
 from harness.core._checkpoint import CheckpointContext
 from harness.core._context import Context, InvalidHP, init
-from harness.core._distributed import Collectives, DistributedContext
+from harness.core._distributed import Collectives, DistributedContext, TorchCollectives
 from harness.core._info import ClusterInfo, ClusterInfoError
 from harness.core._preempt import PreemptContext
 from harness.core._reporter import MetricsReporter, MetricsReportError, ReporterConfig, ReporterStats
@@ -37,6 +37,7 @@ __all__ = [
     "SearcherOperation",
     "Session",
     "TransientAPIError",
+    "TorchCollectives",
     "TrainContext",
     "Unit",
     "init",

@@ -22,6 +22,7 @@ never comes.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -183,7 +184,7 @@ def init(
     if off_cluster and hparams is not None:
         info = _with(info, hparams=dict(hparams))
 
-    dist = distributed or DistributedContext.from_env(env)
+    dist = distributed or _distributed_from(env)
     storage = _storage_from(checkpoint_storage, info, on_cluster=not off_cluster)
     if check_storage:
         storage.check_writable()
@@ -233,6 +234,16 @@ def init(
         session=session,
         reporter=reporter,
     ).start()
+
+
+def _distributed_from(env: Mapping[str, str]) -> DistributedContext:
+    """One process: rank 0 of 1. Several (a launcher set WORLD_SIZE > 1): torch.distributed's
+    collectives when torch is installed, so the chief's searcher operations and preemption signal
+    reach every worker."""
+    dist = DistributedContext.from_env(env)
+    if dist.size == 1 or importlib.util.find_spec("torch") is None:
+        return dist
+    return DistributedContext.from_torch_distributed(env)
 
 
 def _with(info: ClusterInfo, **changes: Any) -> ClusterInfo:

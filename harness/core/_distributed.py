@@ -5,12 +5,18 @@ LOCAL_WORLD_SIZE, GROUP_RANK; Horovod/MPI-style: CROSS_RANK, CROSS_SIZE). A sing
 rank 0 of 1 and every collective is trivial.
 
 Collectives (broadcast, allgather, gather, barrier) for size > 1 go through a `Collectives`
-backend: that is the seam where a torch.distributed (or TCP) implementation plugs in later. Without
-one, a multi-process collective raises instead of silently doing the wrong thing.
+backend. `TorchCollectives` is torch.distributed's object collectives on a gloo group (its own
+group when the training uses NCCL, so Python objects never go through GPU memory);
+`DistributedContext.from_torch_distributed()` builds the context from torch's process group (and
+starts it from the launcher's environment when the training code has not). `harness.core.init()`
+does that by itself when the trial runs several processes (`python -m
+harness.launch.torch_distributed`). Without a backend, a multi-process collective raises instead
+of silently doing the wrong thing. torch is imported only when it is used.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -32,6 +38,69 @@ def _env_int(env: Mapping[str, str], *names: str, default: int) -> int:
             except ValueError:
                 raise ValueError(f"{name} must be an integer, got {raw!r}") from None
     return default
+
+
+class TorchCollectives:
+    """Object collectives over torch.distributed (gloo): objects are pickled into byte tensors by
+    hand (torch's own `*_object` collectives need NumPy, which a trial need not have).
+    `owns_process_group`: this object started the default process group, so it ends it on close
+    (one the training code started is left alone)."""
+
+    def __init__(self, *, owns_process_group: bool = False) -> None:
+        import torch
+        import torch.distributed as tdist
+
+        self._torch = torch
+        self._tdist = tdist
+        self._owns = owns_process_group
+        # Bytes travel as CPU tensors, with gloo. A training process group on NCCL gets a gloo
+        # group beside it (every rank creates it, in the same order).
+        self._group = None if tdist.get_backend() == "gloo" else tdist.new_group(backend="gloo")
+        self._size = tdist.get_world_size()
+        self._rank = tdist.get_rank()
+
+    def _encode(self, obj: Any) -> Any:
+        data = pickle.dumps(obj)
+        return self._torch.frombuffer(bytearray(data), dtype=self._torch.uint8) if data else \
+            self._torch.empty(0, dtype=self._torch.uint8)
+
+    @staticmethod
+    def _decode(tensor: Any, size: int) -> Any:
+        return pickle.loads(bytes(tensor[:size].tolist()))
+
+    def broadcast(self, obj: Any, root: int = 0) -> Any:
+        torch, tdist = self._torch, self._tdist
+        payload = self._encode(obj) if self._rank == root else None
+        size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
+        tdist.broadcast(size, src=root, group=self._group)
+        if payload is None:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        tdist.broadcast(payload, src=root, group=self._group)
+        return obj if self._rank == root else self._decode(payload, int(size.item()))
+
+    def allgather(self, obj: Any) -> list[Any]:
+        torch, tdist = self._torch, self._tdist
+        payload = self._encode(obj)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self._size)]
+        tdist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=self._group)
+        longest = max(int(n.item()) for n in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: payload.numel()] = payload
+        out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self._size)]
+        tdist.all_gather(out, padded, group=self._group)
+        return [self._decode(t, int(n.item())) for t, n in zip(out, sizes, strict=True)]
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        everyone = self.allgather(obj)  # small objects: one all-gather is simpler than gather + sizes
+        return everyone if self._rank == root else None
+
+    def barrier(self) -> None:
+        self._tdist.barrier(group=self._group)
+
+    def close(self) -> None:
+        if self._owns and self._tdist.is_initialized():
+            self._tdist.destroy_process_group()
+            self._owns = False
 
 
 class DistributedContext:
@@ -73,6 +142,37 @@ class DistributedContext:
             cross_rank=_env_int(env, "CROSS_RANK", "GROUP_RANK", "NODE_RANK", default=0),
             cross_size=cross_size,
             collectives=collectives,
+        )
+
+    @classmethod
+    def from_torch_distributed(cls, env: Mapping[str, str] | None = None) -> DistributedContext:
+        """The context of a process started by torch.distributed's launcher (RANK, WORLD_SIZE,
+        LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT): collectives over torch's
+        default process group, which is started here (NCCL when this process has a GPU, else gloo)
+        unless the training code started it already."""
+        import os
+
+        import torch
+        import torch.distributed as tdist
+
+        env = os.environ if env is None else env
+        owns = False
+        if not tdist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() and tdist.is_nccl_available() else "gloo"
+            if backend == "nccl":
+                torch.cuda.set_device(_env_int(env, "LOCAL_RANK", default=0))
+            tdist.init_process_group(backend=backend)
+            owns = True
+        size = tdist.get_world_size()
+        local_size = _env_int(env, "LOCAL_WORLD_SIZE", default=size)
+        return cls(
+            rank=tdist.get_rank(),
+            size=size,
+            local_rank=_env_int(env, "LOCAL_RANK", default=0),
+            local_size=local_size,
+            cross_rank=_env_int(env, "GROUP_RANK", "CROSS_RANK", "NODE_RANK", default=0),
+            cross_size=_env_int(env, "CROSS_SIZE", default=max(1, size // max(1, local_size))),
+            collectives=TorchCollectives(owns_process_group=owns),
         )
 
     def __repr__(self) -> str:

@@ -100,7 +100,7 @@ class TrainContext:
         self._smaller_is_better = smaller_is_better
 
     def _report(self, group: str, steps_completed: int, metrics: dict[str, Any],
-                batch_metrics: list[Any] | None) -> None:
+                batch_metrics: list[Any] | None, any_rank: bool = False) -> None:
         if type(steps_completed) is not int:
             steps_completed = _as_steps(steps_completed)
         if steps_completed < 0:
@@ -109,33 +109,46 @@ class TrainContext:
             raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
         if batch_metrics is not None:
             batch_metrics = list(batch_metrics)
+        if not self._dist.is_chief:
+            # With several workers the chief reports for the trial; a worker's own report is kept
+            # only when asked for, under a group of its own (it must not replace the chief's).
+            if not any_rank:
+                return
+            group = f"{group}_rank{self._dist.rank}"
         self._sink.report(group, steps_completed, dict(metrics), batch_metrics)
 
     def report_training_metrics(self, steps_completed: int, metrics: dict[str, Any],
-                                batch_metrics: list[dict[str, Any]] | None = None) -> None:
-        """Queue training metrics; returns immediately (see _reporter.py for delivery guarantees)."""
-        self._report(TRAINING, steps_completed, metrics, batch_metrics)
+                                batch_metrics: list[dict[str, Any]] | None = None, *,
+                                any_rank: bool = False) -> None:
+        """Queue training metrics; returns immediately (see _reporter.py for delivery guarantees).
+        With several workers only the chief's report is sent, unless `any_rank`: a worker's then
+        goes under the group `training_rank<N>`."""
+        self._report(TRAINING, steps_completed, metrics, batch_metrics, any_rank)
 
-    def report_validation_metrics(self, steps_completed: int, metrics: dict[str, Any]) -> None:
-        """Queue validation metrics. The one named by searcher.metric drives the searcher."""
+    def report_validation_metrics(self, steps_completed: int, metrics: dict[str, Any], *,
+                                  any_rank: bool = False) -> None:
+        """Queue validation metrics. The one named by searcher.metric drives the searcher (the
+        chief's: a worker's, with `any_rank`, goes under `validation_rank<N>`)."""
         for name, value in metrics.items():
             if value is None:
                 # Determined fails the trial on a None validation metric: it is always a bug.
                 raise ValueError(f"validation metric {name!r} is None")
-        self._report(VALIDATION, steps_completed, metrics, None)
+        self._report(VALIDATION, steps_completed, metrics, None, any_rank)
 
-    def report_metrics(self, group: str, steps_completed: int, metrics: dict[str, Any]) -> None:
+    def report_metrics(self, group: str, steps_completed: int, metrics: dict[str, Any], *,
+                       any_rank: bool = False) -> None:
         """Queue metrics of any group ("training", "validation", or your own name without '.')."""
         if not isinstance(group, str) or not group or "." in group:
             raise ValueError(f"metrics group must be a non-empty string without '.', got {group!r}")
-        self._report(group, steps_completed, metrics, None)
+        self._report(group, steps_completed, metrics, None, any_rank)
 
     def report_progress(self, progress: float) -> None:
         """Fraction of the trial's training done, in [0, 1]. Only the latest value is sent."""
         progress = float(progress)
         if not 0.0 <= progress <= 1.0:
             raise ValueError(f"progress must be between 0 and 1, got {progress}")
-        self._sink.report_progress(progress)
+        if self._dist.is_chief:
+            self._sink.report_progress(progress)
 
     def report_early_exit(self, reason: EarlyExitReason) -> None:
         reason = EarlyExitReason(reason)

@@ -125,7 +125,7 @@ def test_an_unknown_runtime_is_a_configuration_error(tmp_path: Path) -> None:
          "--work-dir", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=60, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
     assert proc.returncode == 2  # EXIT_CONFIG
-    assert "det-agent: runtime: no task runtime named 'podman' (known: process)" in proc.stderr
+    assert "det-agent: runtime: no task runtime named 'podman' (known: docker, process)" in proc.stderr
 
 
 def test_give_up_only_by_an_explicit_option() -> None:

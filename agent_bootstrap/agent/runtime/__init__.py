@@ -1,15 +1,19 @@
 """Task runtimes: the seam (base.py) and its implementations, each registered by name on import.
 
-To add one (a container runtime for `environment.image`, say): a module here that implements
-`TaskRuntime` and calls `register_runtime("<name>", factory)`, imported below.
+To add one: a module here that implements `TaskRuntime` and calls `register_runtime("<name>",
+factory)`, imported below. `process` runs tasks as host processes, `docker` as containers.
 """
 
 from __future__ import annotations
 
 from agent_bootstrap.agent.runtime.base import (
+    ContainerLaunch,
     LaunchSpec,
+    LeftoverTask,
+    Mount,
     OutputFn,
     RuntimeOptions,
+    RuntimeUnavailable,
     StartFailed,
     Stream,
     TaskHandle,
@@ -21,7 +25,8 @@ from agent_bootstrap.agent.runtime.base import (
     stop_task,
 )
 
-# Importing an implementation registers it.
+# Importing an implementation registers it (docker imports its SDK only when the runtime is created).
+from agent_bootstrap.agent.runtime.docker import DockerRuntime
 from agent_bootstrap.agent.runtime.process import (
     MARKER_ENV,
     ProcessRuntime,
@@ -32,7 +37,8 @@ from agent_bootstrap.agent.runtime.process import (
 )
 
 __all__ = [
-    "MARKER_ENV", "LaunchSpec", "OutputFn", "ProcessRuntime", "RuntimeOptions", "StartFailed", "Stream",
+    "MARKER_ENV", "ContainerLaunch", "DockerRuntime", "LaunchSpec", "LeftoverTask", "Mount", "OutputFn",
+    "ProcessRuntime", "RuntimeOptions", "RuntimeUnavailable", "StartFailed", "Stream",
     "TaskHandle", "TaskPidfile", "TaskRuntime", "UnknownRuntime", "create_runtime", "exit_code_of",
     "kill_marked", "processes_with_marker", "register_runtime", "runtime_names", "stop_task",
 ]

@@ -7,8 +7,9 @@ Exit statuses follow the shell and container convention: 0..127 from the task, 1
 ended it, 125..127 when the task could not be set up or its entrypoint not run.
 
 Runtimes are registered by name (`register_runtime`); the agent picks one with `create_runtime`.
-`process` (runtime/process.py) runs a task as a process group on the host. A container runtime (for
-`environment.image`) is one more module that registers itself, with no change to the daemon.
+`process` (runtime/process.py) runs a task as a process group on the host; `docker`
+(runtime/docker.py) runs it in a container from `environment.image` (LaunchSpec.container), and
+reattaches to its containers after an agent restart (`leftovers`, `resume`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,31 @@ class StartFailed(Exception):
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host path bound into a container."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerLaunch:
+    """What a runtime that runs images needs beyond the command: chosen by the daemon from the task
+    spec (environment.image & co.) and the agent's config."""
+
+    image: str
+    task_id: str = ""
+    force_pull: bool = False
+    registry_auth: dict[str, str] | None = field(default=None, repr=False)
+    shm_size_bytes: int | None = None
+    memory_bytes: int | None = None
+    mounts: tuple[Mount, ...] = ()
+    # The GPUs of the allocation's slots (uuids, or indexes), passed as a device request; none for CPU slots.
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """What to run for one allocation. `output` receives the task's output line by line, from
     threads of the runtime; it must not block for long."""
@@ -48,6 +74,7 @@ class LaunchSpec:
     output: OutputFn = field(repr=False)
     # A container image, for runtimes that run one; the process runtime refuses a spec with one.
     image: str | None = None
+    container: ContainerLaunch | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,8 +90,23 @@ class TaskHandle:
     data: Any = field(default=None, repr=False)
 
 
+@dataclass(frozen=True)
+class LeftoverTask:
+    """A task a previous agent on this host left running that the runtime can reattach to (a
+    container survives its agent): the daemon reports it to the master at registration, which keeps
+    it if the allocation is still wanted there and says kill otherwise."""
+
+    handle: TaskHandle
+    task_id: str
+    token: str | None = field(default=None, repr=False)
+    workdir: Path | None = None
+
+
 class TaskRuntime(Protocol):
     name: str
+    # Whether the runtime runs container images (LaunchSpec.container); the daemon refuses a task
+    # that asks for an image on an agent whose runtime does not (a runtime without it does not).
+    runs_images: bool
 
     def start(self, spec: LaunchSpec) -> TaskHandle:
         """Start the task; raises StartFailed when it cannot be started."""
@@ -90,6 +132,23 @@ class TaskRuntime(Protocol):
         (it was not reported, so the master has already written it off). Returns how many were ended."""
         ...
 
+    # The three below are optional: the daemon treats a runtime without them as one whose tasks
+    # die with the agent and whose exit status says it all.
+
+    def exit_reason(self, handle: TaskHandle) -> str | None:
+        """After wait() returned: why the task ended, when the runtime knows more than the exit
+        status (a container killed for lack of memory); None otherwise."""
+        ...
+
+    def leftovers(self) -> list[LeftoverTask]:
+        """The tasks clean_up_leftovers() kept for reattaching (none for runtimes whose tasks die
+        with their agent)."""
+        ...
+
+    def resume(self, handle: TaskHandle, output: OutputFn) -> None:
+        """Reattach to a leftover task: stream its output from now on."""
+        ...
+
     def close(self) -> None:
         """Stop the runtime's own threads; call after the tasks were stopped."""
         ...
@@ -111,9 +170,17 @@ def stop_task(runtime: TaskRuntime, handle: TaskHandle, grace: float) -> int:
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """What every runtime may be built from: the agent's work directory (for its bookkeeping)."""
+    """What every runtime may be built from: the agent's work directory (for its bookkeeping), its
+    id (containers are labelled with it) and the container settings of its config."""
 
     work_dir: Path
+    agent_id: str = ""
+    docker_host: str | None = None
+    container_user: str | None = None
+
+
+class RuntimeUnavailable(Exception):
+    """The runtime cannot work on this host (no container engine answers); the message says why."""
 
 
 RuntimeFactory = Callable[[RuntimeOptions], TaskRuntime]

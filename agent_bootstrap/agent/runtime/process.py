@@ -48,6 +48,7 @@ from typing import Any
 from agent_bootstrap.agent.logship import LineAssembler
 from agent_bootstrap.agent.runtime.base import (
     LaunchSpec,
+    LeftoverTask,
     OutputFn,
     RuntimeOptions,
     StartFailed,
@@ -293,6 +294,7 @@ def _task(handle: TaskHandle) -> _Task:
 
 class ProcessRuntime:
     name = NAME
+    runs_images = False
 
     def __init__(self, pidfile: TaskPidfile | None = None, poll_interval: float = 0.05) -> None:
         self.pidfile = pidfile
@@ -394,6 +396,15 @@ class ProcessRuntime:
     def clean_up_leftovers(self) -> int:
         """Kill what the tasks of a previous agent with this pidfile left behind."""
         return self.pidfile.kill_leftovers() if self.pidfile is not None else 0
+
+    def exit_reason(self, handle: TaskHandle) -> str | None:
+        return None
+
+    def leftovers(self) -> list[LeftoverTask]:
+        return []  # a process dies with its agent (pdeathsig) or is killed by clean_up_leftovers
+
+    def resume(self, handle: TaskHandle, output: OutputFn) -> None:
+        raise ValueError("the process runtime leaves no task to reattach to")
 
     def close(self) -> None:
         """Stop the spawner thread. Children still running get their pdeathsig when it ends, so call

@@ -183,7 +183,7 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     assert r.status_code == 200, r.text
     values: dict[str, Any] = {"experimentId": exp_id, "trialId": trial.id, "id": exp_id, "checkpointUuid": ckpt,
                               "modelName": "m", "modelVersionNum": 1, "username": "admin", "name": "default",
-                              "label": "l1", "agentId": "a1"}
+                              "label": "l1", "agentId": "a1", "resourcesId": "a1"}
     # An agent enrols and the trial is placed on it: the commands carry a start with its task spec.
     pool_token = check("POST", "/api/v1/agents/tokens", json={"resourcePool": "default"})["token"]
     enrolled = check("POST", "/api/v1/agents/register", headers={"Authorization": f"Bearer {pool_token}"}, json={
@@ -203,6 +203,9 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     for (method, path) in RESPONSES:
         if method == "GET" and (method, path) not in checked:
             check(method, path, headers=trial_auth if "/searcher/" in path or "/signals/" in path else None)
+    # The rendezvous with the allocation's own token (the trial process asks it).
+    check("GET", "/api/v1/allocations/{allocationId}/resources/{resourcesId}/rendezvous",
+          headers={"Authorization": f"Bearer {start['spec']['token']}"})
     check("POST", "/api/v1/experiments", json={"config": client.get(f"/api/v1/experiments/{exp_id}",
                                                                       headers=admin_headers).json()["experiment"]["originalConfig"],
                                                "validateOnly": True})

@@ -97,6 +97,7 @@ EXPECTED_MINIMAL = {
         "priority": None,
         "resource_pool": "default",
         "shm_size": None,
+        "memory": None,
         "is_single_node": False,
         "devices": [],
         "agent_label": "",

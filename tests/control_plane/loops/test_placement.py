@@ -14,7 +14,7 @@ from control_plane.db.models import Agent, Allocation, Experiment, Instance, Mod
 from control_plane.loops import placement
 from control_plane.master import Master
 from control_plane.services import agents as agents_service
-from control_plane.services import allocations
+from control_plane.services import allocations, gangs
 from shipyard_common.agent_protocol import RegisterRequest, RegisterResponse, SlotInfo
 from tests.control_plane.loops.conftest import FakeClock, add_agent, add_allocation, agent, allocation
 
@@ -345,6 +345,16 @@ def test_a_gang_ends_whole_when_one_of_its_agents_is_lost(loop_master: Master, c
     clock.advance(seconds=loop_master.config.agent_lost_grace_s + 1)
     heartbeat(loop_master, chief or "")  # only the chief still answers
     placement.tick(loop_master)
+
+    gang = allocation(loop_master, "gang")  # the member's part is gone; the chief is owed a kill
+    assert gang.state == "assigned" and [p["state"] for p in gang.placement or []] == ["assigned", "exited"]
+    with loop_master.sessions() as s:
+        assert gangs.owes(s.get(Allocation, "gang"), chief or "", clock().timestamp()) == "kill"  # type: ignore[arg-type]
+    placement.tick(loop_master)  # a lost agent's part is gone once: nothing more happens
+    with transaction(loop_master.sessions) as s:  # the chief's part exits (the agent reports it)
+        row = s.get(Allocation, "gang")
+        assert row is not None
+        allocations.part_exited(s, loop_master, row, chief or "", -15, "killed at the master's request")
 
     gang = allocation(loop_master, "gang")
     assert (gang.state, gang.end_cause) == ("terminated", "agent_lost")

@@ -1,0 +1,393 @@
+"""`det deploy aws|gcp`: the Pulumi programs of infra/ driven through Pulumi's Automation API.
+
+- `up` validates the flags (infra.settings: one line per error, before any cloud call), checks that
+  the `pulumi` CLI is installed (the Automation API runs it), and creates or updates the stack named
+  after the cluster id in the chosen state backend (a local directory by default);
+- `down` stops the master (so it launches nothing more), terminates every agent instance carrying
+  the cluster's tag and waits until none is left, then destroys the stack and forgets it;
+- `list` reads the stacks of a local state directory directly (no CLI needed); other backends go
+  through the CLI;
+- `describe` prints the master URL, the cost at rest, the pools and the cluster's instances by tag;
+- `render` writes what the stack would boot (master.yaml, the master's and agents' user-data).
+
+Passwords: `--db-password` / `--admin-password` (or SHIPYARD_DB_PASSWORD / SHIPYARD_ADMIN_PASSWORD);
+without them, the ones already in the stack are kept, or new ones are generated. They are stored as
+Pulumi secrets and in the cloud's secret store, never in user-data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cli.errors import CliError
+from infra import AGENT_MANAGED_BY_LABEL, AGENT_MANAGED_BY_TAG, DEPLOY_TAG, MANAGED_BY_VALUE
+from infra.settings import (
+    AwsSettings,
+    DeployInputError,
+    GcpSettings,
+    Settings,
+    check_cluster_id,
+    check_password,
+    parse_tags,
+    settings_from_json,
+    settings_kwargs,
+)
+
+Cloud = Literal["aws", "gcp"]
+PROJECT = "shipyard"
+PULUMI_MISSING = ("the pulumi CLI is not installed (det deploy drives it): install it with "
+                  "`curl -fsSL https://get.pulumi.com | sh` (see https://www.pulumi.com/docs/install/), then retry")
+AGENT_WAIT_S = 600
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("SHIPYARD_DEPLOY_STATE_DIR", "~/.shipyard/pulumi")).expanduser()
+
+
+def require_pulumi() -> None:
+    if shutil.which("pulumi") is None:
+        raise CliError(PULUMI_MISSING)
+
+
+def settings_from_args(cloud: Cloud, args: Any) -> Settings:
+    """The flags as settings; a DeployInputError becomes the CLI's one line."""
+    values = dict(vars(args))
+    try:
+        values["tags"] = parse_tags(values.pop("add_tag", None), cloud=cloud)
+        cls = AwsSettings if cloud == "aws" else GcpSettings
+        return cls(**settings_kwargs(values, cls))
+    except DeployInputError as e:
+        raise CliError(str(e)) from None
+
+
+def passwords_from_args(args: Any) -> tuple[str | None, str | None]:
+    try:
+        db = check_password("db-password", getattr(args, "db_password", None) or os.environ.get("SHIPYARD_DB_PASSWORD"))
+        admin = check_password("admin-password",
+                               getattr(args, "admin_password", None) or os.environ.get("SHIPYARD_ADMIN_PASSWORD"))
+    except DeployInputError as e:
+        raise CliError(str(e)) from None
+    return db, admin
+
+
+def cluster_id_from_args(args: Any) -> str:
+    try:
+        return check_cluster_id(getattr(args, "cluster_id", None))
+    except DeployInputError as e:
+        raise CliError(str(e)) from None
+
+
+# ---- the state backend -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backend:
+    url: str
+    local_dir: Path | None  # the directory of a file:// backend
+
+    @classmethod
+    def from_args(cls, args: Any) -> Backend:
+        url = getattr(args, "backend_url", None)
+        if url:
+            if url.startswith("file://"):
+                return cls(url, Path(url.removeprefix("file://")).expanduser())
+            if not url.startswith(("s3://", "gs://", "azblob://", "https://")):
+                raise CliError(f"--backend-url: {url!r} is not a Pulumi state backend URL (file://, s3://, gs://)")
+            return cls(url, None)
+        d = (getattr(args, "state_dir", None) or default_state_dir()).expanduser().absolute()
+        return cls(f"file://{d}", d)
+
+    def env(self) -> dict[str, str]:
+        env = {"PULUMI_BACKEND_URL": self.url, "PULUMI_SKIP_UPDATE_CHECK": "true"}
+        if "PULUMI_CONFIG_PASSPHRASE" not in os.environ and "PULUMI_CONFIG_PASSPHRASE_FILE" not in os.environ:
+            env["PULUMI_CONFIG_PASSPHRASE_FILE"] = str(self._passphrase_file())
+        return env
+
+    def _passphrase_file(self) -> Path:
+        """The passphrase of the stack's secrets, beside a local state (0600), or in ~/.shipyard."""
+        base = self.local_dir or Path("~/.shipyard").expanduser()
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = base / "passphrase"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+        return path
+
+    def local_stacks(self) -> list[dict[str, Any]]:
+        """Stacks of project `shipyard` in a local state directory, read from its checkpoint files."""
+        assert self.local_dir is not None
+        root = self.local_dir / ".pulumi" / "stacks"
+        files = sorted((root / PROJECT).glob("*.json")) if (root / PROJECT).is_dir() else sorted(root.glob("*.json"))
+        out = []
+        for f in files:
+            try:
+                data = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            resources = (data.get("checkpoint", {}).get("latest") or {}).get("resources") or []
+            stack = next((r for r in resources if r.get("type") == "pulumi:pulumi:Stack"), {})
+            outputs = stack.get("outputs") or {}
+            out.append({"name": f.stem, "cloud": outputs.get("cloud", ""), "master_url": outputs.get("master_url", ""),
+                        "resources": max(0, len(resources) - 1), "outputs": outputs})
+        return out
+
+
+def _stack(cloud: Cloud, cluster_id: str, backend: Backend, *, create: bool) -> Any:
+    require_pulumi()
+    from pulumi import automation as auto
+
+    from infra.__main__ import program
+
+    opts = auto.LocalWorkspaceOptions(
+        env_vars=backend.env(),
+        project_settings=auto.ProjectSettings(name=PROJECT, runtime="python", backend=auto.ProjectBackend(backend.url)))
+    try:
+        if create:
+            return auto.create_or_select_stack(stack_name=cluster_id, project_name=PROJECT, program=program, opts=opts)
+        return auto.select_stack(stack_name=cluster_id, project_name=PROJECT, program=program, opts=opts)
+    except auto.StackNotFoundError:
+        raise CliError(f"no stack {cluster_id!r} in {backend.url} (see `det deploy {cloud} list`)") from None
+
+
+def _print_line(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+# ---- up ------------------------------------------------------------------------------------------
+
+
+def up(cloud: Cloud, s: Settings, backend: Backend, *, db_password: str | None, admin_password: str | None,
+       dry_run: bool) -> dict[str, Any]:
+    from pulumi import automation as auto
+
+    stack = _stack(cloud, s.cluster_id, backend, create=True)
+    existing = stack.get_all_config()
+    db_password = db_password or _existing(existing, "shipyard:dbPassword") or secrets.token_urlsafe(24)
+    admin_password = admin_password or _existing(existing, "shipyard:adminPassword") or secrets.token_urlsafe(18)
+    config = {
+        "shipyard:cloud": auto.ConfigValue(cloud),
+        "shipyard:settings": auto.ConfigValue(s.to_json()),
+        "shipyard:dbPassword": auto.ConfigValue(db_password, secret=True),
+        "shipyard:adminPassword": auto.ConfigValue(admin_password, secret=True),
+    }
+    if isinstance(s, AwsSettings):
+        config["aws:region"] = auto.ConfigValue(s.region)
+    else:
+        config["gcp:project"] = auto.ConfigValue(s.project)
+        config["gcp:region"] = auto.ConfigValue(s.region)
+        config["gcp:zone"] = auto.ConfigValue(s.zone)
+    stack.set_all_config(config)
+    if dry_run:
+        stack.preview(on_output=_print_line)
+        return {}
+    result = stack.up(on_output=_print_line)
+    return {k: v.value for k, v in result.outputs.items()}
+
+
+def _existing(config: dict[str, Any], key: str) -> str | None:
+    value = config.get(key)
+    return value.value if value is not None and value.value else None
+
+
+# ---- down ----------------------------------------------------------------------------------------
+
+
+def down(cloud: Cloud, cluster_id: str, backend: Backend, *, wait_s: float = AGENT_WAIT_S) -> None:
+    stack = _stack(cloud, cluster_id, backend, create=False)
+    outputs = {k: v.value for k, v in stack.outputs().items()}
+    if outputs:
+        if cloud == "aws":
+            stop_aws_master(outputs["region"], outputs.get("master_instance_id"))
+            n = terminate_aws_agents(outputs["region"], cluster_id, wait_s=wait_s, say=_print_line)
+        else:
+            stop_gcp_master(outputs["project"], outputs["zone"], outputs.get("master_instance"))
+            n = terminate_gcp_agents(outputs["project"], cluster_id, wait_s=wait_s, say=_print_line)
+        _print_line(f"{n} agent instance(s) of {cluster_id} terminated")
+    stack.destroy(on_output=_print_line)
+    stack.workspace.remove_stack(cluster_id)
+
+
+def _ec2(region: str) -> Any:
+    import boto3
+
+    return boto3.client("ec2", region_name=region)
+
+
+LIVE_AWS_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+
+def aws_agent_filters(cluster_id: str) -> list[dict[str, Any]]:
+    return [{"Name": f"tag:{DEPLOY_TAG}", "Values": [cluster_id]},
+            {"Name": f"tag:{AGENT_MANAGED_BY_TAG}", "Values": [MANAGED_BY_VALUE]}]
+
+
+def aws_instances(region: str, cluster_id: str, *, agents_only: bool = False) -> list[dict[str, Any]]:
+    """The cluster's instances (the master and its agents) that are not terminated yet."""
+    filters = aws_agent_filters(cluster_id) if agents_only else [{"Name": f"tag:{DEPLOY_TAG}", "Values": [cluster_id]}]
+    filters.append({"Name": "instance-state-name", "Values": LIVE_AWS_STATES})
+    pages = _ec2(region).get_paginator("describe_instances").paginate(Filters=filters)
+    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+
+def stop_aws_master(region: str, instance_id: str | None) -> None:
+    if instance_id:
+        from botocore.exceptions import ClientError
+
+        try:
+            _ec2(region).stop_instances(InstanceIds=[instance_id])
+        except ClientError as e:  # already gone: nothing to stop
+            if "NotFound" not in str(e.response.get("Error", {}).get("Code", "")):
+                raise
+
+
+def terminate_aws_agents(region: str, cluster_id: str, *, wait_s: float = AGENT_WAIT_S, poll_s: float = 5.0,
+                         say: Callable[[str], None] = _print_line) -> int:
+    """Terminate every agent carrying the cluster's tag; return once none is left (or raise)."""
+    deadline = time.monotonic() + wait_s
+    terminated: set[str] = set()
+    while True:
+        left = aws_instances(region, cluster_id, agents_only=True)
+        ids = [i["InstanceId"] for i in left if i["State"]["Name"] != "shutting-down"]
+        if not left:
+            return len(terminated)
+        if ids:
+            _ec2(region).terminate_instances(InstanceIds=ids)
+            terminated.update(ids)
+            say(f"terminating {len(ids)} agent instance(s): {' '.join(ids)}")
+        if time.monotonic() > deadline:
+            raise CliError(f"{len(left)} agent instance(s) of {cluster_id} still not terminated after {wait_s:.0f}s; "
+                           "the stack was not destroyed, run down again")
+        time.sleep(poll_s)
+
+
+def _gce(endpoint: str | None = None) -> Any:
+    from google.cloud import compute_v1
+
+    opts = {"api_endpoint": endpoint} if endpoint else None
+    return compute_v1.InstancesClient(client_options=opts)
+
+
+def gcp_instances(project: str, cluster_id: str, *, agents_only: bool = False,
+                  client: Any = None) -> list[tuple[str, Any]]:
+    """(zone, instance) of the cluster's VMs, the master included unless agents_only."""
+    flt = f"labels.{DEPLOY_TAG} = {cluster_id}"
+    if agents_only:
+        flt += f" AND labels.{AGENT_MANAGED_BY_LABEL} = {MANAGED_BY_VALUE}"
+    client = client or _gce()
+    out = []
+    for scope, scoped in client.aggregated_list(request={"project": project, "filter": flt}):
+        for inst in scoped.instances:
+            out.append((scope.rsplit("/", 1)[-1], inst))
+    return out
+
+
+def stop_gcp_master(project: str, zone: str, name: str | None) -> None:
+    if name:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            _gce().stop(project=project, zone=zone, instance=name)
+        except NotFound:
+            pass
+
+
+def terminate_gcp_agents(project: str, cluster_id: str, *, wait_s: float = AGENT_WAIT_S, poll_s: float = 5.0,
+                         say: Callable[[str], None] = _print_line, client: Any = None) -> int:
+    from google.api_core.exceptions import NotFound
+
+    client = client or _gce()
+    deadline = time.monotonic() + wait_s
+    deleted: set[str] = set()
+    while True:
+        left = gcp_instances(project, cluster_id, agents_only=True, client=client)
+        if not left:
+            return len(deleted)
+        for zone, inst in left:
+            if inst.name not in deleted and inst.status != "STOPPING":
+                try:
+                    client.delete(project=project, zone=zone, instance=inst.name)
+                except NotFound:
+                    pass
+                deleted.add(inst.name)
+                say(f"deleting agent instance {inst.name} ({zone})")
+        if time.monotonic() > deadline:
+            raise CliError(f"{len(left)} agent instance(s) of {cluster_id} still not deleted after {wait_s:.0f}s; "
+                           "the stack was not destroyed, run down again")
+        time.sleep(poll_s)
+
+
+# ---- list / describe -------------------------------------------------------------------------------
+
+
+def list_stacks(cloud: Cloud, backend: Backend) -> list[dict[str, Any]]:
+    if backend.local_dir is not None:
+        stacks = backend.local_stacks()
+    else:
+        require_pulumi()
+        from pulumi import automation as auto
+
+        ws = auto.LocalWorkspace(env_vars=backend.env(), project_settings=auto.ProjectSettings(
+            name=PROJECT, runtime="python", backend=auto.ProjectBackend(backend.url)))
+        stacks = [{"name": st.name, "cloud": "", "master_url": st.url or "", "resources": st.resource_count or 0,
+                   "outputs": {}} for st in ws.list_stacks()]
+    return [st for st in stacks if st["cloud"] in ("", cloud)]
+
+
+def stack_outputs(cloud: Cloud, cluster_id: str, backend: Backend) -> dict[str, Any]:
+    if backend.local_dir is not None:
+        found = next((st for st in backend.local_stacks() if st["name"] == cluster_id), None)
+        if found is None:
+            raise CliError(f"no stack {cluster_id!r} in {backend.url} (see `det deploy {cloud} list`)")
+        return dict(found["outputs"])
+    stack = _stack(cloud, cluster_id, backend, create=False)
+    return {k: v.value for k, v in stack.outputs().items()}
+
+
+def describe(cloud: Cloud, outputs: dict[str, Any]) -> list[str]:
+    """The lines `det deploy ... describe` prints: master URL, cost at rest, pools, instances by tag."""
+    lines = [f"Cluster:  {outputs.get('cluster_id', '?')} ({cloud})",
+             f"Master:   {outputs.get('master_url', '?')}"]
+    if outputs.get("settings"):
+        s = settings_from_json(cloud, outputs["settings"])
+        cost = s.cost_at_rest()
+        lines.append(f"At rest:  ${sum(c.usd_per_hour for c in cost):.3f}/hour ("
+                     + ", ".join(f"{c.what} ${c.usd_per_hour:.3f}" for c in cost) + ")")
+        lines += [f"Pool:     {line}" for line in pool_lines(s)]
+    cid = str(outputs.get("cluster_id", ""))
+    if cloud == "aws":
+        for i in aws_instances(str(outputs.get("region")), cid):
+            tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+            role = tags.get("shipyard:pool", "master" if AGENT_MANAGED_BY_TAG not in tags else "?")
+            lines.append(f"Instance: {i['InstanceId']}  {i['InstanceType']}  {i['State']['Name']}  {role}")
+    else:
+        for zone, inst in gcp_instances(str(outputs.get("project")), cid):
+            role = inst.labels.get("shipyard-pool", "master" if AGENT_MANAGED_BY_LABEL not in inst.labels else "?")
+            lines.append(f"Instance: {inst.name}  {inst.machine_type.rsplit('/', 1)[-1]}  {inst.status}  {zone}  {role}")
+    return lines
+
+
+def pool_lines(s: Settings) -> list[str]:
+    from infra import catalog
+
+    if isinstance(s, AwsSettings):
+        gpu = catalog.AWS_INSTANCE_TYPES[s.compute_agent_instance_type]
+        compute = (f"compute  {s.compute_agent_instance_type} ({gpu.gpus}x {gpu.gpu_model}, "
+                   f"${catalog.aws_agent_cost(s.compute_agent_instance_type):.3f}/h each)")
+        aux = f"aux      {s.aux_agent_instance_type} (${catalog.aws_agent_cost(s.aux_agent_instance_type):.3f}/h each)"
+    else:
+        compute = (f"compute  {s.compute_agent_instance_type} + {s.gpu_num}x {s.gpu_type} "
+                   f"(${catalog.gcp_agent_cost(s.compute_agent_instance_type, s.gpu_type, s.gpu_num):.3f}/h each)")
+        aux = f"aux      {s.aux_agent_instance_type} (${catalog.gcp_agent_cost(s.aux_agent_instance_type, None, 0):.3f}/h each)"
+    return [f"{compute}, {s.min_dynamic_agents} to {s.max_dynamic_agents} agents{' (spot)' if s.spot else ''}",
+            f"{aux}, 0 to {s.max_aux_agents} agents"]

@@ -1,0 +1,1 @@
+"""The AWS stack of `det deploy aws`: infra/aws/program.py."""

@@ -1,0 +1,252 @@
+"""A Shipyard cluster on AWS, as Pulumi resources.
+
+- network: a VPC with one public subnet in each of two availability zones (or the account's default
+  VPC with `use_default_vpc`);
+- security groups: the master's port from the inbound CIDR and from the agents, SSH from the inbound
+  CIDR, the database's port from the master only;
+- PostgreSQL on RDS (encrypted, automated backups, not publicly accessible);
+- a private, encrypted S3 bucket for checkpoints (public access blocked, TLS only);
+- IAM: the master may run instances only when they carry this cluster's tag, and describe them; may
+  tag only at launch; may stop, modify and terminate only instances carrying the tag; may pass only
+  the agent role; may read only its own secret. Agents may use only the checkpoint bucket.
+  (EC2's Describe* calls cannot be restricted to resources: AWS evaluates them account-wide.)
+- the master: an instance with its own network interface (its private IP goes into master.yaml as
+  the URL agents use) and an Elastic IP, user-data from infra/render.py; a log group;
+- a Secrets Manager secret with the admin and database passwords, read by the master at each start.
+
+Every resource that takes tags carries `DEPLOY_TAG: <cluster id>` and the user's `--add-tag` tags.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import DEPLOY_TAG, render
+from infra.settings import AwsSettings
+
+VPC_CIDR = "10.0.0.0/16"
+SUBNET_CIDRS = ("10.0.0.0/20", "10.0.16.0/20")
+DB_ENGINE_VERSION = "16"
+MASTER_DISK_GB = 30
+BACKUP_RETENTION_DAYS = 7
+LOG_RETENTION_DAYS = 30
+
+
+def _policy(statements: list[dict[str, Any]]) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+ASSUME_EC2 = _policy([{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}])
+
+
+def master_policy(s: AwsSettings, *, vpc_id: str, agent_role_arn: str, secret_arn: str, bucket: str,
+                  log_group_arn: str) -> str:
+    region = s.region
+    ec2 = f"arn:aws:ec2:{region}:*"
+    tagged_request = {"StringEquals": {f"aws:RequestTag/{DEPLOY_TAG}": s.cluster_id}}
+    tagged_resource = {"StringEquals": {f"ec2:ResourceTag/{DEPLOY_TAG}": s.cluster_id}}
+    return _policy([
+        {"Sid": "RunOnlyTaggedInstances", "Effect": "Allow", "Action": "ec2:RunInstances",
+         "Resource": [f"{ec2}:instance/*", f"{ec2}:volume/*"], "Condition": tagged_request},
+        {"Sid": "RunInTheClusterVpc", "Effect": "Allow", "Action": "ec2:RunInstances",
+         "Resource": [f"{ec2}:subnet/*", f"{ec2}:security-group/*", f"{ec2}:network-interface/*"],
+         "Condition": {"ArnLike": {"ec2:Vpc": f"{ec2}:vpc/{vpc_id}"}}},
+        {"Sid": "RunFromImagesWithTheClusterKey", "Effect": "Allow", "Action": "ec2:RunInstances",
+         "Resource": [f"arn:aws:ec2:{region}::image/*", f"{ec2}:key-pair/{s.keypair}"]},
+        {"Sid": "ResolveImageParameters", "Effect": "Allow", "Action": "ssm:GetParameters",
+         "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*"},
+        {"Sid": "TagOnlyAtLaunch", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": [f"{ec2}:instance/*", f"{ec2}:volume/*"],
+         "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances",
+                                        f"aws:RequestTag/{DEPLOY_TAG}": s.cluster_id}}},
+        {"Sid": "ManageOnlyTaggedInstances", "Effect": "Allow",
+         "Action": ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:ModifyInstanceAttribute"],
+         "Resource": f"{ec2}:instance/*", "Condition": tagged_resource},
+        # Describe* has no resource-level permissions in EC2: it is allowed (read-only) account-wide.
+        {"Sid": "Describe", "Effect": "Allow",
+         "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceTypes", "ec2:DescribeImages",
+                    "ec2:DescribeSubnets", "ec2:DescribeInstanceAttribute"], "Resource": "*"},
+        {"Sid": "PassOnlyTheAgentRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": agent_role_arn,
+         "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+        {"Sid": "ReadOwnSecret", "Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
+         "Resource": secret_arn},
+        *bucket_statements(bucket),
+        {"Sid": "WriteOwnLogs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+         "Resource": f"{log_group_arn}:*"},
+    ])
+
+
+def bucket_statements(bucket: str) -> list[dict[str, Any]]:
+    return [
+        {"Sid": "ListCheckpointBucket", "Effect": "Allow", "Action": "s3:ListBucket",
+         "Resource": f"arn:aws:s3:::{bucket}"},
+        {"Sid": "UseCheckpointObjects", "Effect": "Allow",
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], "Resource": f"arn:aws:s3:::{bucket}/*"},
+    ]
+
+
+def agent_policy(bucket: str) -> str:
+    return _policy(bucket_statements(bucket))
+
+
+def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> dict[str, Any]:
+    """Declare the stack's resources; returns its outputs (also exported)."""
+    cid = s.cluster_id
+
+    def named(what: str) -> str:
+        return f"shipyard-{cid}-{what}"
+
+    def tags(what: str) -> dict[str, str]:
+        return {**s.all_tags, "Name": named(what)}
+
+    # ---- network --------------------------------------------------------------------------
+    subnet_ids: pulumi.Output[list[str]]
+    if s.use_default_vpc:
+        default = aws.ec2.get_vpc_output(default=True)
+        vpc_id: pulumi.Output[str] = default.id
+        subnet_ids = aws.ec2.get_subnets_output(filters=[
+            {"name": "vpc-id", "values": [default.id]}, {"name": "default-for-az", "values": ["true"]},
+        ]).ids
+    else:
+        azs = aws.get_availability_zones_output(state="available")
+        vpc = aws.ec2.Vpc(named("vpc"), cidr_block=VPC_CIDR, enable_dns_hostnames=True, enable_dns_support=True,
+                          tags=tags("vpc"))
+        vpc_id = vpc.id
+        igw = aws.ec2.InternetGateway(named("igw"), vpc_id=vpc.id, tags=tags("igw"))
+        routes = aws.ec2.RouteTable(named("routes"), vpc_id=vpc.id, tags=tags("routes"),
+                                    routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": igw.id}])
+        subnets = []
+        for i, cidr in enumerate(SUBNET_CIDRS):
+            subnet = aws.ec2.Subnet(named(f"subnet-{i}"), vpc_id=vpc.id, cidr_block=cidr,
+                                    availability_zone=azs.names[i], map_public_ip_on_launch=True,
+                                    tags=tags(f"subnet-{i}"))
+            aws.ec2.RouteTableAssociation(named(f"subnet-{i}-routes"), subnet_id=subnet.id, route_table_id=routes.id)
+            subnets.append(subnet)
+        subnet_ids = pulumi.Output.all(*[sn.id for sn in subnets])
+    first_subnet = subnet_ids.apply(lambda ids: ids[0])
+
+    everywhere_out = [{"protocol": "-1", "from_port": 0, "to_port": 0, "cidr_blocks": ["0.0.0.0/0"],
+                       "description": "outbound: package mirrors, the AWS APIs, the master"}]
+    ssh_in = {"protocol": "tcp", "from_port": 22, "to_port": 22, "cidr_blocks": [s.inbound_cidr],
+              "description": "SSH from the inbound CIDR"}
+    agent_sg = aws.ec2.SecurityGroup(named("agents"), vpc_id=vpc_id, description=f"Shipyard {cid}: agents",
+                                     ingress=[ssh_in, {"protocol": "-1", "from_port": 0, "to_port": 0, "self": True,
+                                                       "description": "agent to agent (distributed training)"}],
+                                     egress=everywhere_out, tags=tags("agents"))
+    master_sg = aws.ec2.SecurityGroup(
+        named("master"), vpc_id=vpc_id, description=f"Shipyard {cid}: master",
+        ingress=[
+            {"protocol": "tcp", "from_port": s.port, "to_port": s.port, "cidr_blocks": [s.inbound_cidr],
+             "description": "the master's API from the inbound CIDR"},
+            {"protocol": "tcp", "from_port": s.port, "to_port": s.port, "security_groups": [agent_sg.id],
+             "description": "the master's API from the agents"},
+            ssh_in,
+        ],
+        egress=everywhere_out, tags=tags("master"))
+    db_sg = aws.ec2.SecurityGroup(
+        named("db"), vpc_id=vpc_id, description=f"Shipyard {cid}: database",
+        ingress=[{"protocol": "tcp", "from_port": render.DB_PORT, "to_port": render.DB_PORT,
+                  "security_groups": [master_sg.id], "description": "PostgreSQL from the master only"}],
+        tags=tags("db"))
+
+    # ---- database -------------------------------------------------------------------------
+    db_subnets = aws.rds.SubnetGroup(named("db"), subnet_ids=subnet_ids, tags=tags("db"))
+    db = aws.rds.Instance(
+        named("db"), engine="postgres", engine_version=DB_ENGINE_VERSION, instance_class=s.db_instance_class,
+        allocated_storage=s.db_storage_gb, storage_type="gp3", storage_encrypted=True,
+        backup_retention_period=BACKUP_RETENTION_DAYS, db_name=render.DB_NAME, username=render.DB_USER,
+        password=db_password, port=render.DB_PORT, vpc_security_group_ids=[db_sg.id],
+        db_subnet_group_name=db_subnets.name, publicly_accessible=False, multi_az=False,
+        copy_tags_to_snapshot=True, deletion_protection=False, apply_immediately=True,
+        # `down` leaves nothing behind: no final snapshot, automated backups deleted with the database.
+        skip_final_snapshot=True, delete_automated_backups=True, tags=tags("db"))
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    bucket = aws.s3.Bucket(named("ckpt"), bucket_prefix=f"shipyard-{cid}-", force_destroy=True, tags=tags("ckpt"))
+    aws.s3.BucketPublicAccessBlock(named("ckpt-private"), bucket=bucket.id, block_public_acls=True,
+                                   block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True)
+    aws.s3.BucketOwnershipControls(named("ckpt-owner"), bucket=bucket.id,
+                                   rule={"object_ownership": "BucketOwnerEnforced"})
+    aws.s3.BucketServerSideEncryptionConfiguration(
+        named("ckpt-encryption"), bucket=bucket.id,
+        rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}, "bucket_key_enabled": True}])
+    aws.s3.BucketPolicy(named("ckpt-tls-only"), bucket=bucket.id, policy=bucket.arn.apply(lambda arn: _policy([
+        {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+         "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}])))
+
+    # ---- secrets and logs -----------------------------------------------------------------
+    secret = aws.secretsmanager.Secret(named("master-secret"), name=f"shipyard/{cid}/master",
+                                       description=f"Shipyard {cid}: admin and database passwords",
+                                       recovery_window_in_days=0, tags=tags("master-secret"))
+    payload = pulumi.Output.all(admin_password, db_password, db.address).apply(
+        lambda a: render.secret_payload(a[0], render.postgres_url(a[1], a[2])))
+    secret_version = aws.secretsmanager.SecretVersion(named("master-secret"), secret_id=secret.id,
+                                                      secret_string=pulumi.Output.secret(payload))
+    log_group = aws.cloudwatch.LogGroup(named("logs"), name=f"/shipyard/{cid}", retention_in_days=LOG_RETENTION_DAYS,
+                                        tags=tags("logs"))
+
+    # ---- IAM ------------------------------------------------------------------------------
+    agent_role = aws.iam.Role(named("agent"), name=named("agent"), assume_role_policy=ASSUME_EC2,
+                              description=f"Shipyard {cid}: agents", tags=tags("agent"))
+    aws.iam.RolePolicy(named("agent"), role=agent_role.id, policy=bucket.bucket.apply(agent_policy))
+    agent_profile = aws.iam.InstanceProfile(named("agent"), name=named("agent"), role=agent_role.name,
+                                            tags=tags("agent"))
+    master_role = aws.iam.Role(named("master"), name=named("master"), assume_role_policy=ASSUME_EC2,
+                               description=f"Shipyard {cid}: master", tags=tags("master"))
+    aws.iam.RolePolicy(named("master"), role=master_role.id, policy=pulumi.Output.all(
+        vpc_id, agent_role.arn, secret.arn, bucket.bucket, log_group.arn).apply(
+        lambda a: master_policy(s, vpc_id=a[0], agent_role_arn=a[1], secret_arn=a[2], bucket=a[3],
+                                log_group_arn=a[4])))
+    master_profile = aws.iam.InstanceProfile(named("master"), name=named("master"), role=master_role.name,
+                                             tags=tags("master"))
+
+    # ---- the master -----------------------------------------------------------------------
+    nic = aws.ec2.NetworkInterface(named("master"), subnet_id=first_subnet, security_groups=[master_sg.id],
+                                   description=f"Shipyard {cid}: master", tags=tags("master"))
+    user_data = pulumi.Output.all(nic.private_ip, bucket.bucket, subnet_ids, agent_sg.id, agent_profile.name,
+                                  secret.arn).apply(lambda a: master_user_data(s, *a))
+    ami: pulumi.Input[str] = s.master_ami
+    if s.master_ami.startswith("resolve:ssm:"):
+        ami = aws.ssm.get_parameter_output(name=s.master_ami.removeprefix("resolve:ssm:")).value
+    master = aws.ec2.Instance(
+        named("master"), ami=ami, instance_type=s.master_instance_type, key_name=s.keypair,
+        iam_instance_profile=master_profile.name, primary_network_interface={"network_interface_id": nic.id},
+        user_data=user_data, user_data_replace_on_change=True,
+        metadata_options={"http_tokens": "required", "http_endpoint": "enabled"},
+        root_block_device={"encrypted": True, "volume_size": MASTER_DISK_GB, "volume_type": "gp3",
+                           "delete_on_termination": True, "tags": tags("master")},
+        tags=tags("master"),
+        # The master reads its secret (with the database's address) at its first start.
+        opts=pulumi.ResourceOptions(depends_on=[secret_version, db]))
+    eip = aws.ec2.Eip(named("master"), domain="vpc", network_interface=nic.id, tags=tags("master"),
+                      opts=pulumi.ResourceOptions(depends_on=[master]))
+
+    outputs = {
+        "cluster_id": cid,
+        "cloud": "aws",
+        "settings": s.to_json(),
+        "region": s.region,
+        "master_url": eip.public_ip.apply(lambda ip: f"http://{ip}:{s.port}"),
+        "master_private_ip": nic.private_ip,
+        "master_instance_id": master.id,
+        "checkpoint_bucket": bucket.bucket,
+        "db_endpoint": db.address,
+        "secret": secret.arn,
+        "log_group": log_group.name,
+    }
+    for key, value in outputs.items():
+        pulumi.export(key, value)
+    return outputs
+
+
+def master_user_data(s: AwsSettings, private_ip: str, bucket: str, subnet_ids: list[str], agent_sg: str,
+                     agent_profile: str, secret_arn: str) -> str:
+    facts = render.AwsFacts(master_private_ip=private_ip, bucket=bucket, subnet_ids=tuple(subnet_ids),
+                            agent_security_group_id=agent_sg, agent_instance_profile=agent_profile,
+                            secret_id=secret_arn)
+    return render.master_user_data("aws", render.aws_master_config(s, facts), secret_id=secret_arn,
+                                   region=s.region, package=s.shipyard_package, cluster_id=s.cluster_id)

@@ -1,0 +1,1 @@
+"""The GCP stack of `det deploy gcp`: infra/gcp/program.py."""

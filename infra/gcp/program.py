@@ -1,0 +1,197 @@
+"""A Shipyard cluster on GCP, as Pulumi resources.
+
+- network: a VPC network and one subnetwork in the zone's region;
+- firewall rules of the AWS shape: the master's port from the inbound CIDR and from the agents, SSH
+  from the inbound CIDR, agent to agent; and the database's range denied to the agents (Cloud SQL's
+  private IP sits behind a peering that ingress rules cannot filter, so the agents' egress to it is
+  what is closed);
+- Cloud SQL for PostgreSQL with a private IP only (no public address, TLS required, backups and
+  point-in-time recovery);
+- a private GCS bucket for checkpoints (uniform access, public access prevention enforced; GCS
+  encrypts every object at rest);
+- service accounts with minimal roles: the master gets a custom role limited to what the GCP
+  provider calls, conditioned on the agents' instance and disk names (IAM conditions cannot read
+  Compute labels: the names start with `<cluster>-agent-`, the pools' name prefix), may act as the
+  agents' service account only, and may read only its own secret; the agents may use only the bucket;
+- a static external IP and a reserved internal IP for the master (its URL in master.yaml), Secret
+  Manager for the passwords, and the master VM with its cloud-init user-data.
+
+Every resource type that takes labels carries `DEPLOY_TAG: <cluster id>` and the user's tags; the
+others (network, firewall, service account, IAM) are named after the cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import render
+from infra.settings import GcpSettings
+
+SUBNET_CIDR = "10.10.0.0/20"
+SQL_PEERING_PREFIX = 20
+DB_VERSION = "POSTGRES_16"
+MASTER_DISK_GB = 30
+APIS = ("compute.googleapis.com", "sqladmin.googleapis.com", "servicenetworking.googleapis.com",
+        "secretmanager.googleapis.com", "iam.googleapis.com")
+# What the GCP provider (provisioners/gcp.py) calls, and nothing else.
+MASTER_PERMISSIONS = (
+    "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
+    "compute.instances.setLabels", "compute.instances.setMetadata", "compute.instances.setServiceAccount",
+    "compute.instances.setTags", "compute.instances.setDiskAutoDelete", "compute.disks.create",
+    "compute.subnetworks.use", "compute.subnetworks.useExternalIp", "compute.images.useReadOnly",
+    "compute.zoneOperations.get", "compute.zones.get", "compute.machineTypes.get",
+)
+
+
+def instance_condition(cluster_id: str) -> str:
+    """CEL: instances and disks only when named like this cluster's agents; the other resource types
+    the role's permissions name (subnetworks, images, operations, zones) unrestricted."""
+    prefix = render.agent_name_prefix(cluster_id)
+    return (
+        '(resource.type != "compute.googleapis.com/Instance" && resource.type != "compute.googleapis.com/Disk")'
+        f' || resource.name.extract("/instances/{{name}}").startsWith("{prefix}")'
+        f' || resource.name.extract("/disks/{{name}}").startsWith("{prefix}")'
+    )
+
+
+def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> dict[str, Any]:
+    cid, project, region = s.cluster_id, s.project, s.region
+    labels = s.all_tags
+    master_tag, agent_tag = f"{cid}-master", f"{cid}-agent"
+
+    apis = [gcp.projects.Service(f"{cid}-api-{api.split('.')[0]}", project=project, service=api,
+                                 disable_on_destroy=False) for api in APIS]
+    after_apis = pulumi.ResourceOptions(depends_on=apis)
+
+    # ---- network --------------------------------------------------------------------------
+    network = gcp.compute.Network(f"{cid}-net", name=f"{cid}-net", project=project, auto_create_subnetworks=False,
+                                  description=f"Shipyard {cid}", opts=after_apis)
+    subnet = gcp.compute.Subnetwork(f"{cid}-subnet", name=f"{cid}-subnet", project=project, region=region,
+                                    network=network.id, ip_cidr_range=SUBNET_CIDR, private_ip_google_access=True)
+    sql_range = gcp.compute.GlobalAddress(f"{cid}-sql-range", name=f"{cid}-sql-range", project=project,
+                                          purpose="VPC_PEERING", address_type="INTERNAL",
+                                          prefix_length=SQL_PEERING_PREFIX, network=network.id, labels=labels)
+    peering = gcp.servicenetworking.Connection(f"{cid}-sql-peering", network=network.id,
+                                               service="servicenetworking.googleapis.com",
+                                               reserved_peering_ranges=[sql_range.name])
+
+    def firewall(name: str, **kwargs: Any) -> gcp.compute.Firewall:
+        return gcp.compute.Firewall(f"{cid}-{name}", name=f"{cid}-{name}", project=project, network=network.id,
+                                    **kwargs)
+
+    firewall("master-api", description="the master's API from the inbound CIDR", direction="INGRESS",
+             source_ranges=[s.inbound_cidr], target_tags=[master_tag],
+             allows=[{"protocol": "tcp", "ports": [str(s.port)]}])
+    firewall("agents-to-master", description="the master's API from the agents", direction="INGRESS",
+             source_tags=[agent_tag], target_tags=[master_tag], allows=[{"protocol": "tcp", "ports": [str(s.port)]}])
+    firewall("ssh", description="SSH from the inbound CIDR", direction="INGRESS", source_ranges=[s.inbound_cidr],
+             target_tags=[master_tag, agent_tag], allows=[{"protocol": "tcp", "ports": ["22"]}])
+    firewall("agent-to-agent", description="agent to agent (distributed training)", direction="INGRESS",
+             source_tags=[agent_tag], target_tags=[agent_tag], allows=[{"protocol": "all"}])
+    firewall("agents-no-db", description="the database is the master's only", direction="EGRESS", priority=900,
+             target_tags=[agent_tag],
+             destination_ranges=[pulumi.Output.concat(sql_range.address, f"/{SQL_PEERING_PREFIX}")],
+             denies=[{"protocol": "tcp", "ports": [str(render.DB_PORT)]}])
+
+    # ---- database -------------------------------------------------------------------------
+    db = gcp.sql.DatabaseInstance(
+        f"{cid}-db", name=f"{cid}-db", project=project, region=region, database_version=DB_VERSION,
+        deletion_protection=False,
+        settings={
+            "tier": s.db_tier, "edition": "ENTERPRISE", "disk_size": s.db_storage_gb, "disk_type": "PD_SSD",
+            "availability_type": "ZONAL", "location_preference": {"zone": s.zone},
+            "ip_configuration": {"ipv4_enabled": False, "private_network": network.id,
+                                 "ssl_mode": "ENCRYPTED_ONLY"},
+            "backup_configuration": {"enabled": True, "point_in_time_recovery_enabled": True},
+            "user_labels": labels,
+        },
+        opts=pulumi.ResourceOptions(depends_on=[peering]))
+    gcp.sql.Database(f"{cid}-db-shipyard", name=render.DB_NAME, instance=db.name, project=project)
+    db_user = gcp.sql.User(f"{cid}-db-user", name=render.DB_USER, instance=db.name, project=project,
+                           password=db_password)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    bucket = gcp.storage.Bucket(f"{cid}-ckpt", name=f"{project}-{cid}-ckpt", project=project, location=region,
+                                uniform_bucket_level_access=True, public_access_prevention="enforced",
+                                force_destroy=True, labels=labels)
+
+    # ---- service accounts and IAM ---------------------------------------------------------
+    master_sa = gcp.serviceaccount.Account(f"{cid}-master", account_id=f"{cid}-master", project=project,
+                                           display_name=f"Shipyard {cid}: master", opts=after_apis)
+    agent_sa = gcp.serviceaccount.Account(f"{cid}-agent", account_id=f"{cid}-agent", project=project,
+                                          display_name=f"Shipyard {cid}: agents", opts=after_apis)
+    master_member = pulumi.Output.concat("serviceAccount:", master_sa.email)
+    agent_member = pulumi.Output.concat("serviceAccount:", agent_sa.email)
+    role = gcp.projects.IAMCustomRole(f"{cid}-master-role", project=project,
+                                      role_id=f"shipyard_{cid.replace('-', '_')}_master",
+                                      title=f"Shipyard {cid} master", permissions=list(MASTER_PERMISSIONS),
+                                      description="Launch, list and delete this cluster's agents")
+    gcp.projects.IAMMember(f"{cid}-master-instances", project=project, role=role.name, member=master_member,
+                           condition={"title": f"{cid} agents only",
+                                      "description": "instances and disks named like this cluster's agents",
+                                      "expression": instance_condition(cid)})
+    gcp.serviceaccount.IAMMember(f"{cid}-master-acts-as-agent", service_account_id=agent_sa.name,
+                                 role="roles/iam.serviceAccountUser", member=master_member)
+    for who, member in (("agent", agent_member), ("master", master_member)):
+        gcp.storage.BucketIAMMember(f"{cid}-{who}-ckpt", bucket=bucket.name, role="roles/storage.objectAdmin",
+                                    member=member)
+
+    # ---- secrets --------------------------------------------------------------------------
+    secret = gcp.secretmanager.Secret(f"{cid}-master-secret", secret_id=f"{cid}-master", project=project,
+                                      replication={"auto": {}}, labels=labels, opts=after_apis)
+    payload = pulumi.Output.all(admin_password, db_password, db.private_ip_address).apply(
+        lambda a: render.secret_payload(a[0], render.postgres_url(a[1], a[2])))
+    secret_version = gcp.secretmanager.SecretVersion(f"{cid}-master-secret", secret=secret.id,
+                                                     secret_data=pulumi.Output.secret(payload))
+    gcp.secretmanager.SecretIamMember(f"{cid}-master-reads-secret", project=project, secret_id=secret.secret_id,
+                                      role="roles/secretmanager.secretAccessor", member=master_member)
+
+    # ---- the master -----------------------------------------------------------------------
+    internal_ip = gcp.compute.Address(f"{cid}-master-internal", name=f"{cid}-master-internal", project=project,
+                                      region=region, address_type="INTERNAL", subnetwork=subnet.id, labels=labels)
+    external_ip = gcp.compute.Address(f"{cid}-master", name=f"{cid}-master", project=project, region=region,
+                                      address_type="EXTERNAL", labels=labels, opts=after_apis)
+    user_data = pulumi.Output.all(internal_ip.address, bucket.name, network.name, subnet.name, agent_sa.email,
+                                  secret.name).apply(lambda a: master_user_data(s, *a))
+    master = gcp.compute.Instance(
+        f"{cid}-master", name=f"{cid}-master", project=project, zone=s.zone, machine_type=s.master_instance_type,
+        boot_disk={"initialize_params": {"image": s.master_image, "size": MASTER_DISK_GB, "type": "pd-balanced",
+                                         "labels": labels}, "auto_delete": True},
+        network_interfaces=[{"subnetwork": subnet.id, "network_ip": internal_ip.address,
+                             "access_configs": [{"nat_ip": external_ip.address}]}],
+        service_account={"email": master_sa.email, "scopes": ["cloud-platform"]},
+        metadata={"user-data": user_data, "enable-oslogin": "TRUE"},
+        shielded_instance_config={"enable_secure_boot": True, "enable_vtpm": True,
+                                  "enable_integrity_monitoring": True},
+        tags=[master_tag], labels=labels, allow_stopping_for_update=True,
+        opts=pulumi.ResourceOptions(depends_on=[secret_version, db_user]))
+
+    outputs = {
+        "cluster_id": cid,
+        "cloud": "gcp",
+        "settings": s.to_json(),
+        "project": project,
+        "zone": s.zone,
+        "master_url": external_ip.address.apply(lambda ip: f"http://{ip}:{s.port}"),
+        "master_private_ip": internal_ip.address,
+        "master_instance": master.name,
+        "checkpoint_bucket": bucket.name,
+        "db_private_ip": db.private_ip_address,
+        "secret": secret.name,
+    }
+    for key, value in outputs.items():
+        pulumi.export(key, value)
+    return outputs
+
+
+def master_user_data(s: GcpSettings, private_ip: str, bucket: str, network: str, subnet: str, agent_sa: str,
+                     secret_name: str) -> str:
+    facts = render.GcpFacts(master_private_ip=private_ip, bucket=bucket,
+                            network=f"projects/{s.project}/global/networks/{network}",
+                            subnetwork=f"regions/{s.region}/subnetworks/{subnet}",
+                            agent_service_account=agent_sa, secret_id=secret_name)
+    return render.master_user_data("gcp", render.gcp_master_config(s, facts), secret_id=secret_name,
+                                   region=s.region, package=s.shipyard_package, cluster_id=s.cluster_id)

@@ -1,0 +1,325 @@
+"""What a stack's master boots with: its master.yaml and its cloud-init user-data, shared by the AWS and
+GCP programs (and by `det deploy ... render`, which writes them without creating anything).
+
+The master's user-data, in the spirit of the agents' (agent_bootstrap/cloud_init.py):
+
+1. cloud-init installs Python (`packages:`);
+2. `write_files` puts down /etc/shipyard/master.yaml (no secret in it), the start program
+   /usr/local/bin/shipyard-master-start and the boot script /usr/local/bin/shipyard-master-boot;
+3. `runcmd` runs the boot script (templates/shipyard-master-boot.sh): det-master from the image or
+   pip-installed, then the systemd unit shipyard-master.service;
+4. the unit's ExecStart is the start program (templates/shipyard-master-start.py.in): it reads the
+   admin and database passwords from the secret store (AWS Secrets Manager, GCP Secret Manager) at
+   every start and execs det-master with them in its environment.
+
+The user-data names the secret; it never holds a password. The master.yaml's pools are the two
+the flags ask for, both elastic: `compute` (GPU agents, the default pool) and `aux` (CPU agents).
+Every agent carries the deployment's tag (`infra.DEPLOY_TAG`), which the master's IAM requires.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote
+
+import yaml
+
+from infra import catalog, settings
+
+CONF_DIR = "/etc/shipyard"
+MASTER_CONFIG_PATH = f"{CONF_DIR}/master.yaml"
+START_PATH = "/usr/local/bin/shipyard-master-start"
+BOOT_PATH = "/usr/local/bin/shipyard-master-boot"
+STATE_DIR = "/var/lib/shipyard"
+PACKAGES = ("python3", "python3-venv", "python3-pip")
+COMPUTE_POOL = "compute"
+AUX_POOL = "aux"
+DB_NAME = "shipyard"
+DB_USER = "shipyard"
+DB_PORT = 5432
+# Where the agents' sample user-data puts the token the master mints at each launch.
+SAMPLE_TOKEN = "BOOTSTRAP-TOKEN-MINTED-BY-THE-MASTER-AT-EACH-LAUNCH"
+
+
+@dataclass(frozen=True)
+class AwsFacts:
+    """What the AWS stack created that the master's config names."""
+
+    master_private_ip: str
+    bucket: str
+    subnet_ids: tuple[str, ...]
+    agent_security_group_id: str
+    agent_instance_profile: str
+    secret_id: str
+    # Private endpoints (and, in tests, the moto server); None: the public AWS endpoints.
+    endpoint_url: str | None = None
+    # Extra agent options for both pools (e.g. CPU slots where the instance has no GPU).
+    agent_options: dict[str, Any] = field(default_factory=dict)
+    host: str = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class GcpFacts:
+    master_private_ip: str
+    bucket: str
+    network: str  # projects/P/global/networks/NAME
+    subnetwork: str  # regions/R/subnetworks/NAME
+    agent_service_account: str
+    secret_id: str  # projects/P/secrets/NAME
+    api_endpoint: str | None = None
+    agent_options: dict[str, Any] = field(default_factory=dict)
+    host: str = "0.0.0.0"
+
+
+def agent_name_prefix(cluster_id: str) -> str:
+    """GCE names of this cluster's agents start with it; the master's IAM condition checks it."""
+    return f"{cluster_id}-agent-"
+
+
+def postgres_url(password: str, host: str, *, port: int = DB_PORT, user: str = DB_USER, db: str = DB_NAME) -> str:
+    return f"postgresql+psycopg2://{quote(user, safe='')}:{quote(password, safe='')}@{host}:{port}/{db}"
+
+
+def secret_payload(admin_password: str, db_url: str) -> str:
+    """The secret store's value: what the start program reads."""
+    return json.dumps({"admin_password": admin_password, "db_url": db_url})
+
+
+def _base_config(s: settings.Settings, master_ip: str, host: str) -> dict[str, Any]:
+    return {
+        "host": host,
+        "port": s.port,
+        "cluster_name": s.cluster_id,
+        "master_url": f"http://{master_ip}:{s.port}",
+        "state_dir": STATE_DIR,
+        "log_level": "info",
+    }
+
+
+def _elastic(s: settings.Settings, *, min_instances: int, max_instances: int) -> dict[str, Any]:
+    return {"min_instances": min_instances, "max_instances": max_instances,
+            "max_idle_agent_period": s.max_idle_agent_period}
+
+
+def aws_master_config(s: settings.AwsSettings, f: AwsFacts) -> dict[str, Any]:
+    aux = catalog.AWS_INSTANCE_TYPES[s.aux_agent_instance_type]
+
+    def provider(image: str, instance_type: str) -> dict[str, Any]:
+        p: dict[str, Any] = {
+            "type": "aws",
+            "region": s.region,
+            "image_id": image,
+            "instance_type": instance_type,
+            "subnet_ids": list(f.subnet_ids),
+            "security_group_ids": [f.agent_security_group_id],
+            "iam_instance_profile": f.agent_instance_profile,
+            "ssh_key_name": s.keypair,
+            "tags": s.all_tags,
+        }
+        if image.startswith("resolve:ssm:"):
+            p["root_device_name"] = settings.AWS_SSM_ROOT_DEVICE
+        if f.endpoint_url:
+            p["endpoint_url"] = f.endpoint_url
+        return p
+
+    compute = provider(s.agent_ami, s.compute_agent_instance_type)
+    if s.spot:
+        compute["spot"] = True
+        if s.spot_max_price is not None:
+            compute["spot_max_price"] = s.spot_max_price
+    compute.update(_elastic(s, min_instances=s.min_dynamic_agents, max_instances=s.max_dynamic_agents))
+    if f.agent_options:
+        compute["agent"] = dict(f.agent_options)
+    aux_p = provider(s.aux_ami, s.aux_agent_instance_type)
+    aux_p["instance_slots"] = aux.vcpus
+    aux_p.update(_elastic(s, min_instances=0, max_instances=s.max_aux_agents))
+    aux_p["agent"] = {"slot_type": "cpu", "slots": aux.vcpus, **f.agent_options}
+    storage: dict[str, Any] = {"type": "s3", "bucket": f.bucket, "prefix": "checkpoints"}
+    if f.endpoint_url:
+        storage["endpoint_url"] = f.endpoint_url
+    return {
+        **_base_config(s, f.master_private_ip, f.host),
+        "checkpoint_storage": storage,
+        "resource_pools": [
+            {"name": COMPUTE_POOL, "description": f"GPU agents ({s.compute_agent_instance_type})",
+             "provider": compute},
+            {"name": AUX_POOL, "description": f"CPU agents ({s.aux_agent_instance_type})", "provider": aux_p},
+        ],
+        "default_resource_pool": COMPUTE_POOL,
+    }
+
+
+def gcp_master_config(s: settings.GcpSettings, f: GcpFacts) -> dict[str, Any]:
+    aux = catalog.GCP_MACHINE_TYPES[s.aux_agent_instance_type]
+
+    def provider(image: str, machine_type: str, pool: str) -> dict[str, Any]:
+        p: dict[str, Any] = {
+            "type": "gcp",
+            "project": s.project,
+            "zones": [s.zone],
+            "machine_type": machine_type,
+            "boot_disk_source_image": image,
+            "network": f.network,
+            "subnetwork": f.subnetwork,
+            "service_account_email": f.agent_service_account,
+            "network_tags": [f"{s.cluster_id}-agent"],
+            "labels": s.all_tags,
+            "name_prefix": f"{agent_name_prefix(s.cluster_id)}{pool}",
+        }
+        if f.api_endpoint:
+            p["api_endpoint"] = f.api_endpoint
+        return p
+
+    compute = provider(s.agent_image, s.compute_agent_instance_type, COMPUTE_POOL)
+    if s.attaches_gpus:
+        compute.update(gpu_type=s.gpu_type, gpu_num=s.gpu_num)
+    else:
+        compute["instance_slots"] = catalog.GCP_MACHINE_TYPES[s.compute_agent_instance_type].gpus
+    if s.spot:
+        compute["spot"] = True
+    compute.update(_elastic(s, min_instances=s.min_dynamic_agents, max_instances=s.max_dynamic_agents))
+    if f.agent_options:
+        compute["agent"] = dict(f.agent_options)
+    aux_p = provider(s.aux_image, s.aux_agent_instance_type, AUX_POOL)
+    aux_p["instance_slots"] = aux.vcpus
+    aux_p.update(_elastic(s, min_instances=0, max_instances=s.max_aux_agents))
+    aux_p["agent"] = {"slot_type": "cpu", "slots": aux.vcpus, **f.agent_options}
+    return {
+        **_base_config(s, f.master_private_ip, f.host),
+        "checkpoint_storage": {"type": "gcs", "bucket": f.bucket, "prefix": "checkpoints"},
+        "resource_pools": [
+            {"name": COMPUTE_POOL, "description": f"GPU agents ({s.compute_agent_instance_type}, "
+                                                  f"{s.gpu_num}x {s.gpu_type})", "provider": compute},
+            {"name": AUX_POOL, "description": f"CPU agents ({s.aux_agent_instance_type})", "provider": aux_p},
+        ],
+        "default_resource_pool": COMPUTE_POOL,
+    }
+
+
+# ---- user-data -------------------------------------------------------------------------------
+
+
+def _template(name: str) -> str:
+    return resources.files("infra").joinpath(f"templates/{name}").read_text("utf-8")
+
+
+def start_program(provider: Literal["aws", "gcp"], secret_id: str, region: str) -> str:
+    values = {"PROVIDER": provider, "SECRET_ID": secret_id, "REGION": region}
+    text = _template("shipyard-master-start.py.in")
+    for key, value in values.items():
+        text = text.replace(f"@@{key}@@", json.dumps(value))  # a Python string literal
+    return "#!/usr/bin/env python3\n" + text
+
+
+def boot_script(package: str) -> str:
+    text = _template("shipyard-master-boot.sh")
+    comment = package.replace("\n", " ")
+    return text.replace("@@PACKAGE_COMMENT@@", comment).replace("@@PACKAGE@@", shlex.quote(package))
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings as literal blocks, so the user-data reads like the files it writes."""
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def master_yaml(config: dict[str, Any]) -> str:
+    return ("# Shipyard master configuration (written by cloud-init, det deploy). No secret in it: the\n"
+            "# passwords come from the secret store at each start (/usr/local/bin/shipyard-master-start).\n"
+            + yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
+
+
+def master_user_data(provider: Literal["aws", "gcp"], config: dict[str, Any], *, secret_id: str, region: str,
+                     package: str, cluster_id: str) -> str:
+    files = [
+        {"path": MASTER_CONFIG_PATH, "owner": "root:root", "permissions": "0644", "content": master_yaml(config)},
+        {"path": START_PATH, "owner": "root:root", "permissions": "0755",
+         "content": start_program(provider, secret_id, region)},
+        {"path": BOOT_PATH, "owner": "root:root", "permissions": "0755", "content": boot_script(package)},
+    ]
+    doc = {"package_update": True, "packages": list(PACKAGES), "write_files": files, "runcmd": [[BOOT_PATH]]}
+    header = f"#cloud-config\n# Shipyard master of cluster {cluster_id} ({provider}), written by det deploy.\n"
+    return header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
+
+
+def user_data_config(user_data: str) -> dict[str, Any]:
+    """The master.yaml inside a master's user-data, parsed (tests, `describe`)."""
+    doc = yaml.safe_load(user_data)
+    text = next(f["content"] for f in doc["write_files"] if f["path"] == MASTER_CONFIG_PATH)
+    return yaml.safe_load(text)
+
+
+def agent_user_data_sample(provider: Literal["aws", "gcp"], config: dict[str, Any], pool: str) -> str:
+    """The user-data the master would give an agent of `pool` (with a placeholder for the token it
+    mints per launch)."""
+    from agent_bootstrap.cloud_init import BootstrapParams, render_user_data
+
+    section = next(p for p in config["resource_pools"] if p["name"] == pool)["provider"]
+    return render_user_data(BootstrapParams(
+        master_url=config["master_url"], pool=pool, bootstrap_token=SAMPLE_TOKEN, provider=provider,
+        launch_id="sample-launch-id", startup_script=str(section.get("startup_script") or ""),
+        agent_options=dict(section.get("agent") or {})))
+
+
+# ---- `det deploy ... render` ------------------------------------------------------------------
+
+
+# Stand-ins for what the stack creates, so that `render` needs no cloud call.
+def aws_placeholder_facts(s: settings.AwsSettings) -> AwsFacts:
+    return AwsFacts(master_private_ip="10.0.0.10", bucket=f"shipyard-{s.cluster_id}-<suffix>",
+                    subnet_ids=("<subnet-a>", "<subnet-b>"), agent_security_group_id="<agent-security-group>",
+                    agent_instance_profile=f"shipyard-{s.cluster_id}-agent",
+                    secret_id=f"shipyard/{s.cluster_id}/master")
+
+
+def gcp_placeholder_facts(s: settings.GcpSettings) -> GcpFacts:
+    return GcpFacts(master_private_ip="10.10.0.10", bucket=f"shipyard-{s.cluster_id}-<suffix>",
+                    network=f"projects/{s.project}/global/networks/{s.cluster_id}-net",
+                    subnetwork=f"regions/{s.region}/subnetworks/{s.cluster_id}-subnet",
+                    agent_service_account=f"{s.cluster_id}-agent@{s.project}.iam.gserviceaccount.com",
+                    secret_id=f"projects/{s.project}/secrets/{s.cluster_id}-master")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    master_yaml: str
+    master_user_data: str
+    agent_user_data: dict[str, str]  # pool -> sample user-data
+
+
+def render(s: settings.Settings) -> Rendered:
+    if isinstance(s, settings.AwsSettings):
+        af = aws_placeholder_facts(s)
+        config = aws_master_config(s, af)
+        provider: Literal["aws", "gcp"] = "aws"
+        secret_id, region = af.secret_id, s.region
+    else:
+        gf = gcp_placeholder_facts(s)
+        config = gcp_master_config(s, gf)
+        provider, secret_id, region = "gcp", gf.secret_id, s.region
+    user_data = master_user_data(provider, config, secret_id=secret_id, region=region,
+                                 package=s.shipyard_package, cluster_id=s.cluster_id)
+    agents = {pool: agent_user_data_sample(provider, config, pool) for pool in (COMPUTE_POOL, AUX_POOL)}
+    return Rendered(master_yaml(config), user_data, agents)
+
+
+def write_rendered(r: Rendered, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in [("master.yaml", r.master_yaml), ("master-user-data.yaml", r.master_user_data),
+                       *((f"agent-user-data-{pool}.yaml", text) for pool, text in r.agent_user_data.items())]:
+        path = out_dir / name
+        path.write_text(text)
+        written.append(path)
+    return written

@@ -1,0 +1,288 @@
+"""A deployment's settings, from `det deploy aws|gcp` flags: checked here, before any cloud call.
+
+Every problem is a `DeployInputError` whose message is one line naming the flag. The settings travel
+to the Pulumi program as JSON in the stack's config (`shipyard:settings`); the passwords travel
+separately, as Pulumi secrets (`shipyard:dbPassword`, `shipyard:adminPassword`), and never appear in
+the settings, the rendered master.yaml or any user-data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from infra import DEPLOY_TAG, catalog
+
+_CLUSTER_ID_RE = re.compile(r"^[a-z][a-z0-9-]{1,20}[a-z0-9]$")
+_KEYPAIR_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,254}$")
+_PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_DURATION_RE = re.compile(r"^\d+(\.\d+)?(s|m|h)?$")
+_GCP_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_GCP_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+# What RDS refuses in a master password (and what would need quoting in a URL anyway).
+_DB_PASSWORD_FORBIDDEN = set('/@" \\')
+DB_PASSWORD_MIN = 8
+DB_PASSWORD_MAX = 128
+MAX_AGENTS = 1000
+
+DEFAULT_PACKAGE = "shipyard"
+# Ubuntu for the master, and images with NVIDIA drivers and cloud-init for the agents.
+AWS_MASTER_AMI = "resolve:ssm:/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+AWS_AGENT_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+AWS_AUX_AMI = AWS_MASTER_AMI
+AWS_SSM_ROOT_DEVICE = "/dev/sda1"  # the root device of the Ubuntu-based AMIs above
+GCP_MASTER_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
+GCP_AGENT_IMAGE = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
+GCP_AUX_IMAGE = GCP_MASTER_IMAGE
+
+
+class DeployInputError(ValueError):
+    """A flag value `det deploy` refuses; the message is one line that names the flag."""
+
+
+def _fail(flag: str, reason: str) -> DeployInputError:
+    return DeployInputError(f"--{flag}: {reason}")
+
+
+def check_cluster_id(value: str | None) -> str:
+    if not value:
+        raise _fail("cluster-id", "required (a name for the cluster, e.g. --cluster-id ml-prod)")
+    if not _CLUSTER_ID_RE.match(value):
+        raise _fail("cluster-id", f"{value!r} must be 3 to 22 lowercase letters, digits and '-', "
+                                  "starting with a letter")
+    return value
+
+
+def check_cidr(flag: str, value: str | None, *, allow_open: bool, open_flag: str = "allow-open-ssh") -> str:
+    if not value:
+        raise _fail(flag, "required (the address block allowed in, e.g. 203.0.113.0/24)")
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        raise _fail(flag, f"{value!r} is not a CIDR block (e.g. 203.0.113.0/24)") from None
+    if net.prefixlen == 0 and not allow_open:
+        raise _fail(flag, f"{value} would open SSH to the whole internet; give a narrower block, "
+                          f"or pass --{open_flag} to accept it")
+    return str(net)
+
+
+def check_password(flag: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) < DB_PASSWORD_MIN:
+        raise _fail(flag, f"too short: the database accepts {DB_PASSWORD_MIN} to {DB_PASSWORD_MAX} characters")
+    if len(value) > DB_PASSWORD_MAX:
+        raise _fail(flag, f"too long: the database accepts {DB_PASSWORD_MIN} to {DB_PASSWORD_MAX} characters")
+    bad = sorted(set(value) & _DB_PASSWORD_FORBIDDEN) or sorted(c for c in set(value) if not c.isprintable())
+    if bad:
+        raise _fail(flag, f"must not contain {' '.join(repr(c) for c in bad)} (refused by the database)")
+    return value
+
+
+def _duration(flag: str, value: str) -> str:
+    if not _DURATION_RE.match(value.strip()):
+        raise _fail(flag, f"{value!r} is not a duration like 300s, 10m or 1h")
+    return value.strip()
+
+
+def _count(flag: str, value: int, lo: int = 0, hi: int = MAX_AGENTS) -> int:
+    if not lo <= value <= hi:
+        raise _fail(flag, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def parse_tags(values: list[str] | None, *, cloud: Literal["aws", "gcp"]) -> dict[str, str]:
+    """`--add-tag key=value` (repeatable) as a mapping, checked against the cloud's rules."""
+    out: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail("add-tag", f"{item!r} is not key=value")
+        if key in (DEPLOY_TAG,) or key.lower().startswith(("aws:", "shipyard:", "shipyard-")):
+            raise _fail("add-tag", f"{key!r}: keys starting with 'aws:', 'shipyard:' or 'shipyard-' "
+                                   f"and {DEPLOY_TAG!r} are reserved")
+        if cloud == "aws" and (len(key) > 128 or len(value) > 256):
+            raise _fail("add-tag", f"{key!r}: AWS allows keys of 128 and values of 256 characters")
+        if cloud == "gcp" and not (_GCP_LABEL_KEY_RE.match(key) and _GCP_LABEL_VALUE_RE.match(value)):
+            raise _fail("add-tag", f"{item!r}: GCP labels are lowercase letters, digits, '_' and '-' "
+                                   "(keys start with a letter, at most 63 characters)")
+        out[key] = value
+    if len(out) > 40:
+        raise _fail("add-tag", "at most 40 tags")
+    return out
+
+
+def _instance_type(flag: str, value: str, table: Mapping[str, catalog.InstanceType], where: str) -> str:
+    if value not in table:
+        raise _fail(flag, f"unknown instance type {value!r} (known {where}: {', '.join(sorted(table))})")
+    return value
+
+
+@dataclass(frozen=True)
+class _Common:
+    cluster_id: str = ""
+    inbound_cidr: str = ""
+    allow_open_ssh: bool = False
+    min_dynamic_agents: int = 0
+    max_dynamic_agents: int = 5
+    max_aux_agents: int = 2
+    max_idle_agent_period: str = "10m"
+    spot: bool = False
+    tags: dict[str, str] = field(default_factory=dict)
+    # A pip requirement for Shipyard on the master (a version, a wheel URL, a VCS URL).
+    shipyard_package: str = DEFAULT_PACKAGE
+    port: int = 8080
+    db_storage_gb: int = 20
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @property
+    def all_tags(self) -> dict[str, str]:
+        """The user's tags plus the deployment's own (which nothing overrides)."""
+        return {**self.tags, DEPLOY_TAG: self.cluster_id}
+
+    def _check_common(self) -> None:
+        check_cluster_id(self.cluster_id)
+        _count("min-dynamic-agents", self.min_dynamic_agents)
+        _count("max-dynamic-agents", self.max_dynamic_agents)
+        _count("max-aux-agents", self.max_aux_agents)
+        if self.min_dynamic_agents > self.max_dynamic_agents:
+            raise _fail("min-dynamic-agents", f"{self.min_dynamic_agents} is more than --max-dynamic-agents "
+                                              f"{self.max_dynamic_agents}")
+        _duration("max-idle-agent-period", self.max_idle_agent_period)
+        if not 20 <= self.db_storage_gb <= 16384:
+            raise _fail("db-storage-gb", f"must be between 20 and 16384, got {self.db_storage_gb}")
+        if not self.shipyard_package.strip() or "\n" in self.shipyard_package:
+            raise _fail("shipyard-package", "must be one pip requirement (e.g. shipyard==0.1.0)")
+
+
+@dataclass(frozen=True)
+class AwsSettings(_Common):
+    region: str = "us-east-1"
+    keypair: str = ""
+    master_instance_type: str = "m6i.large"
+    compute_agent_instance_type: str = "g4dn.xlarge"
+    aux_agent_instance_type: str = "t3.large"
+    spot_max_price: str | None = None
+    db_instance_class: str = "db.t4g.medium"
+    use_default_vpc: bool = False
+    master_ami: str = AWS_MASTER_AMI
+    agent_ami: str = AWS_AGENT_AMI
+    aux_ami: str = AWS_AUX_AMI
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        if self.region not in catalog.AWS_REGIONS:
+            raise _fail("region", f"unknown AWS region {self.region!r} (known: {', '.join(catalog.AWS_REGIONS)})")
+        if not self.keypair:
+            raise _fail("keypair", "required (the name of an EC2 key pair in the region, for SSH)")
+        if not _KEYPAIR_RE.match(self.keypair):
+            raise _fail("keypair", f"{self.keypair!r} is not an EC2 key pair name")
+        check_cidr("inbound-cidr", self.inbound_cidr, allow_open=self.allow_open_ssh)
+        for flag, value in (("master-instance-type", self.master_instance_type),
+                            ("compute-agent-instance-type", self.compute_agent_instance_type),
+                            ("aux-agent-instance-type", self.aux_agent_instance_type)):
+            _instance_type(flag, value, catalog.AWS_INSTANCE_TYPES, "on AWS")
+        if catalog.AWS_INSTANCE_TYPES[self.compute_agent_instance_type].gpus == 0:
+            raise _fail("compute-agent-instance-type", f"{self.compute_agent_instance_type} has no GPU; "
+                                                       "the compute pool needs a GPU instance type")
+        if self.db_instance_class not in catalog.AWS_DB_CLASSES:
+            raise _fail("db-instance-class", f"unknown RDS class {self.db_instance_class!r} "
+                                             f"(known: {', '.join(catalog.AWS_DB_CLASSES)})")
+        if self.spot_max_price is not None:
+            if not self.spot:
+                raise _fail("spot-max-price", "only applies with --spot")
+            try:
+                if float(self.spot_max_price) <= 0:
+                    raise ValueError
+            except ValueError:
+                raise _fail("spot-max-price", f"{self.spot_max_price!r} is not a price in USD per hour") from None
+        parse_tags([f"{k}={v}" for k, v in self.tags.items()], cloud="aws")
+
+    @classmethod
+    def from_json(cls, text: str) -> AwsSettings:
+        return cls(**json.loads(text))
+
+    def cost_at_rest(self) -> list[catalog.CostLine]:
+        return catalog.aws_cost_at_rest(self.master_instance_type, self.db_instance_class, self.db_storage_gb)
+
+
+@dataclass(frozen=True)
+class GcpSettings(_Common):
+    project: str = ""
+    zone: str = "us-central1-a"
+    master_instance_type: str = "e2-standard-2"
+    compute_agent_instance_type: str = "n1-standard-8"
+    aux_agent_instance_type: str = "e2-standard-4"
+    gpu_type: str = "nvidia-tesla-t4"
+    gpu_num: int = 1
+    db_tier: str = "db-custom-1-3840"
+    master_image: str = GCP_MASTER_IMAGE
+    agent_image: str = GCP_AGENT_IMAGE
+    aux_image: str = GCP_AUX_IMAGE
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        if not self.project:
+            raise _fail("project", "required (the GCP project id to deploy into)")
+        if not _PROJECT_RE.match(self.project):
+            raise _fail("project", f"{self.project!r} is not a GCP project id")
+        if self.zone not in catalog.GCP_ZONES:
+            raise _fail("zone", f"unknown GCP zone {self.zone!r} (known: {', '.join(catalog.GCP_ZONES)})")
+        check_cidr("inbound-cidr", self.inbound_cidr, allow_open=self.allow_open_ssh)
+        for flag, value in (("master-instance-type", self.master_instance_type),
+                            ("compute-agent-instance-type", self.compute_agent_instance_type),
+                            ("aux-agent-instance-type", self.aux_agent_instance_type)):
+            _instance_type(flag, value, catalog.GCP_MACHINE_TYPES, "on GCP")
+        _count("gpu-num", self.gpu_num, 1, catalog.GCP_MAX_GPUS_PER_VM)
+        offered = catalog.GCP_ZONES[self.zone]
+        if self.gpu_type not in offered:
+            raise _fail("gpu-type", f"{self.gpu_type!r} is not offered in {self.zone} "
+                                    f"(offered: {', '.join(sorted(offered))})")
+        built_in = catalog.gcp_gpu_of(self.compute_agent_instance_type)
+        if built_in and built_in != self.gpu_type:
+            raise _fail("gpu-type", f"{self.compute_agent_instance_type} comes with {built_in}, not {self.gpu_type}")
+        if not built_in and self.gpu_type not in catalog.GCP_ATTACHABLE_GPUS:
+            raise _fail("gpu-type", f"{self.gpu_type} cannot be attached to {self.compute_agent_instance_type} "
+                                    f"(attachable: {', '.join(catalog.GCP_ATTACHABLE_GPUS)})")
+        if not built_in and not self.compute_agent_instance_type.startswith("n1-"):
+            raise _fail("compute-agent-instance-type", f"GPUs attach to N1 machine types only, not "
+                                                       f"{self.compute_agent_instance_type}")
+        if self.db_tier not in catalog.GCP_SQL_TIERS:
+            raise _fail("db-tier", f"unknown Cloud SQL tier {self.db_tier!r} (known: {', '.join(catalog.GCP_SQL_TIERS)})")
+        parse_tags([f"{k}={v}" for k, v in self.tags.items()], cloud="gcp")
+
+    @property
+    def region(self) -> str:
+        return catalog.gcp_region(self.zone)
+
+    @property
+    def attaches_gpus(self) -> bool:
+        """N1 machines get `gpu_num` attached GPUs; accelerator-optimized types come with theirs."""
+        return not catalog.gcp_gpu_of(self.compute_agent_instance_type)
+
+    @classmethod
+    def from_json(cls, text: str) -> GcpSettings:
+        return cls(**json.loads(text))
+
+    def cost_at_rest(self) -> list[catalog.CostLine]:
+        return catalog.gcp_cost_at_rest(self.master_instance_type, self.db_tier, self.db_storage_gb)
+
+
+Settings = AwsSettings | GcpSettings
+
+
+def settings_from_json(cloud: str, text: str) -> Settings:
+    return AwsSettings.from_json(text) if cloud == "aws" else GcpSettings.from_json(text)
+
+
+def settings_kwargs(values: Mapping[str, Any], cls: type[_Common]) -> dict[str, Any]:
+    """The fields of `cls` found in `values` (e.g. argparse's namespace), None meaning the default."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names and v is not None}

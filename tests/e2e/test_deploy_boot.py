@@ -1,0 +1,342 @@
+"""`det deploy`'s master boots from the user-data infra/render.py writes, in the emulated boot of
+tests/e2e/boot.py: the cloud-init document runs (write_files, the boot script, the systemd unit's
+ExecStart = the start program), the start program reads the passwords from the secret store, a real
+`det-master` starts from the rendered master.yaml, its compute pool launches an agent whose own
+user-data boots, and a Core API trial completes on it.
+
+What is substituted, as in every emulated boot: the cloud (the moto server; the GCE fake), the
+metadata service, and what the stack would have created (addresses, subnet, security group, instance
+profile, bucket). The `packages`/pip install step is skipped: det-master is already on PATH (the test's
+virtualenv), which the boot script detects. The secret store: AWS Secrets Manager is moto's; for GCP
+there is no Secret Manager emulator, so a small fake below serves both the GCE metadata token
+endpoint (GCE_METADATA_HOST, as google-auth reads it) and Secret Manager's `versions/latest:access`.
+The database is a throwaway PostgreSQL (what RDS and Cloud SQL are): its URL is the secret's.
+
+Each test boots two emulated instances and runs one trial: about 15-20 s.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import httpx
+import pytest
+import yaml
+
+from infra import DEPLOY_TAG, render
+from infra.settings import AwsSettings, GcpSettings
+from tests.conftest import ADMIN_PASSWORD
+from tests.e2e.boot import (
+    _AWS_STATES,
+    _GCE_STATES,
+    BootHarness,
+    CloudView,
+    EmulatedInstance,
+    GceFakeCloud,
+    MotoCloud,
+)
+from tests.e2e.conftest import AGENT_OPTIONS, REGION, TRAIN_PY, default_subnet, wait_for
+from tests.pg import free_port
+
+if TYPE_CHECKING:
+    from tests.fakes.gce import GceFake
+    from tests.pg import PostgresServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.timeout(180)]
+
+
+class DeployMotoCloud(MotoCloud):
+    """The cluster's instances by the deployment's tag: the master (which carries no managed-by tag)
+    and the agents its pools launch."""
+
+    def __init__(self, endpoint_url: str, cluster_id: str) -> None:
+        super().__init__(endpoint_url, REGION)
+        self.cluster_id = cluster_id
+
+    def instances(self) -> list[CloudView]:
+        resp = self.ec2.describe_instances(Filters=[{"Name": f"tag:{DEPLOY_TAG}", "Values": [self.cluster_id]}])
+        return [CloudView(i["InstanceId"], _AWS_STATES.get(i["State"]["Name"], "gone"))
+                for r in resp["Reservations"] for i in r["Instances"]]
+
+
+class DeployGceCloud(GceFakeCloud):
+    def __init__(self, fake: Any, cluster_id: str) -> None:
+        super().__init__(fake)
+        self.cluster_id = cluster_id
+
+    def instances(self) -> list[CloudView]:
+        return [CloudView(i["name"], _GCE_STATES.get(i.get("status", ""), "gone")) for i in self.fake.instances
+                if i.get("labels", {}).get(DEPLOY_TAG) == self.cluster_id]
+
+
+class EnvHarness(BootHarness):
+    """The emulated instances see `extra_env` (endpoints of the fakes, moto's credentials), as a
+    real instance sees its cloud through its instance role and the real endpoints."""
+
+    def __init__(self, *args: Any, extra_env: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.extra_env = extra_env
+
+    def _base_env(self, inst: EmulatedInstance) -> dict[str, str]:
+        return {**super()._base_env(inst), **self.extra_env}
+
+
+class FakeGcpIdentity:
+    """GCE metadata (ping, service account, token, project) and Secret Manager's access call."""
+
+    TOKEN = "fake-access-token"
+
+    def __init__(self, project: str) -> None:
+        self.project = project
+        self.secrets: dict[str, str] = {}  # projects/P/secrets/NAME -> payload
+        self.accessed: list[str] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"{host}:{port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _answer(self, path: str, headers: dict[str, str]) -> tuple[int, Any]:
+        path = path.split("?", 1)[0]
+        sa = "/computeMetadata/v1/instance/service-accounts/default/"
+        if path.startswith("/computeMetadata/"):
+            if headers.get("metadata-flavor") != "Google":
+                return 403, "Missing Metadata-Flavor:Google header"
+            if path == sa:
+                return 200, {"email": f"master@{self.project}.iam.gserviceaccount.com", "aliases": ["default"],
+                             "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
+            if path == sa + "token":
+                return 200, {"access_token": self.TOKEN, "expires_in": 3600, "token_type": "Bearer"}
+            if path == "/computeMetadata/v1/project/project-id":
+                return 200, self.project
+            return 404, "not found"
+        if path.startswith("/v1/") and path.endswith("/versions/latest:access"):
+            if headers.get("authorization") != f"Bearer {self.TOKEN}":
+                return 401, "no token"
+            name = path.removeprefix("/v1/").removesuffix("/versions/latest:access")
+            if name not in self.secrets:
+                return 404, "no such secret"
+            self.accessed.append(name)
+            data = base64.b64encode(self.secrets[name].encode()).decode()
+            return 200, {"name": f"{name}/versions/1", "payload": {"data": data}}
+        return 200, ""  # the metadata server's ping (GET /)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body = fake._answer(self.path, {k.lower(): v for k, v in self.headers.items()})
+                data = (json.dumps(body) if isinstance(body, dict) else str(body)).encode()
+                self.send_response(status)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Type", "application/json" if isinstance(body, dict) else "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        return Handler
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def master_of(harness: BootHarness, master_id: str, url: str) -> EmulatedInstance:
+    """The master's emulated instance, once its det-master answers."""
+    def up() -> EmulatedInstance | None:
+        inst = harness.instances.get(master_id)
+        if inst is None or inst.state != "running":
+            return None
+        try:
+            return inst if httpx.get(url + "/info", timeout=2).status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    return harness.wait_for(up, 60, "the master started from its user-data")
+
+
+def run_trial(url: str, pool: str, harness: BootHarness, master: EmulatedInstance) -> int:
+    r = httpx.post(url + "/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}, timeout=30)
+    assert r.status_code == 200, r.text  # the admin password came from the secret store
+    headers = {"Authorization": f"Bearer {r.json()['token']}"}
+    config = {"name": "deploy-e2e", "entrypoint": "python3 train.py",
+              "searcher": {"name": "single", "metric": "loss", "smaller_is_better": True,
+                           "max_length": {"batches": 2}},
+              "resources": {"slots_per_trial": 1, "resource_pool": pool}, "max_restarts": 0}
+    files = [{"path": "train.py", "type": 48, "content": base64.b64encode(TRAIN_PY.encode()).decode(),
+              "mode": 0o644, "mtime": "0", "uid": 0, "gid": 0}]
+    r = httpx.post(url + "/api/v1/experiments", headers=headers, timeout=30,
+                   json={"config": yaml.safe_dump(config), "modelDefinition": files, "activate": True})
+    assert r.status_code == 200, r.text
+    trial_id = r.json()["experiment"]["trialIds"][0]
+
+    def done() -> bool:
+        state = httpx.get(f"{url}/api/v1/trials/{trial_id}", headers=headers, timeout=30).json()["trial"]["state"]
+        if state in ("STATE_ERROR", "STATE_CANCELED"):
+            r = httpx.get(f"{url}/api/v1/trials/{trial_id}/logs", headers=headers, timeout=30)
+            raise AssertionError(f"trial {trial_id} ended {state}\n{r.text[-3000:]}\n{master.agent_log[-3000:]}")
+        return state == "STATE_COMPLETED"
+
+    try:
+        wait_for(done, 60, f"trial {trial_id} completed")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{master.agent_log[-4000:]}") from None
+    return trial_id
+
+
+def agents_of(harness: BootHarness, master_id: str) -> list[EmulatedInstance]:
+    return [i for i in harness.instances.values() if i.id != master_id]
+
+
+def assert_no_secret_in(user_data: str, *secrets: str) -> None:
+    for s in secrets:
+        assert s not in user_data
+
+
+def gcs_server(bucket: str) -> tuple[str, Any]:
+    """gcp-storage-emulator with the checkpoint bucket the stack would have created."""
+    from gcp_storage_emulator.server import create_server
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    host = f"http://127.0.0.1:{port}"
+    client = storage.Client(project="shipyard-e2e", credentials=AnonymousCredentials(),
+                            client_options={"api_endpoint": host})
+    client.create_bucket(bucket)
+    return host, server
+
+
+@pytest.fixture
+def pg(request: pytest.FixtureRequest) -> Iterator[str]:
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    yield server.create_database()
+
+
+# ---- AWS -------------------------------------------------------------------------------------------
+
+
+def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agent(
+    tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
+) -> None:
+    cid = "e2e-aws"
+    port = free_port()
+    ec2 = aws_session.client("ec2", region_name=REGION, endpoint_url=moto_reset)
+    iam = aws_session.client("iam", region_name=REGION, endpoint_url=moto_reset)
+    sm = aws_session.client("secretsmanager", region_name=REGION, endpoint_url=moto_reset)
+    # What the stack would have created, in moto.
+    subnet = default_subnet(moto_reset, aws_session)
+    vpc = ec2.describe_subnets(SubnetIds=[subnet])["Subnets"][0]["VpcId"]
+    sg = ec2.create_security_group(GroupName=f"shipyard-{cid}-agents", Description="agents", VpcId=vpc)["GroupId"]
+    ec2.create_key_pair(KeyName="e2e-key")
+    aws_session.client("s3", region_name=REGION, endpoint_url=moto_reset).create_bucket(Bucket=f"shipyard-{cid}-ckpt")
+    iam.create_role(RoleName=f"shipyard-{cid}-agent", AssumeRolePolicyDocument="{}")
+    iam.create_instance_profile(InstanceProfileName=f"shipyard-{cid}-agent")
+    secret_arn = sm.create_secret(Name=f"shipyard/{cid}/master",
+                                  SecretString=render.secret_payload(ADMIN_PASSWORD, pg))["ARN"]
+
+    s = AwsSettings(cluster_id=cid, keypair="e2e-key", inbound_cidr="203.0.113.0/24", port=port,
+                    agent_ami=moto_image, aux_ami=moto_image, max_dynamic_agents=1, max_idle_agent_period="5m")
+    facts = render.AwsFacts(master_private_ip="127.0.0.1", bucket=f"shipyard-{cid}-ckpt", subnet_ids=(subnet,),
+                            agent_security_group_id=sg, agent_instance_profile=f"shipyard-{cid}-agent",
+                            secret_id=secret_arn, endpoint_url=moto_reset, agent_options=dict(AGENT_OPTIONS),
+                            host="127.0.0.1")
+    user_data = render.master_user_data("aws", render.aws_master_config(s, facts), secret_id=secret_arn,
+                                        region=REGION, package="shipyard", cluster_id=cid)
+    assert_no_secret_in(user_data, ADMIN_PASSWORD, pg)
+    master_id = ec2.run_instances(
+        ImageId=moto_image, InstanceType=s.master_instance_type, MinCount=1, MaxCount=1, SubnetId=subnet,
+        UserData=user_data, TagSpecifications=[{"ResourceType": "instance", "Tags": [
+            {"Key": k, "Value": v} for k, v in {**s.all_tags, "Name": f"shipyard-{cid}-master"}.items()]}],
+    )["Instances"][0]["InstanceId"]
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
+           "AWS_ENDPOINT_URL_SECRETS_MANAGER": moto_reset}
+    harness = EnvHarness(DeployMotoCloud(moto_reset, cid), tmp_path / "instances", extra_env=env).start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        master = master_of(harness, master_id, url)
+        assert "event=install_skipped" in master.boot_log
+        assert "event=secret_read" in master.agent_log
+        assert ADMIN_PASSWORD not in master.boot_log + master.agent_log
+        assert (master.sandbox / "etc/shipyard/master.yaml").read_text() == render.master_yaml(
+            render.aws_master_config(s, facts))
+
+        run_trial(url, render.COMPUTE_POOL, harness, master)
+        [agent] = agents_of(harness, master_id)
+        launched = ec2.describe_instances(InstanceIds=[agent.id])["Reservations"][0]["Instances"][0]
+        tags = {t["Key"]: t["Value"] for t in launched["Tags"]}
+        assert tags[DEPLOY_TAG] == cid and tags["shipyard:pool"] == render.COMPUTE_POOL
+        assert launched["InstanceType"] == s.compute_agent_instance_type and launched["KeyName"] == "e2e-key"
+        assert [g["GroupId"] for g in launched["SecurityGroups"]] == [sg]
+    finally:
+        harness.stop()
+
+
+# ---- GCP -------------------------------------------------------------------------------------------
+
+
+def test_gcp_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agent(
+    tmp_path: Path, gce_fake: GceFake, pg: str,
+) -> None:
+    cid, project, zone = "e2e-gcp", "shipyard-e2e", "us-central1-a"
+    port = free_port()
+    identity = FakeGcpIdentity(project)
+    secret_name = f"projects/{project}/secrets/{cid}-master"
+    identity.secrets[secret_name] = render.secret_payload(ADMIN_PASSWORD, pg)
+    gcs = gcs_server(f"{project}-{cid}-ckpt")
+
+    s = GcpSettings(cluster_id=cid, project=project, zone=zone, inbound_cidr="203.0.113.0/24", port=port,
+                    max_dynamic_agents=1, max_idle_agent_period="5m")
+    facts = render.GcpFacts(master_private_ip="127.0.0.1", bucket=f"{project}-{cid}-ckpt",
+                            network=f"projects/{project}/global/networks/{cid}-net",
+                            subnetwork=f"regions/{s.region}/subnetworks/{cid}-subnet",
+                            agent_service_account=f"{cid}-agent@{project}.iam.gserviceaccount.com",
+                            secret_id=secret_name, api_endpoint=gce_fake.endpoint,
+                            agent_options=dict(AGENT_OPTIONS), host="127.0.0.1")
+    config = render.gcp_master_config(s, facts)
+    user_data = render.master_user_data("gcp", config, secret_id=secret_name, region=s.region, package="shipyard",
+                                        cluster_id=cid)
+    assert_no_secret_in(user_data, ADMIN_PASSWORD, pg)
+    gce_fake.add_instance(project=project, zone=zone, name=f"{cid}-master", labels=s.all_tags,
+                          metadata={"user-data": user_data})
+
+    env = {"GCE_METADATA_HOST": identity.host, "GCE_METADATA_IP": identity.host,
+           "SHIPYARD_SECRET_MANAGER_URL": f"http://{identity.host}", "STORAGE_EMULATOR_HOST": gcs[0]}
+    harness = EnvHarness(DeployGceCloud(gce_fake, cid), tmp_path / "instances", extra_env=env).start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        master = master_of(harness, f"{cid}-master", url)
+        assert identity.accessed == [secret_name]
+        assert ADMIN_PASSWORD not in master.boot_log + master.agent_log
+
+        run_trial(url, render.COMPUTE_POOL, harness, master)
+        [agent] = agents_of(harness, f"{cid}-master")
+        assert agent.id.startswith(render.agent_name_prefix(cid) + render.COMPUTE_POOL)
+        sent = gce_fake.sent[agent.id]
+        assert sent["labels"][DEPLOY_TAG] == cid
+        assert sent["serviceAccounts"][0]["email"] == facts.agent_service_account
+        assert [a["acceleratorType"].rsplit("/", 1)[-1] for a in sent["guestAccelerators"]] == [s.gpu_type]
+    finally:
+        harness.stop()
+        identity.stop()
+        gcs[1].stop()
