@@ -58,6 +58,27 @@ class Internal(DomainError):
     """The record is inconsistent: a bug, never the caller's fault."""
 
 
+# The HTTP status of each kind of error: the one table the API (api/errors.py) and the web UI
+# (ui/routes.py) both answer with.
+HTTP_STATUS: dict[type[DomainError], int] = {
+    Invalid: 400,
+    Unauthenticated: 401,
+    PermissionDenied: 403,
+    NotFound: 404,
+    Conflict: 409,
+    TooLarge: 413,
+    TooManyRequests: 429,
+    Internal: 500,
+}
+
+
+def http_status(exc: DomainError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]  # type: ignore[index]
+    return 500
+
+
 def bad_request(message: str, field: str | None = None) -> Invalid:
     details = [FieldProblem(field, message)] if field else []
     return Invalid(f"{field}: {message}" if field else message, details)

@@ -68,6 +68,7 @@ def main() -> int:
     cluster = deploy_local.up(state, agents=0, port=port, db=None, slots=1, pool_config=master_yaml)
     url = cluster["master_url"]
     print(f"    up in {time.monotonic() - t0:.1f}s")
+    print(f"==> Web UI: {url}/  (user admin, password in {state / 'admin-password'})")
     try:
         _, token = TokenStore().get(url, "admin")
         s = Session(url, token)
@@ -106,7 +107,8 @@ def main() -> int:
         return 0 if e["state"] == "STATE_COMPLETED" else 1
     finally:
         if args.keep:
-            print(f"==> Cluster left running: det -m {url} ... ; stop it with: det deploy local down --state-dir {state}")
+            print(f"==> Cluster left running: web UI {url}/ ; det -m {url} ... ; "
+                  f"stop it with: det deploy local down --state-dir {state}")
         else:
             deploy_local.down(state, quiet=True)
             print("==> Local cluster stopped (logs kept in", state, ")")
@@ -134,6 +136,7 @@ def summarize(s: Session, exp_id: int, url: str) -> None:
     live = [c for c in ckpts if c.get("state") != "STATE_DELETED"]
     print(f"    {len(live)} checkpoints kept after GC (policy: best and latest per trial)")
     print("\n==> Where to look next")
+    print(f"    web UI: {url}/experiments/{exp_id}   (while the cluster runs: make demo DEMO_ARGS=--keep)")
     print(f"    det -m {url} experiment describe {exp_id}")
     print(f"    det -m {url} trial logs {best[1]['id'] if best else (trials[0]['id'] if trials else 1)}")
     print(f"    det -m {url} checkpoint list {exp_id}")

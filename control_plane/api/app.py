@@ -28,6 +28,7 @@ from control_plane.api.admission import Admission, AdmissionControl
 from control_plane.api.errors import error_body, install_error_handlers
 from control_plane.api.limits import BodyLimits
 from control_plane.master import Master
+from control_plane.ui import install as install_ui
 
 log = logging.getLogger("shipyard.api")
 
@@ -50,6 +51,7 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     app.include_router(jobs.router)  # the job queue (api/jobs.py)
     for router in extra_routers or []:
         app.include_router(router)
+    install_ui(app)  # the web UI at / (control_plane/ui), beside /api/v1
     app.add_middleware(BodyLimits, config=master.config)
     _install_admission(app, master)
     return app

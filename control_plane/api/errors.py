@@ -13,40 +13,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control_plane.api.openapi import install_openapi
-from control_plane.errors import (
-    Conflict,
-    DomainError,
-    FieldProblem,
-    Internal,
-    Invalid,
-    NotFound,
-    PermissionDenied,
-    TooLarge,
-    TooManyRequests,
-    Unauthenticated,
-)
+from control_plane.errors import DomainError, FieldProblem, TooManyRequests, http_status
 
 log = logging.getLogger("shipyard.api")
 
 
-# The one mapping from domain errors to HTTP statuses.
-HTTP_STATUS: dict[type[DomainError], int] = {
-    Invalid: 400,
-    Unauthenticated: 401,
-    PermissionDenied: 403,
-    NotFound: 404,
-    Conflict: 409,
-    TooLarge: 413,
-    TooManyRequests: 429,
-    Internal: 500,
-}
-
-
-def http_status(exc: DomainError) -> int:
-    for cls in type(exc).__mro__:
-        if cls in HTTP_STATUS:
-            return HTTP_STATUS[cls]  # type: ignore[index]
-    return 500
 
 
 def error_body(status: int, message: str, details: list[FieldProblem]) -> dict[str, Any]:

@@ -1,0 +1,565 @@
+"""The web UI's routes: server-rendered pages (Jinja2), the fragments htmx polls to keep them live,
+the JSON the charts and the log view poll, and the actions (pause, activate, kill, archive, labels).
+
+HTTP only, like `control_plane.api`: each route checks the session, reads through
+`services.dashboard` (or the services the API uses), and renders. Actions call the same services
+and the same authorization as the API, so a refusal is the API's status with its message, on a
+page (`errors.html`), never a stack trace."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
+
+from control_plane import auth
+from control_plane.core import states as st
+from control_plane.db.models import Experiment
+from control_plane.errors import DomainError, bad_request, http_status, not_found
+from control_plane.master import Master
+from control_plane.services import access, dashboard, experiments, lifecycle, logs, trials, users
+from control_plane.ui import session as sess
+
+log = logging.getLogger("shipyard.ui")
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+
+# The API's statuses for the same domain errors (api/errors.py; tests/ui/test_ui_unit.py keeps them equal).
+
+
+INT32_MAX = 2**31 - 1
+
+# -- template helpers ----------------------------------------------------------------------------
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return ""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _metric(v: Any) -> str:
+    if v is None:
+        return ""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.6g}"
+
+
+def _time(t: datetime | None) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%S") if t else ""
+
+
+def _length(value: Any) -> str:
+    """A searcher length ({"batches": 160}) as words ("160 batches")."""
+    if isinstance(value, dict):
+        return ", ".join(f"{v} {k}" for k, v in value.items())
+    return "" if value is None else str(value)
+
+
+def _state(value: str | None) -> str:
+    return (value or "").removeprefix("STATE_").replace("_", " ").lower()
+
+
+templates.env.filters.update(duration=_duration, bytes=_bytes, metric=_metric, time=_time, state=_state,
+                             searcher_length=_length)
+
+
+# No other site may frame these pages (a framed kill button is a click away from a click-jacking).
+PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
+                "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}
+
+
+def _render(request: Request, name: str, ctx: dict[str, Any], status: int = 200,
+            ui: sess.UISession | None = None) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, {"ui": ui, "states": STATE_CHOICES, **ctx}, status_code=status,
+                                      headers=PAGE_HEADERS)
+
+
+STATE_CHOICES = [s.value for s in st.ExperimentState]
+
+
+# -- errors as pages -----------------------------------------------------------------------------
+def _is_htmx(request: Request) -> bool:
+    return request.headers.get("hx-request") == "true"
+
+
+def _wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/ui/data/")
+
+
+def _login_redirect(request: Request) -> Response:
+    nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    target = "/login?" + urlencode({"next": nxt}) if request.method == "GET" and not _is_htmx(request) else "/login"
+    if _is_htmx(request) or _wants_json(request):
+        return Response(status_code=401, headers={"HX-Redirect": target, "X-Login": target})
+    return RedirectResponse(target, status_code=303)
+
+
+def _expired(request: Request) -> Response:
+    if _is_htmx(request) or _wants_json(request):
+        resp: Response = Response(status_code=401, headers={"HX-Redirect": "/login?expired=1", "X-Login": "/login?expired=1"})
+    else:
+        resp = _login_page(request, "Your session has expired or was revoked; log in again.", 401)
+    sess.clear_session(resp)
+    return resp
+
+
+def _error(request: Request, status: int, message: str, ui: sess.UISession | None = None) -> Response:
+    if _wants_json(request):
+        return JSONResponse({"code": status, "message": message}, status_code=status)
+    return _render(request, "error.html", {"status": status, "message": message}, status, ui)
+
+
+class UIRoute(APIRoute):
+    """Turns what a UI handler raises into a page: a login redirect, the login page again with a
+    message, or an error page with the API's status; unexpected errors are logged, not shown."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        inner = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            try:
+                return await inner(request)
+            except sess.LoginRequired:
+                return _login_redirect(request)
+            except sess.SessionExpired:
+                return _expired(request)
+            except sess.CsrfRefused:
+                return _error(request, 403, "This form has expired or did not come from this site (CSRF check "
+                                            "failed). Reload the page and try again.")
+            except DomainError as e:
+                return _error(request, http_status(e), e.message, getattr(request.state, "ui_session", None))
+            except Exception:
+                log.exception("event=ui_error path=%s", request.url.path)
+                return _error(request, 500, "Something went wrong on the master; its log has the details.")
+
+        return handler
+
+
+router = APIRouter(route_class=UIRoute, include_in_schema=False)
+
+
+def _master(request: Request) -> Master:
+    return request.app.state.master
+
+
+def _session(request: Request) -> sess.UISession:
+    ui = sess.current(request, _master(request))
+    request.state.ui_session = ui
+    return ui
+
+
+@contextmanager
+def _read(master: Master) -> Iterator[Session]:
+    with master.read_sessions() as s, s.begin():
+        yield s
+
+
+@contextmanager
+def _write(master: Master) -> Iterator[Session]:
+    with master.sessions() as s, s.begin():
+        yield s
+
+
+def _id(value: str, what: str) -> int:
+    """A path id: a positive integer in the ids' range, else a 400 naming it."""
+    if not value.isdigit() or int(value) > INT32_MAX or int(value) < 1:
+        raise bad_request(f"{value[:40]!r} is not a valid {what} id", f"{what}Id")
+    return int(value)
+
+
+# -- login / logout ------------------------------------------------------------------------------
+def _login_page(request: Request, message: str | None, status: int = 200, nxt: str = "/") -> Response:
+    token = sess.new_login_csrf()
+    resp = _render(request, "login.html", {"message": message, "login_csrf": token, "next": nxt}, status)
+    sess.set_login_csrf(resp, request, token)
+    return resp
+
+
+def _safe_next(value: str | None) -> str:
+    """Only a path on this site (no scheme, no host, no //): an open redirect otherwise."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    return value
+
+
+@router.get("/login")
+def login_page(request: Request, expired: str | None = None, next: str | None = None, out: str | None = None) -> Response:
+    message = None
+    if expired:
+        message = "Your session has expired or was revoked; log in again."
+    elif out:
+        message = "You are logged out."
+    return _login_page(request, message, nxt=_safe_next(next))
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = await request.form()
+    username = str(form.get("username") or "").strip()
+    password = str(form.get("password") or "")
+    nxt = _safe_next(str(form.get("next") or "/"))
+    if not sess.login_csrf_ok(request, str(form.get(sess.CSRF_FIELD) or "")):
+        return _login_page(request, "The login form expired; try again.", 403, nxt)
+    if not username or not password:
+        return _login_page(request, "Enter a username and a password.", 400, nxt)
+    master = _master(request)
+    address = request.client.host if request.client else None
+    try:
+        with _write(master) as s:
+            token, _u = users.login(s, master, username, password, is_hashed=False, address=address)
+    except DomainError as e:
+        return _login_page(request, e.message, http_status(e), nxt)
+    resp = RedirectResponse(nxt, status_code=303)
+    sess.set_session(resp, request, token, int(master.config.token_ttl_hours * 3600))
+    resp.delete_cookie(sess.LOGIN_CSRF_COOKIE, path="/login")
+    return resp
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    ui = _session(request)
+    await sess.check_csrf(request, ui)
+    master = _master(request)
+    with _write(master) as s:
+        auth.revoke_token(s, ui.principal.token_id, now=master.clock())
+    resp = RedirectResponse("/login?out=1", status_code=303)
+    sess.clear_session(resp)
+    return resp
+
+
+# -- experiments ---------------------------------------------------------------------------------
+def _query(request: Request) -> dashboard.ExperimentQuery:
+    q = request.query_params
+    state = q.get("state") or None
+    if state is not None:
+        state = st.state_name(state.upper())
+        if state not in STATE_CHOICES:
+            raise bad_request(f"unknown state {q.get('state')!r}", "state")
+    sort = q.get("sort") or "id"
+    if sort not in dashboard.SORTS:
+        raise bad_request(f"unknown sort {sort!r}; expected one of {list(dashboard.SORTS)}", "sort")
+    try:
+        offset = int(q.get("offset") or 0)
+        limit = int(q.get("limit") or 50)
+    except ValueError:
+        raise bad_request("must be integers", "offset") from None
+    if offset < 0 or offset > INT32_MAX:
+        raise bad_request("must be between 0 and 2147483647", "offset")
+    if limit not in dashboard.PAGE_SIZES:
+        raise bad_request(f"must be one of {list(dashboard.PAGE_SIZES)}", "limit")
+    for name in ("label", "owner", "name"):
+        if "\x00" in (q.get(name) or ""):
+            raise bad_request("must not contain NUL characters", name)
+    return dashboard.ExperimentQuery(
+        state=state, label=q.get("label") or None, owner=q.get("owner") or None, name=q.get("name") or None,
+        archived=q.get("archived") == "1", sort=sort, desc=q.get("order", "desc") != "asc", offset=offset, limit=limit)
+
+
+def _experiments_ctx(request: Request, master: Master) -> dict[str, Any]:
+    q = _query(request)
+    with _read(master) as s:
+        rows, total = dashboard.experiment_page(s, q, master.clock())
+        owners = dashboard.usernames(s)
+    params = {k: v for k, v in request.query_params.items() if k != "offset" and v}
+
+    def page_url(offset: int) -> str:
+        return "/?" + urlencode({**params, "offset": offset})
+
+    def sort_url(col: str) -> str:
+        order = "asc" if q.sort == col and q.desc else "desc"
+        return "/?" + urlencode({**{k: v for k, v in params.items() if k not in ("sort", "order")},
+                                 "sort": col, "order": order})
+
+    return {"q": q, "rows": rows, "total": total, "owners": owners, "qs": urlencode(dict(request.query_params)),
+            "prev_url": page_url(max(0, q.offset - q.limit)) if q.offset > 0 else None,
+            "next_url": page_url(q.offset + q.limit) if q.offset + q.limit < total else None,
+            "sort_url": sort_url}
+
+
+@router.get("/")
+def experiments_page(request: Request) -> Response:
+    ui = _session(request)
+    return _render(request, "experiments.html", _experiments_ctx(request, _master(request)), ui=ui)
+
+
+@router.get("/experiments")
+def experiments_alias(request: Request) -> Response:
+    return RedirectResponse("/" + (f"?{request.url.query}" if request.url.query else ""), status_code=303)
+
+
+@router.get("/ui/fragments/experiments")
+def experiments_fragment(request: Request) -> Response:
+    ui = _session(request)
+    return _render(request, "_experiments_table.html", _experiments_ctx(request, _master(request)), ui=ui)
+
+
+def _experiment_ctx(master: Master, experiment_id: int) -> dict[str, Any]:
+    with _read(master) as s:
+        exp = access.get_experiment(s, experiment_id)
+        view = dashboard.experiment_view(s, exp)
+        s.expunge_all()
+    return {"v": view, "exp": view.exp, "terminal": view.exp.state in st.EXP_TERMINAL}
+
+
+@router.get("/experiments/{experiment_id}")
+def experiment_page(request: Request, experiment_id: str, msg: str | None = None) -> Response:
+    ui = _session(request)
+    ctx = _experiment_ctx(_master(request), _id(experiment_id, "experiment"))
+    return _render(request, "experiment.html", {**ctx, "flash": msg}, ui=ui)
+
+
+EXPERIMENT_PARTS = {"summary": "_experiment_summary.html", "tables": "_experiment_tables.html"}
+
+
+@router.get("/ui/fragments/experiments/{experiment_id}")
+def experiment_fragment(request: Request, experiment_id: str, part: str = "summary") -> Response:
+    ui = _session(request)
+    if part not in EXPERIMENT_PARTS:
+        raise bad_request(f"unknown part {part[:40]!r}; expected one of {sorted(EXPERIMENT_PARTS)}", "part")
+    ctx = _experiment_ctx(_master(request), _id(experiment_id, "experiment"))
+    return _render(request, EXPERIMENT_PARTS[part], ctx, ui=ui)
+
+
+@router.get("/ui/data/experiments/{experiment_id}/metrics")
+def experiment_metric_names(request: Request, experiment_id: str) -> Response:
+    _session(request)
+    master = _master(request)
+    with _read(master) as s:
+        exp = access.get_experiment(s, _id(experiment_id, "experiment"))
+        trial_ids = [t.id for t in trials.trials_of(s, exp.id)]
+        names = dashboard.metric_names(s, trial_ids)
+        metric = dashboard.searcher_goal(exp.config).metric
+    return JSONResponse({"groups": names, "searcherMetric": metric})
+
+
+def _series_json(srs: dashboard.Series) -> dict[str, Any]:
+    return {"trialId": srs.trial_id, "x": [p[0] for p in srs.points], "y": [p[1] for p in srs.points],
+            "total": srs.total}
+
+
+def _group_metric(request: Request) -> tuple[str, str]:
+    group = request.query_params.get("group") or "validation"
+    metric = request.query_params.get("metric") or ""
+    if not metric or len(metric) > 255 or "\x00" in metric:
+        raise bad_request("a metric name is required (at most 255 characters)", "metric")
+    if len(group) > 64 or "\x00" in group:
+        raise bad_request("at most 64 characters", "group")
+    return group, metric
+
+
+@router.get("/ui/data/experiments/{experiment_id}/curves")
+def experiment_curves(request: Request, experiment_id: str) -> Response:
+    """One metric of every trial, each downsampled to at most `dashboard.MAX_POINTS` points."""
+    _session(request)
+    group, metric = _group_metric(request)
+    master = _master(request)
+    with _read(master) as s:
+        exp = access.get_experiment(s, _id(experiment_id, "experiment"))
+        rows = trials.trials_of(s, exp.id)
+        out = [_series_json(dashboard.series(s, t.id, group, metric)) for t in rows]
+        hp = [{"trialId": t.id, "hparams": t.hparams or {}, "best": t.best_validation, "state": t.state}
+              for t in rows]
+    return JSONResponse({"group": group, "metric": metric, "series": out, "trials": hp})
+
+
+# -- actions -------------------------------------------------------------------------------------
+ACTIONS = ("activate", "pause", "cancel", "kill", "archive", "unarchive")
+
+
+@router.post("/experiments/{experiment_id}/actions/{action}")
+async def experiment_action(request: Request, experiment_id: str, action: str) -> Response:
+    ui = _session(request)
+    await sess.check_csrf(request, ui)
+    exp_id = _id(experiment_id, "experiment")
+    if action not in ACTIONS:
+        raise bad_request(f"unknown action {action!r}; expected one of {list(ACTIONS)}", "action")
+    master = _master(request)
+    with _write(master) as s:
+        exp = access.get_experiment(s, exp_id)
+        access.require_owner(ui.principal, exp)
+        if action == "archive":
+            experiments.archive(exp)
+        elif action == "unarchive":
+            experiments.unarchive(exp)
+        else:
+            lifecycle.set_experiment_state(s, master, exp, action)
+    log.info("event=experiment_%s experiment_id=%s by=%s via=ui", action, exp_id, ui.principal.username)
+    return RedirectResponse(f"/experiments/{exp_id}?" + urlencode({"msg": f"{action}: done"}), status_code=303)
+
+
+@router.post("/experiments/{experiment_id}/labels")
+async def experiment_labels(request: Request, experiment_id: str) -> Response:
+    ui = _session(request)
+    await sess.check_csrf(request, ui)
+    exp_id = _id(experiment_id, "experiment")
+    form = await request.form()
+    add = str(form.get("add") or "")
+    remove = str(form.get("remove") or "")
+    master = _master(request)
+    with _write(master) as s:
+        exp: Experiment = access.get_experiment(s, exp_id)
+        access.require_owner(ui.principal, exp)
+        if remove:
+            experiments.remove_label(exp, remove)
+        else:
+            experiments.add_label(exp, add.strip() if add.strip() else add)
+    return RedirectResponse(f"/experiments/{exp_id}?" + urlencode({"msg": "labels saved"}), status_code=303)
+
+
+# -- trials --------------------------------------------------------------------------------------
+def _trial_ctx(master: Master, trial_id: int) -> dict[str, Any]:
+    with _read(master) as s:
+        trial = access.get_trial(s, trial_id)
+        view = dashboard.trial_view(s, trial)
+        s.expunge_all()
+    return {"v": view, "trial": view.trial, "exp": view.exp}
+
+
+@router.get("/trials/{trial_id}")
+def trial_page(request: Request, trial_id: str) -> Response:
+    ui = _session(request)
+    return _render(request, "trial.html", _trial_ctx(_master(request), _id(trial_id, "trial")), ui=ui)
+
+
+@router.get("/ui/fragments/trials/{trial_id}")
+def trial_fragment(request: Request, trial_id: str) -> Response:
+    ui = _session(request)
+    return _render(request, "_trial_live.html", _trial_ctx(_master(request), _id(trial_id, "trial")), ui=ui)
+
+
+@router.get("/ui/data/trials/{trial_id}/metrics")
+def trial_metrics(request: Request, trial_id: str) -> Response:
+    """Every metric of the trial's training and validation groups, each downsampled."""
+    _session(request)
+    master = _master(request)
+    tid = _id(trial_id, "trial")
+    with _read(master) as s:
+        access.get_trial(s, tid)
+        names = dashboard.metric_names(s, [tid])
+        groups = {g: [{"metric": n, **_series_json(dashboard.series(s, tid, g, n))} for n in metrics]
+                  for g, metrics in names.items()}
+    return JSONResponse({"groups": groups})
+
+
+LOG_BATCH = 1000
+
+
+@router.get("/ui/data/trials/{trial_id}/logs")
+def trial_logs(request: Request, trial_id: str) -> Response:
+    """Log lines after `after` (a cursor), matching `search` (plain text, any case) if given."""
+    ui = _session(request)
+    master = _master(request)
+    tid = _id(trial_id, "trial")
+    after_raw = request.query_params.get("after") or ""
+    if after_raw and not after_raw.isdigit():
+        raise bad_request("must be a cursor from an earlier answer", "after")
+    flt = logs.LogFilter(search_text=request.query_params.get("search") or None)
+    lease = logs.search_slot(ui.principal, flt)
+    try:
+        with _read(master) as s:
+            trial = access.get_trial(s, tid)
+            page = logs.log_page(s, trial.task_id, flt, int(after_raw) if after_raw else None, desc=False,
+                                 batch=LOG_BATCH)
+            lines = [{"id": r.id, "t": _time(r.timestamp), "level": r.level, "rank": r.rank,
+                      "log": r.log.removesuffix("\n")} for r in page.rows]
+            over = trial.state in st.TRIAL_TERMINAL
+    finally:
+        lease.release()
+    return JSONResponse({"lines": lines, "cursor": page.cursor, "more": page.fetched == LOG_BATCH, "over": over})
+
+
+# -- cluster -------------------------------------------------------------------------------------
+# The autoscaler keeps only its last decision in the record; the page shows the last few it saw
+# (in memory, per master process, bounded).
+DECISIONS_KEPT = 20
+_decisions: dict[str, deque[dict[str, Any]]] = {}
+
+
+def _remember(pools: list[dashboard.PoolView]) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for p in pools:
+        ring = _decisions.setdefault(p.name, deque(maxlen=DECISIONS_KEPT))
+        d = p.last_decision or {}
+        entry = {"at": _time(p.last_decision_at), "reasons": list(d.get("reasons") or []),
+                 "launch": d.get("launch") or 0, "terminate": list(d.get("terminate") or [])}
+        if p.last_decision_at is not None and (not ring or ring[-1]["at"] != entry["at"]):
+            if not ring or (ring[-1]["reasons"], ring[-1]["launch"], ring[-1]["terminate"]) != (
+                    entry["reasons"], entry["launch"], entry["terminate"]):
+                ring.append(entry)
+            else:
+                ring[-1] = entry
+        out[p.name] = list(reversed(ring))
+    return out
+
+
+def _cluster_ctx(master: Master) -> dict[str, Any]:
+    with _read(master) as s:
+        now = master.clock()
+        pools = dashboard.cluster_view(s, master, now)
+        s.expunge_all()
+    return {"pools": pools, "decisions": _remember(pools), "now": now}
+
+
+@router.get("/cluster")
+def cluster_page(request: Request) -> Response:
+    ui = _session(request)
+    return _render(request, "cluster.html", _cluster_ctx(_master(request)), ui=ui)
+
+
+@router.get("/ui/fragments/cluster")
+def cluster_fragment(request: Request) -> Response:
+    ui = _session(request)
+    return _render(request, "_cluster_live.html", _cluster_ctx(_master(request)), ui=ui)
+
+
+@router.get("/ui/data/pools/{name}/history")
+def pool_history(request: Request, name: str) -> Response:
+    _session(request)
+    master = _master(request)
+    if master.config.pool(name) is None:
+        raise not_found(f"resource pool {name[:64]!r}")
+    with _read(master) as s:
+        h = dashboard.slot_history(s, name, master.clock())
+    return JSONResponse({k: {"x": [p[0] for p in v], "y": [p[1] for p in v]} for k, v in h.items()})
+
+
+# -- models --------------------------------------------------------------------------------------
+@router.get("/models")
+def models_page(request: Request) -> Response:
+    ui = _session(request)
+    master = _master(request)
+    with _read(master) as s:
+        rows = dashboard.models_view(s)
+        s.expunge_all()
+    return _render(request, "models.html", {"models": rows}, ui=ui)

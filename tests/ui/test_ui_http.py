@@ -1,0 +1,162 @@
+"""The web UI over HTTP, without a browser: sessions, CSRF, refusals and every page, on SQLite and
+PostgreSQL (the `client` fixture). The browser tests (test_browser.py) drive the same pages in
+Chromium against a real cluster."""
+
+from __future__ import annotations
+
+import re
+
+from control_plane.ui.session import SESSION_COOKIE
+from tests.conftest import ADMIN_PASSWORD, login
+from tests.control_plane.api.test_experiments import create_ok
+
+
+def ui_login(client, username: str = "admin", password: str = ADMIN_PASSWORD, next_: str = "/"):  # type: ignore[no-untyped-def]
+    page = client.get("/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+    return client.post("/login", data={"username": username, "password": password, "csrf": csrf, "next": next_},
+                       follow_redirects=False)
+
+
+def page_csrf(client, path: str) -> str:  # type: ignore[no-untyped-def]
+    r = client.get(path)
+    assert r.status_code == 200, r.text
+    return re.search(r'name="csrf" value="([^"]+)"', r.text).group(1)
+
+
+def make_user(client, headers, name: str = "bob", password: str = "bob-password-1") -> None:  # type: ignore[no-untyped-def]
+    r = client.post("/api/v1/users", headers=headers, json={"user": {"username": name}, "password": password})
+    assert r.status_code == 200, r.text
+
+
+def test_login_required_everywhere(client) -> None:  # type: ignore[no-untyped-def]
+    for path in ("/", "/cluster", "/models", "/experiments/1", "/trials/1"):
+        r = client.get(path, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/login?next="), path
+    r = client.get("/ui/fragments/experiments", headers={"HX-Request": "true"})
+    assert r.status_code == 401 and r.headers["HX-Redirect"] == "/login"
+    assert client.get("/ui/data/experiments/1/metrics").status_code == 401
+    assert client.post("/experiments/1/actions/kill", follow_redirects=False).status_code == 303
+    assert client.get("/ui/static/app.js").status_code == 200  # static files need no session
+
+
+def test_login_logout_and_cookie(client) -> None:  # type: ignore[no-untyped-def]
+    r = ui_login(client, password="wrong-password")
+    assert r.status_code == 403 and "invalid credentials" in r.text
+    page = client.get("/login")
+    r = client.post("/login", data={"username": "admin", "password": ADMIN_PASSWORD, "csrf": "forged"})
+    assert r.status_code == 403 and "login form expired" in r.text
+    r = ui_login(client, next_="//evil.example/x")
+    assert r.status_code == 303 and r.headers["location"] == "/"  # no open redirect
+    cookie = r.headers["set-cookie"]
+    assert SESSION_COOKIE in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    token = client.cookies.get(SESSION_COOKIE)
+    # The UI's cookie is not a credential for the JSON API.
+    assert client.get("/api/v1/me").status_code == 401
+    assert client.get("/").status_code == 200
+    # Logging out needs the CSRF token, revokes the session and clears the cookie.
+    assert client.post("/logout", follow_redirects=False).status_code == 403
+    csrf = page_csrf(client, "/")
+    r = client.post("/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login?out=1"
+    assert client.get("/", follow_redirects=False).status_code == 303
+    client.cookies.set(SESSION_COOKIE, token)  # the old cookie, replayed
+    r = client.get("/", follow_redirects=False)
+    assert r.status_code == 401 and "expired or was revoked" in r.text
+    assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 401
+    del page
+
+
+def test_revoked_session_goes_back_to_login(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
+    ui_login(client)
+    token = client.cookies.get(SESSION_COOKIE)
+    assert client.post("/api/v1/auth/logout", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    r = client.get("/")
+    assert r.status_code == 401 and "expired or was revoked" in r.text and "Traceback" not in r.text
+    assert not client.cookies.get(SESSION_COOKIE)  # cleared
+    client.cookies.set(SESSION_COOKIE, token)
+    r = client.get("/ui/fragments/experiments", headers={"HX-Request": "true"})
+    assert r.status_code == 401 and r.headers["HX-Redirect"] == "/login?expired=1"
+
+
+def test_pages_and_data(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
+    exp = create_ok(client, admin_headers)["experiment"]
+    ui_login(client)
+    r = client.get("/")
+    assert r.status_code == 200 and f'href="/experiments/{exp["id"]}"' in r.text and "mnist-test" in r.text
+    assert r.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+    assert "1–1 of 1" in client.get("/?label=a&state=STATE_ACTIVE&owner=admin&name=MNIST&sort=name").text
+    assert "of 0" in client.get("/?label=zzz").text
+    assert client.get("/?state=bogus").status_code == 400
+    assert client.get("/?limit=7").status_code == 400
+    r = client.get(f"/experiments/{exp['id']}")
+    assert r.status_code == 200 and "Learning curves" in r.text and "searcher:" in r.text
+    trial_id = exp["trialIds"][0]
+    assert client.get(f"/trials/{trial_id}").status_code == 200
+    for path in (f"/ui/fragments/experiments/{exp['id']}?part=tables", f"/ui/fragments/experiments/{exp['id']}",
+                 f"/ui/fragments/trials/{trial_id}", "/ui/fragments/cluster", "/cluster", "/models"):
+        assert client.get(path).status_code == 200, path
+    assert client.get(f"/ui/fragments/experiments/{exp['id']}?part=nope").status_code == 400
+    assert client.get(f"/ui/data/experiments/{exp['id']}/metrics").json() == {"groups": {}, "searcherMetric": "val_loss"}
+    curves = client.get(f"/ui/data/experiments/{exp['id']}/curves", params={"group": "validation", "metric": "val_loss"})
+    assert curves.json()["series"] == [{"trialId": trial_id, "x": [], "y": [], "total": 0}]
+    assert client.get(f"/ui/data/experiments/{exp['id']}/curves").status_code == 400  # no metric named
+    assert client.get(f"/ui/data/trials/{trial_id}/metrics").json() == {"groups": {}}
+    logs = client.get(f"/ui/data/trials/{trial_id}/logs", params={"search": "x"}).json()
+    assert logs["lines"] == [] and logs["over"] is False
+    assert client.get(f"/ui/data/trials/{trial_id}/logs", params={"after": "x"}).status_code == 400
+    assert client.get("/ui/data/pools/default/history").json()["provisioned"]["y"][-1] == 0
+    assert client.get("/ui/data/pools/nope/history").status_code == 404
+
+
+def test_bad_ids_are_clear_pages(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
+    ui_login(client)
+    for path, status in (("/experiments/999999", 404), ("/experiments/abc", 400), ("/experiments/99999999999", 400),
+                         ("/trials/424242", 404), ("/ui/data/trials/424242/metrics", 404)):
+        r = client.get(path)
+        assert r.status_code == status and "Traceback" not in r.text, path
+        if path.startswith("/ui/data/"):
+            assert r.json()["code"] == 404
+            continue
+        assert 'id="error-message"' in r.text
+        if status == 404:
+            api = client.get("/api/v1" + path, headers=admin_headers)
+            assert api.status_code == 404 and api.json()["message"] in r.text
+
+
+def test_actions_need_csrf_and_rights(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
+    exp_id = create_ok(client, admin_headers)["experiment"]["id"]
+    ui_login(client)
+    csrf = page_csrf(client, f"/experiments/{exp_id}")
+    # No token, or another session's: refused, nothing changes.
+    assert client.post(f"/experiments/{exp_id}/actions/pause", follow_redirects=False).status_code == 403
+    assert client.post(f"/experiments/{exp_id}/actions/pause", data={"csrf": "0" * 64}).status_code == 403
+    assert client.get(f"/api/v1/experiments/{exp_id}", headers=admin_headers).json()["experiment"]["state"] == "STATE_ACTIVE"
+    r = client.post(f"/experiments/{exp_id}/actions/pause", data={"csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303
+    assert client.get(f"/api/v1/experiments/{exp_id}", headers=admin_headers).json()["experiment"]["state"] == "STATE_PAUSED"
+    # htmx sends the token in a header.
+    r = client.post(f"/experiments/{exp_id}/actions/activate", headers={"X-CSRF-Token": csrf}, follow_redirects=False)
+    assert r.status_code == 303
+    r = client.post(f"/experiments/{exp_id}/actions/archive", data={"csrf": csrf})
+    assert r.status_code == 409 and "only a finished experiment can be archived" in r.text
+    assert client.post(f"/experiments/{exp_id}/actions/explode", data={"csrf": csrf}).status_code == 400
+    r = client.post(f"/experiments/{exp_id}/labels", data={"csrf": csrf, "add": "new-label"}, follow_redirects=False)
+    assert r.status_code == 303
+    assert "new-label" in client.get(f"/api/v1/experiments/{exp_id}", headers=admin_headers).json()["experiment"]["labels"]
+    assert client.post(f"/experiments/{exp_id}/labels", data={"csrf": csrf, "add": " "}).status_code == 400
+    client.post(f"/experiments/{exp_id}/labels", data={"csrf": csrf, "remove": "new-label"})
+    assert "new-label" not in client.get(f"/api/v1/experiments/{exp_id}", headers=admin_headers).json()["experiment"]["labels"]
+
+    # Another user pressing kill: the API's 403, as a page.
+    make_user(client, admin_headers)
+    bob_api = login(client, "bob", "bob-password-1")
+    api = client.post(f"/api/v1/experiments/{exp_id}/kill", headers=bob_api)
+    client.cookies.clear()
+    ui_login(client, "bob", "bob-password-1")
+    bob_csrf = page_csrf(client, f"/experiments/{exp_id}")
+    r = client.post(f"/experiments/{exp_id}/actions/kill", data={"csrf": bob_csrf})
+    assert r.status_code == api.status_code == 403
+    assert api.json()["message"] in r.text and "Traceback" not in r.text
+    assert client.get(f"/api/v1/experiments/{exp_id}", headers=admin_headers).json()["experiment"]["state"] == "STATE_ACTIVE"
+    assert client.post("/experiments/999999/actions/kill", data={"csrf": bob_csrf}).status_code == 404
