@@ -30,6 +30,8 @@ TRIAL_ENV_VARS = (
     "DET_RESOURCES_ID",
     "DET_RENDEZVOUS_INFO",
     "C10D_PORT",
+    "INTER_TRAIN_PROCESS_COMM_PORT_1",
+    "INTER_TRAIN_PROCESS_COMM_PORT_2",
 )
 
 
@@ -61,6 +63,10 @@ class TrialEnvironment:
     resources_id: str = ""
     rendezvous: dict[str, Any] = field(default_factory=dict)
     c10d_port: int = 29400
+    # The two ports of the chief's ZMQ broadcast server in Determined's `core.DistributedContext`
+    # (its constants read INTER_TRAIN_PROCESS_COMM_PORT_1/_2; Determined's master offsets them per
+    # task so that gangs sharing a host do not collide; default 12360 and 12376).
+    comm_port: int = 12360
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -85,6 +91,8 @@ class TrialEnvironment:
             "DET_RENDEZVOUS_INFO": json.dumps(self.rendezvous or {"addresses": ["127.0.0.1"], "rank": 0,
                                                                   "slots": [len(self.slot_ids)]}),
             "C10D_PORT": str(self.c10d_port),
+            "INTER_TRAIN_PROCESS_COMM_PORT_1": str(self.comm_port),
+            "INTER_TRAIN_PROCESS_COMM_PORT_2": str(self.comm_port + 1),
         }
         assert set(env) == set(TRIAL_ENV_VARS)
         return env

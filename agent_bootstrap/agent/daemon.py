@@ -139,10 +139,11 @@ def task_environment(base: dict[str, str], spec: TaskSpec, slots: list[Slot], ag
     env["DET_AGENT_ID"] = agent_id
     env.setdefault("PYTHONUNBUFFERED", "1")  # so a Python trial's prints reach the logs as they happen
     # The process runtime runs tasks in the agent's own Python environment (there is no container
-    # image): `python3 train.py` must find that interpreter and its packages first.
+    # image): `python3 train.py` must find that interpreter and its packages first, unless the
+    # experiment sets PATH itself (environment.environment_variables, e.g. another venv's bin).
     bindir = os.path.dirname(sys.executable)
     path = env.get("PATH", os.defpath)
-    if bindir and bindir not in path.split(os.pathsep):
+    if "PATH" not in spec.env and bindir and bindir not in path.split(os.pathsep):
         env["PATH"] = bindir + os.pathsep + path
     return env
 

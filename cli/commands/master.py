@@ -23,6 +23,7 @@ def info(args: Any) -> int:
     if args.json:
         print_json(data)
     else:
-        kv([("master", master_url(args.master)), ("version", data.get("version")),
+        kv([("master", master_url(args.master)), ("version", data.get("shipyardVersion") or data.get("version")),
+            ("determined api", data.get("version")),
             ("cluster", f"{data.get('clusterName')} ({data.get('clusterId')})"), ("master id", data.get("masterId"))])
     return 0

@@ -4,6 +4,9 @@
   checkpoints as one list of `v1WorkloadContainer`s in step order (`det trial describe`,
   `det experiment describe`).
 - `POST /api/v1/runs/start`: what `determined.core.init()` calls first on cluster.
+- `GET /checkpoints/{uuid}` (outside /api/v1, as in Determined): a checkpoint's files as a .tar.gz
+  (`Accept: application/gzip`) or .zip (`application/zip`), read by the master from the
+  checkpoint's storage (services/checkpoint_files.py): `det checkpoint download --mode master`.
 
 The request-level compatibility lives elsewhere: JSON bodies without a Content-Type are read as
 JSON (`strict_content_type=False` in api/app.py) and task sessions' token header
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
+from starlette.background import BackgroundTask
 
 from control_plane.api import deps, serializers
 from control_plane.api.wire import INT32_MAX, Id, StrictWire, ts
@@ -23,7 +28,7 @@ from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.db.models import Checkpoint, Metric
 from control_plane.errors import bad_request
-from control_plane.services import access, checkpoints
+from control_plane.services import access, checkpoint_files, checkpoints
 from control_plane.services import metrics as trial_metrics
 from control_plane.services.metrics import MetricRange
 
@@ -108,3 +113,28 @@ def run_prepare_for_reporting(
     is no storage id to hand out: `storageId` is null and checkpoint reports carry none."""
     access.require_read_trial(p, access.get_trial(db, body.run_id))
     return {"storageId": None}
+
+
+_ARCHIVE = {"schema": {"type": "string", "format": "binary"}}
+
+
+@router.get("/checkpoints/{checkpointUuid}", response_model=None, response_class=FileResponse,
+            responses={200: {"description": "the checkpoint's files",
+                             "content": {"application/gzip": _ARCHIVE, "application/zip": _ARCHIVE}}})
+def download_checkpoint(
+    checkpointUuid: str,
+    accept: Annotated[str, Header()] = "application/gzip",
+    p: Principal = Depends(deps.principal),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> FileResponse:
+    wanted = [m.split(";")[0].strip().lower() for m in accept.split(",")]
+    fmt = next((checkpoint_files.FORMATS[m] for m in wanted if m in checkpoint_files.FORMATS),
+               "tgz" if any(m in ("*/*", "application/*", "") for m in wanted) else None)
+    if fmt is None:
+        raise bad_request(f"cannot send {accept!r}: ask for application/gzip or application/zip", "Accept")
+    ckpt = checkpoints.get_checkpoint(db, checkpointUuid)
+    checkpoints.require_read(p, ckpt)
+    path = checkpoint_files.archive(ckpt, fmt)
+    media = "application/gzip" if fmt == "tgz" else "application/zip"
+    return FileResponse(path, media_type=media, filename=f"{ckpt.uuid}.{'tar.gz' if fmt == 'tgz' else 'zip'}",
+                        background=BackgroundTask(path.unlink, missing_ok=True))

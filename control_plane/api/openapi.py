@@ -146,6 +146,9 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
 # Answered from memory outside admission control (api/app.py): never 503.
 _NEVER_BUSY = frozenset({"/health", "/info", "/api/v1/master"})
 _LOGIN = "/api/v1/auth/login"
+# Reads that can find the record in a state that forbids them (a checkpoint that is no longer
+# COMPLETED, or whose storage does not answer, cannot be downloaded).
+_CONFLICTING_READS = frozenset({"/checkpoints/{checkpointUuid}"})
 
 
 def _depends_on(dependant: Dependant, call: Any) -> bool:
@@ -168,6 +171,8 @@ def _error_statuses(route: APIRoute, method: str) -> list[int]:
         codes.append(404)
     if method != "GET":
         codes += [409, 413]
+    elif route.path in _CONFLICTING_READS:
+        codes.append(409)
     # per-caller limits of their own: login throttling, concurrent log searches
     if route.path == _LOGIN or (method == "GET" and route.path.endswith("/logs")):
         codes.append(429)

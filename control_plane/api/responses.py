@@ -220,9 +220,12 @@ class HealthResponse(Wire):
 
 
 class MasterInfo(Wire):
-    """Determined's v1GetMasterResponse (`users.master_info`), answered from memory."""
+    """Determined's v1GetMasterResponse (`users.master_info`), answered from memory. `version` is
+    the Determined API version served (what Determined's client compares with its own);
+    `shipyardVersion` is Shipyard's."""
 
     version: str
+    shipyard_version: str
     master_id: str
     cluster_id: str
     cluster_name: str

@@ -34,9 +34,18 @@ def user_json(u: User) -> dict[str, Any]:
     }
 
 
+# The version of Determined's API this master answers as. Determined's `det` compares /info's
+# `version` with its own and warns on any difference ("Master version ... is less than CLI
+# version ..."; a PEP 440 local version such as 0.38.1+shipyard.0.1.0 sorts above 0.38.1 and draws
+# the opposite warning): the API version is what that comparison is about. Shipyard's own version
+# is `shipyardVersion`.
+DETERMINED_API_VERSION = "0.38.1"
+
+
 def master_info(master: Master) -> dict[str, Any]:
     return {
-        "version": control_plane.__version__,
+        "version": DETERMINED_API_VERSION,
+        "shipyardVersion": control_plane.__version__,
         "masterId": master.master_id,
         "clusterId": master.cluster_id,
         "clusterName": master.config.cluster_name,

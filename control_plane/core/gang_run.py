@@ -165,11 +165,25 @@ C10D_PORT_BASE = 29400
 C10D_PORT_SPAN = 2000
 
 
+def _port_index(allocation_id: str) -> int:
+    h = 0xCBF29CE484222325
+    for b in allocation_id.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h % C10D_PORT_SPAN
+
+
 def c10d_port(allocation_id: str) -> int:
     """The TCP port of the gang's rendezvous store on its chief. Derived from the allocation id
     (FNV-1a), so every part computes the same one and two gangs on one host rarely share it; if
     they do, the later gang fails to bind, and is retried as a new allocation with another port."""
-    h = 0xCBF29CE484222325
-    for b in allocation_id.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return C10D_PORT_BASE + h % C10D_PORT_SPAN
+    return C10D_PORT_BASE + _port_index(allocation_id)
+
+
+COMM_PORT_BASE = C10D_PORT_BASE - 2 * C10D_PORT_SPAN
+
+
+def comm_port(allocation_id: str) -> int:
+    """The first of the two TCP ports (this one and the next) of the chief's ZMQ broadcast server in
+    Determined's `core.DistributedContext` (INTER_TRAIN_PROCESS_COMM_PORT_1/_2), derived like
+    `c10d_port` and below its range (25400..29399), under the host's ephemeral ports."""
+    return COMM_PORT_BASE + 2 * _port_index(allocation_id)

@@ -315,6 +315,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> Ta
         hparams=trial.hparams, experiment_config=exp.config, latest_checkpoint=trial.latest_checkpoint_uuid,
         user=_owner_name(s, exp), steps_completed=_restored_steps(s, trial),
         resources_id=agent.id, rendezvous=gangs.rendezvous(s, alloc, agent.id), c10d_port=gang_run.c10d_port(alloc.id),
+        comm_port=gang_run.comm_port(alloc.id),
     ).to_env())
     return TaskSpec(
         allocation_id=alloc.id, task_id=alloc.task_id, trial_id=trial.id, experiment_id=exp.id,

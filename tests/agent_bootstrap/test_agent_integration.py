@@ -240,6 +240,13 @@ if os.path.exists("hold.txt"):  # cwd is <work_dir>/tasks/<allocation>-<random>
     with open("../../trial.pid", "w") as f:
         f.write(str(os.getpid()))
     time.sleep(600)
+# Done: tell the searcher (a clean exit before that would not be a success).
+import json, urllib.request
+req = urllib.request.Request(
+    os.environ["DET_MASTER"] + "/api/v1/trials/" + os.environ["DET_TRIAL_ID"] + "/searcher/completed_operation",
+    data=json.dumps({"op": {"length": 1}, "searcherMetric": 0.0}).encode(), method="POST",
+    headers={"Authorization": "Bearer " + os.environ["DET_SESSION_TOKEN"], "Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=30).read()
 """
 
 

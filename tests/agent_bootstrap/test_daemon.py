@@ -138,6 +138,9 @@ def test_task_environment_cpu_slots_hide_gpus() -> None:
     assert env["A"] == "1" and "DET_AGENT_TOKEN" not in env
     # The agent's own interpreter comes first (tasks run in its environment), then the inherited PATH.
     assert env["PATH"] == os.path.dirname(sys.executable) + ":/bin"
+    # ...unless the experiment sets PATH itself (e.g. another venv's bin first).
+    own = TaskSpec(allocation_id="x", entrypoint=["true"], env={"PATH": "/venv/bin:/bin"})
+    assert task_environment({"PATH": "/bin"}, own, [], "agent-1")["PATH"] == "/venv/bin:/bin"
 
 
 class ThreadRuntime:

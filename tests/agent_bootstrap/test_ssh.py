@@ -324,6 +324,19 @@ def test_static_pool_config_is_checked_naming_the_field(hosts: list[Any], messag
 # ---- bootstrap -----------------------------------------------------------------------------------
 
 
+# A trial that completes its searcher operation over plain HTTP (a clean exit before that would
+# not be a success), with nothing but the standard library.
+STATIC_TRIAL = """\
+import json, os, urllib.request
+print("static trial ran", flush=True)
+req = urllib.request.Request(
+    os.environ["DET_MASTER"] + "/api/v1/trials/" + os.environ["DET_TRIAL_ID"] + "/searcher/completed_operation",
+    data=json.dumps({"op": {"length": 1}, "searcherMetric": 0.0}).encode(), method="POST",
+    headers={"Authorization": "Bearer " + os.environ["DET_SESSION_TOKEN"], "Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=30).read()
+"""
+
+
 @pytest.mark.integration
 def test_bootstrap_is_idempotent_and_the_agent_runs_a_trial(sshd: InProcessSshd, key_file: Path,
                                                             static_master: LiveMaster) -> None:
@@ -351,7 +364,7 @@ def test_bootstrap_is_idempotent_and_the_agent_runs_a_trial(sshd: InProcessSshd,
 
     # The agent it started runs a trial of the static pool.
     files = [{"path": "train.py", "type": 48, "mode": 0o644, "mtime": "0", "uid": 0, "gid": 0,
-              "content": base64.b64encode(b"print('static trial ran', flush=True)\n").decode()}]
+              "content": base64.b64encode(STATIC_TRIAL.encode()).decode()}]
     config = ("name: static\nentrypoint: python3 train.py\nsearcher:\n  name: single\n  metric: loss\n"
               "  max_length:\n    batches: 1\nresources:\n  slots_per_trial: 1\nmax_restarts: 0\n")
     r = httpx.post(static_master.url + "/api/v1/experiments", headers=admin(static_master),

@@ -4,8 +4,12 @@ real Shipyard cluster.
 - `compat_python`: a virtual environment with the package, built once into a cache directory
   (`$SHIPYARD_COMPAT_CACHE`, else `~/.cache/shipyard/compat`) keyed by version and Python, and
   reused by every later run. A failed build skips these tests, or fails them under CI=true.
-- `compat_cluster`: one master and one agent (`det deploy local`'s `up`) on free ports for the
-  whole package, with the admin password of tests/conftest.py.
+- `compat_cluster`: one master and two 1-slot agents (`det deploy local`'s `up`) on free ports for
+  the whole package, with the admin password of tests/conftest.py (two: a `slots_per_trial: 2`
+  trial spans both, as a gang across agents).
+- `compat_torch_path`: a directory of symlinks to this environment's torch and the packages it
+  needs that the compat venv lacks, for a trial's PYTHONPATH: no second copy of torch is
+  downloaded or installed (the cached venv stays as pip built it; nothing in it points here).
 - `det` runs `python -m determined.cli ...` in that environment with DET_MASTER set and a
   private HOME (Determined keeps its token store under ~/.config/determined).
 - `sdk` runs a small Python script in that environment (`determined.experimental.client`).
@@ -32,6 +36,7 @@ import yaml
 
 from shipyard_common import private_files
 from tests.conftest import ADMIN_PASSWORD
+from tests.harness.conftest import gcs_bucket, gcs_emulator_host, moto_endpoint, s3_bucket  # noqa: F401 (fixtures)
 from tests.pg import free_port, missing_part
 
 DETERMINED_VERSION = "0.38.1"
@@ -74,6 +79,54 @@ def compat_python() -> Path:
     return target / "bin" / "python"
 
 
+def _requirement_closure(root: str) -> list[Any]:
+    """The installed distributions `root` needs (markers evaluated here), itself first."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: dict[str, Any] = {}
+    todo = [root]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        seen[name] = dist
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return list(seen.values())
+
+
+@pytest.fixture(scope="session")
+def compat_torch_path(compat_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Symlinks to torch (and what it needs that the compat venv has not) from the environment
+    running the tests (the `torch` extra), to put on a trial's PYTHONPATH."""
+    from packaging.utils import canonicalize_name
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        missing_part("torch is not installed in the test environment (pip install -e '.[torch]')")
+    site = next((compat_python.parent.parent / "lib").glob("python3*/site-packages"))
+    present = {canonicalize_name(p.name.split("-")[0]) for p in site.glob("*.dist-info")}
+    link = tmp_path_factory.mktemp("compat-torch")
+    for dist in _requirement_closure("torch"):
+        if canonicalize_name(dist.metadata["Name"]) in present:
+            continue
+        for top in {f.parts[0] for f in dist.files or () if f.parts and f.parts[0] != ".."}:
+            src = Path(str(dist.locate_file(top)))
+            if src.exists() and not (link / top).exists():
+                (link / top).symlink_to(src)
+    return link
+
+
 @dataclass
 class Run:
     code: int
@@ -101,16 +154,21 @@ class CompatCluster:
 
 
 @pytest.fixture(scope="package")
-def compat_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CompatCluster]:
+def compat_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[CompatCluster]:
+    """The master reads GCS checkpoints (`det checkpoint download --mode master`) from the emulator."""
     from cli import deploy_local
+
+    gcs_host = request.getfixturevalue("gcs_emulator_host")
 
     state = tmp_path_factory.mktemp("compat-cluster")
     private_files.private_dir(state)
     private_files.write_private(state / "admin-password", ADMIN_PASSWORD.encode())
     cfg = state / "master.yaml"
     cfg.write_text(yaml.safe_dump({"agent_heartbeat_timeout_s": 8, "task_kill_grace_s": 3}))
-    data = deploy_local.up(state, agents=1, port=free_port(), db=f"sqlite:///{state / 'shipyard.db'}", slots=1,
-                           pool_config=cfg)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", gcs_host)
+        data = deploy_local.up(state, agents=2, port=free_port(), db=f"sqlite:///{state / 'shipyard.db'}", slots=1,
+                               pool_config=cfg)
     url = data["master_url"]
     token = httpx.post(url + "/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).json()["token"]
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
@@ -153,6 +211,7 @@ class Det:
         r = self(*argv, **kw)
         assert r.code == 0, f"det {' '.join(map(str, argv))} → {r.code}\n{r.out}\n{r.err}"
         assert "Traceback" not in r.err, r.err
+        assert "Consider upgrading" not in r.err, r.err  # no version warning (the master reports 0.38.1)
         return r.out
 
 

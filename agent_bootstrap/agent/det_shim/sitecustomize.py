@@ -1,8 +1,9 @@
 """Put on a task's PYTHONPATH by the Shipyard agent (shipyard_common/determined_info.py says why).
 
 When the task imports Determined's package (`determined`, 0.38.x), point it at this task's info
-files instead of the fixed `/run/determined/info/`, and at the shared_fs storage's host path
-instead of the container mount `/determined_shared_fs` (there is no container). Only the default
+files instead of the fixed `/run/determined/info/`, at the shared_fs storage's host path
+instead of the container mount `/determined_shared_fs` (there is no container), and its launcher's
+pid server socket into the task's directory instead of the host's /tmp. Only the default
 arguments and a constant change; nothing is imported that the task does not import itself.
 Then run the environment's own `sitecustomize`, if it has one.
 """
@@ -42,7 +43,30 @@ def _patch_constants(module):  # type: ignore[no-untyped-def]
         module.SHARED_FS_CONTAINER_PATH = storage["host_path"]
 
 
-_PATCHES = {"determined._info": _patch_info, "determined.common.constants": _patch_constants}
+def _patch_ipc(module):  # type: ignore[no-untyped-def]
+    """Determined's torch_distributed launcher puts its pid server's socket at the fixed
+    `/tmp/pid_server-<allocation id>` (a container's own /tmp). The parts of one trial on one host
+    would share it: move it into this task's private directory (relative to the task's working
+    directory, where the launcher and its workers run, when the absolute path is too long for a
+    unix socket)."""
+    read = getattr(module, "read_pid_server_addr", None)
+    if read is None:
+        return
+
+    def read_pid_server_addr(addr):  # type: ignore[no-untyped-def]
+        out = read(addr)
+        if isinstance(out, str) and out.startswith("/tmp/pid_server-"):
+            path = os.path.join(_DIR, "pid_server.sock")
+            if len(path.encode()) > 100:
+                path = os.path.relpath(path)
+            return path
+        return out
+
+    module.read_pid_server_addr = read_pid_server_addr
+
+
+_PATCHES = {"determined._info": _patch_info, "determined.common.constants": _patch_constants,
+            "determined.ipc": _patch_ipc}
 
 
 class _Loader(importlib.abc.Loader):

@@ -35,6 +35,10 @@ def main(ctx: core.Context) -> None:
                 ctx.train.report_validation_metrics(steps_completed=steps, metrics={"validation_loss": (w - 3.0) ** 2})
                 with ctx.checkpoint.store_path({"steps_completed": steps}) as (path, uuid):
                     (path / "state.json").write_text(json.dumps({"w": w, "steps": steps}))
+                if info.trial.hparams.get("check_restore"):  # read it back from the storage at once
+                    with ctx.checkpoint.restore_path(uuid) as path:
+                        back = json.loads((path / "state.json").read_text())
+                    print(f"read back {uuid} at step {back['steps']} from {path}", flush=True)
                 if ctx.preempt.should_preempt():
                     print(f"preempted at step {steps}", flush=True)
                     return

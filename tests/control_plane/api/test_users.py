@@ -8,6 +8,8 @@ def test_master_info(client) -> None:
     for path in ("/info", "/api/v1/master"):
         body = client.get(path).json()
         assert body["clusterId"] and body["version"] and body["masterId"]
+        # The Determined API version served (its client warns on any other), and Shipyard's own.
+        assert body["version"] == "0.38.1" and body["shipyardVersion"] == __import__("control_plane").__version__
 
 
 def test_login_plain_and_hashed(client) -> None:

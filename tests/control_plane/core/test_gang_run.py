@@ -72,3 +72,6 @@ def test_rendezvous_and_port() -> None:
     port = g.c10d_port("alloc-1")
     assert port == g.c10d_port("alloc-1") and g.C10D_PORT_BASE <= port < g.C10D_PORT_BASE + g.C10D_PORT_SPAN
     assert len({g.c10d_port(f"alloc-{i}") for i in range(50)}) > 40
+    # Determined's ZMQ broadcast ports (this one and the next) sit below the c10d range.
+    comm = g.comm_port("alloc-1")
+    assert comm == g.comm_port("alloc-1") and g.COMM_PORT_BASE <= comm and comm + 1 < g.C10D_PORT_BASE
