@@ -18,7 +18,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@bash tests/system_deps.sh
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

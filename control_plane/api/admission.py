@@ -12,7 +12,8 @@ rate it has served them lately (`retry_after`, pure), between `retry_after_s` an
 Two lanes, each with its own slots and queue: the cluster's (agents and trials: heartbeats,
 events, logs, metrics, checkpoints; `is_cluster_request`) and the users' (everything else), so no
 amount of user load keeps an agent from heartbeating or a trial from reporting. Health (`/info`,
-`/health`) bypasses both. Long-polls and log follows give their slot back while they wait
+`/health`) bypasses both: `AdmissionControl` is the application's front door (api/app.py's
+`ShipyardApp`), in front of every middleware and of routing, and answers health from memory itself. Long-polls and log follows give their slot back while they wait
 (`Ticket.idle`) and take one again for each short database read.
 
 Single event loop (uvicorn's); the bookkeeping is guarded by a lock anyway because a waiter may be
@@ -29,8 +30,9 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -241,12 +243,23 @@ def ticket(scope: Scope) -> Ticket:
     return t if isinstance(t, Ticket) else Ticket(None)
 
 
-def retry_after_headers(admission: Admission) -> list[tuple[bytes, bytes]]:
-    return [(b"content-type", b"application/json"), (b"retry-after", str(admission.retry_after()).encode())]
-
-
 def saturated_body(message: str = "the master is busy; retry later") -> bytes:
     return json.dumps(error_body(503, message, [])).encode()
+
+
+# A refusal is answered from bytes built once (per Retry-After value): no JSON encoding, no
+# header building per request, and a Content-Length, so the server writes it in one piece.
+_SATURATED = saturated_body()
+_REFUSAL_HEADERS: dict[int, tuple[tuple[bytes, bytes], ...]] = {}
+
+
+def _refusal_headers(retry_after_s: int) -> tuple[tuple[bytes, bytes], ...]:
+    headers = _REFUSAL_HEADERS.get(retry_after_s)
+    if headers is None:
+        headers = ((b"content-type", b"application/json"), (b"content-length", str(len(_SATURATED)).encode()),
+                   (b"retry-after", str(retry_after_s).encode()))
+        _REFUSAL_HEADERS[retry_after_s] = headers
+    return headers
 
 
 # The cluster's own traffic: what agents and trials send (docs/PROTOCOL.md, the harness). It gets
@@ -268,27 +281,40 @@ def is_cluster_request(method: str, path: str) -> bool:
 
 
 class AdmissionControl:
-    """The ASGI middleware: a slot per request for everything but the exempt paths, from the
-    cluster's lane for agents and trials and from the users' lane for the rest."""
+    """The front door, a plain ASGI callable in front of the whole application (outside every
+    middleware, routing included): health answered from memory, then a slot per request for
+    everything else that is not exempt, from the cluster's lane for agents and trials and from the
+    users' lane for the rest. A refusal costs the event loop a few microseconds: nothing of the
+    application runs for it, and its answer is pre-built bytes."""
 
     def __init__(self, app: ASGIApp, admission: Admission, cluster: Admission, exempt: frozenset[str],
-                 threads: int) -> None:
+                 threads: int, health: Mapping[str, Callable[[], Any]] | None = None) -> None:
         self.app = app
         self.admission = admission
         self.cluster = cluster
         self.exempt = exempt
         self.threads = threads
+        # GET path -> what it answers (JSON), computed from memory on the event loop.
+        self.health = dict(health or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.exempt:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path in self.exempt:
+            answer = self.health.get(path)
+            if answer is not None and scope["method"] == "GET":
+                await _send_json(send, answer())
+            else:
+                await self.app(scope, receive, send)
             return
         # AnyIO's limiter belongs to the running event loop, so it is sized here rather than at
         # import; every admitted request uses at most one worker thread at a time.
         limiter = anyio.to_thread.current_default_thread_limiter()
         if limiter.total_tokens != self.threads:
             limiter.total_tokens = self.threads
-        lane = self.cluster if is_cluster_request(scope["method"], scope["path"]) else self.admission
+        lane = self.cluster if is_cluster_request(scope["method"], path) else self.admission
         t = Ticket(lane)
         if not await t.acquire():
             await self._reject(lane, receive, send)
@@ -302,11 +328,18 @@ class AdmissionControl:
     @staticmethod
     async def _reject(lane: Admission, receive: Receive, send: Send) -> None:
         keep_alive = await _drain(receive)
-        headers = retry_after_headers(lane)
+        headers: Any = _refusal_headers(lane.retry_after())
         if not keep_alive:
-            headers.append((b"connection", b"close"))
+            headers = [*headers, (b"connection", b"close")]
         await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": saturated_body()})
+        await send({"type": "http.response.body", "body": _SATURATED})
+
+
+async def _send_json(send: Send, content: Any) -> None:
+    body = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _drain(receive: Receive) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,20 +28,31 @@ from control_plane.api import (
 from control_plane.api.admission import Admission, AdmissionControl
 from control_plane.api.errors import error_body, install_error_handlers
 from control_plane.api.limits import BodyLimits
+from control_plane.api.users import master_info
 from control_plane.master import Master
 from control_plane.ui import install as install_ui
 
 log = logging.getLogger("shipyard.api")
 
 
+class ShipyardApp(FastAPI):
+    """FastAPI behind a front door (api/admission.py's AdmissionControl): every request meets
+    admission control first, before any middleware or routing runs."""
+
+    front: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await (self.front or super().__call__)(scope, receive, send)
+
+
 def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAPI:
-    app = FastAPI(
+    app = ShipyardApp(
         title="Shipyard",
         version=__import__("control_plane").__version__,
         description="Elastic control plane for deep-learning training; Determined-compatible /api/v1.",
         docs_url="/docs",
         # Determined's client (0.38.1) posts JSON bodies without a Content-Type: read them as JSON.
-        # Body limits (api/limits.py) and admission still run first, as ASGI middleware.
+        # Admission (the front door, ShipyardApp) and body limits (api/limits.py) still run first.
         strict_content_type=False,
     )
     app.state.master = master
@@ -57,7 +69,9 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     return app
 
 
-# Answered from memory on the event loop, outside admission: they must answer at saturation.
+# Answered from memory on the event loop by the front door, outside admission and before any
+# middleware or routing: they must answer, and fast, at saturation. (Their routes remain, for the
+# OpenAPI document.)
 HEALTH_PATHS = frozenset({"/health", "/info", "/api/v1/master"})
 # Worker threads beyond the admitted requests (each uses at most one at a time), so a thread is
 # always free for an admitted request; the exit of a generator dependency runs outside this limit.
@@ -89,5 +103,8 @@ def _install_admission(app: FastAPI, master: Master) -> None:
 
     app.add_exception_handler(PoolTimeout, _pool_timeout)
     # Outermost: a request over the limit is refused before its body is read or anything runs.
-    app.add_middleware(AdmissionControl, admission=admission, cluster=cluster, exempt=HEALTH_PATHS,
-                       threads=admission.limit + cluster.limit + THREAD_SLACK)
+    info = partial(master_info, master)
+    app.front = AdmissionControl(  # type: ignore[attr-defined]
+        partial(FastAPI.__call__, app), admission=admission, cluster=cluster, exempt=HEALTH_PATHS,
+        threads=admission.limit + cluster.limit + THREAD_SLACK,
+        health={"/health": lambda: {"status": "ok"}, "/info": info, "/api/v1/master": info})

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from control_plane.api import deps
 from control_plane.api.admission import ServiceRate
 from control_plane.api.app import create_app
+from control_plane.api.users import master_info
 from control_plane.config import load_config
 from control_plane.db.models import Metric
 from control_plane.master import Master
@@ -179,6 +180,7 @@ def test_saturation_sheds_with_503_and_health_answers(serve: Any) -> None:
     assert r.status_code == 200 and r.json() == {"status": "ok"}
     r = httpx.get(s.url + "/info", timeout=WAIT)
     assert r.status_code == 200 and r.json()["clusterId"] == s.master.cluster_id
+    assert r.json() == master_info(s.master)  # the front door's answer is the route's
     assert s.master.engine.pool.checkedout() <= 2  # the admitted requests' connections only
     # Agents have their own lane: user load does not keep them from polling (their heartbeat).
     r = httpx.get(s.url + "/api/v1/agents/busy-agent/commands", headers=agent_headers,
