@@ -4,6 +4,7 @@ answer the data-source calls with fixed values."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,7 +89,19 @@ class Recorder(pulumi.runtime.Mocks):
 
 
 def run(program: Callable[[], dict[str, Any]]) -> tuple[Recorder, dict[str, Any]]:
-    """Run `program` under fresh mocks; returns the recorder and the program's resolved outputs."""
+    """Run `program` under fresh mocks; returns the recorder and the program's resolved outputs.
+    Pulumi's runtime takes the thread's current event loop: an earlier test in the same worker may
+    have left none (asyncio.run clears it), so the program gets a loop of its own."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return _run(program)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def _run(program: Callable[[], dict[str, Any]]) -> tuple[Recorder, dict[str, Any]]:
     rec = Recorder()
     pulumi.runtime.set_mocks(rec, project="shipyard", stack="test", preview=False)
     resolved: dict[str, Any] = {}
