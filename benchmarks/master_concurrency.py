@@ -312,9 +312,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--experiments", type=int, default=10, help="experiments in the listed table")
     ap.add_argument("--pg-fsync", action="store_true", help="PostgreSQL with fsync on (default off)")
+    ap.add_argument("--client-retry-cap", type=float, default=5.0,
+                    help="the longest Retry-After a client honours (default 5 s; the harness honours up to 30 s)")
     ap.add_argument("--max-concurrent", type=int, default=None,
                     help="the master's max_concurrent_requests (default: its own, from db_pool_size)")
     args = ap.parse_args()
+    globals()["RETRY_AFTER_CAP_S"] = args.client_retry_cap
     if args.max_concurrent:  # MasterProcess passes the environment on to the master
         os.environ["SHIPYARD_MAX_CONCURRENT_REQUESTS"] = str(args.max_concurrent)
     levels = [int(x) for x in args.clients.split(",")]

@@ -50,16 +50,24 @@ _DRAIN_MAX_BYTES = 1024 * 1024
 RATE_WINDOW_S = 10
 
 
-def retry_after(backlog: int, served_per_s: float, *, floor_s: int, cap_s: int) -> int:
-    """Seconds a refused client should wait: the time the lane needs to serve the `backlog` requests
-    ahead of it at `served_per_s` (its recent rate), rounded up, within [floor_s, cap_s]. With no
-    measured rate (nothing served lately: just started, or idle until a burst) there is no evidence
-    of more than the full queue, so the answer is the floor. Pure: no clock, no state."""
+def next_return(cursor: float, now: float, queued: int, served_per_s: float, *, floor_s: int,
+                cap_s: int) -> tuple[int, float]:
+    """The Retry-After of a client refused now, and the lane's new return cursor.
+
+    Refused clients come back when told, so the lane hands out return times as a schedule: the
+    cursor is the moment up to which the lane's capacity is already promised (to the queue, then
+    to the clients refused before). A new refusal is told to come back at the cursor (not before
+    the queue ahead has drained) and moves it on by one request's worth of service (1 / rate).
+    Clients come back spread at the rate the lane serves, and a client refused again on its return
+    takes one new place: it is never counted twice. The cursor stays within `cap_s` of now. With
+    no measured rate, the floor, and the cursor is left alone. Pure."""
     cap_s = max(cap_s, floor_s)
-    if backlog <= 0 or served_per_s <= 0 or math.isnan(served_per_s):
-        return floor_s
-    estimate = backlog / served_per_s
-    return cap_s if estimate >= cap_s else max(floor_s, math.ceil(estimate))
+    if served_per_s <= 0 or math.isnan(served_per_s):
+        return floor_s, cursor
+    start = max(cursor, now + queued / served_per_s)
+    wait = start - now
+    seconds = cap_s if wait >= cap_s else max(floor_s, math.ceil(wait))
+    return seconds, min(start + 1.0 / served_per_s, now + cap_s)
 
 
 def queue_admits(ahead: int, served_per_s: float, wait_s: float) -> bool:
@@ -98,11 +106,6 @@ class ServiceRate:
         span = max(1.0, now - self._buckets[0][0])
         return sum(c for _, c in self._buckets) / span
 
-    def count_since(self, now: float, span_s: float) -> int:
-        """Events recorded in the last `span_s` seconds (as far back as the window reaches)."""
-        self._trim(int(now))
-        return sum(c for second, c in self._buckets if second > now - span_s - 1)
-
     def _trim(self, second: int) -> None:
         while self._buckets and self._buckets[0][0] <= second - self.window_s:
             self._buckets.popleft()
@@ -131,10 +134,9 @@ class Admission:
     active: int = 0
     clock: Callable[[], float] = time.monotonic
     served: ServiceRate = field(default_factory=ServiceRate)
-    # Clients refused lately: each comes back when its Retry-After ends, so those told to wait
-    # are a queue too, only outside; counting them spreads the returns instead of bunching them.
-    refused: ServiceRate = field(default_factory=lambda: ServiceRate(window_s=120))
-    _last_retry_after: int = 0
+    # Up to when the lane's capacity is promised to the clients told to come back (next_return):
+    # those refused are a queue too, only outside, and their returns are spread at the service rate.
+    _return_cursor: float = 0.0
     _waiters: deque[_Waiter] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -143,18 +145,14 @@ class Admission:
         return len(self._waiters)
 
     def retry_after(self) -> int:
-        """The Retry-After for a request refused now (and counted as refused): the queue ahead of
-        it, plus the clients refused within the last Retry-After (they come back first), plus
-        itself, at the lane's recent service rate."""
+        """The Retry-After for a request refused now: its place in the lane's return schedule
+        (`next_return`), after the queue ahead of it and the clients refused before it."""
         with self._lock:
             now = self.clock()
-            rate = self.served.per_s(now)
-            outside = self.refused.count_since(now, max(self._last_retry_after, self.retry_after_s))
-            backlog = len(self._waiters) + outside + 1
-            self.refused.record(now)
-            self._last_retry_after = retry_after(backlog, rate, floor_s=self.retry_after_s,
-                                                 cap_s=self.retry_after_max_s)
-            return self._last_retry_after
+            seconds, self._return_cursor = next_return(
+                self._return_cursor, now, len(self._waiters), self.served.per_s(now),
+                floor_s=self.retry_after_s, cap_s=self.retry_after_max_s)
+            return seconds
 
     async def acquire(self, wait_s: float | None = None) -> bool:
         with self._lock:

@@ -239,10 +239,10 @@ def test_retry_after_grows_as_the_lane_slows(serve: Any) -> None:
         assert r.status_code == 503 and r.json()["code"] == 503, r.text
         return int(r.headers["Retry-After"])
 
-    # 3 ahead (2 queued and this one) at 3/s: the floor; the longer nothing more is served, the
-    # lower the measured rate and the longer the wait asked for, up to the cap. At 1004 the client
-    # refused at 1002 (told 2 s) counts as ahead too: 4 at 0.75/s, capped.
-    assert [refused_retry_after(t) for t in (1000.5, 1002.0, 1004.0, 1008.0)] == [1, 2, 5, 5]
+    # 2 queued ahead at 3/s: the floor; the longer nothing more is served, the lower the measured
+    # rate and the longer the wait asked for (2 queued at 1.5/s: 2 s; at 0.75/s: 3 s), up to the
+    # cap. The clients refused before were told to come back by then: no longer ahead.
+    assert [refused_retry_after(t) for t in (1000.5, 1002.0, 1004.0, 1008.0)] == [1, 2, 3, 5]
     s.gate.opened.set()
     join(slow + queued)
     assert [r.status_code for r in slow_results + queued_results] == [200, 200, 200]

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.api.admission import Admission, ServiceRate, queue_admits, retry_after
+from control_plane.api.admission import Admission, ServiceRate, next_return, queue_admits
+
+
+def retry_after(backlog: int, rate: float, *, floor_s: int, cap_s: int) -> int:
+    """The Retry-After of a client refused with `backlog` requests queued and no one told to come
+    back yet (an empty return schedule)."""
+    return next_return(0.0, 0.0, backlog, rate, floor_s=floor_s, cap_s=cap_s)[0]
 
 
 @pytest.mark.parametrize(("backlog", "rate", "expected"), [
@@ -85,6 +91,27 @@ def test_a_request_that_would_time_out_in_the_queue_is_refused_at_once() -> None
 
     refused, drained = asyncio.run(scenario())
     assert refused is False and drained
+
+
+def test_returns_are_scheduled_at_the_service_rate_and_a_client_refused_again_is_not_counted_twice() -> None:
+    """100 clients refused at once at 10/s are told 1..10 s; when they come back as told and are
+    served at that rate, none is refused again, and the schedule does not run away: a client
+    refused on its return gets one new place, not one per earlier refusal."""
+    rate, cursor, now = 10.0, 0.0, 100.0
+    waits = []
+    for _ in range(100):
+        wait, cursor = next_return(cursor, now, 0, rate, floor_s=1, cap_s=30)
+        waits.append(wait)
+    assert waits == sorted(waits) and waits[0] == 1 and waits[-1] == 10
+    assert sum(1 for w in waits if w == 5) == 10  # ten per second of service: spread, not bunched
+    # Ten seconds later everyone has come back and been served; a straggler refused again now
+    # (the lane momentarily full) waits about one request's worth, not the sum of past refusals.
+    wait, cursor = next_return(cursor, now + 10.0, 0, rate, floor_s=1, cap_s=30)
+    assert wait == 1 and cursor <= now + 10.0 + 1.0
+    # The schedule never reaches past the cap, however many are refused.
+    for _ in range(10_000):
+        wait, cursor = next_return(cursor, now + 10.0, 0, rate, floor_s=1, cap_s=30)
+    assert wait == 30 and cursor <= now + 10.0 + 30
 
 
 def test_clients_told_to_wait_count_as_a_queue_outside() -> None:
