@@ -124,9 +124,15 @@ class _Remote:
 
     def run(self, command: str, timeout: float | None = None) -> tuple[int, str, str]:
         _, stdout, stderr = self.client.exec_command(command, timeout=timeout or self.timeout)
-        out = stdout.read().decode("utf-8", "replace")
-        err = stderr.read().decode("utf-8", "replace")
-        return stdout.channel.recv_exit_status(), out, err
+        try:
+            out = stdout.read().decode("utf-8", "replace")
+            err = stderr.read().decode("utf-8", "replace")
+            return stdout.channel.recv_exit_status(), out, err
+        finally:
+            # Close our end now: the server frees the session only when both ends have closed, and
+            # sshd allows few at once per connection (MaxSessions, 10 by default). Left to garbage
+            # collection, a bootstrap's many commands can exhaust them ("Channel closed").
+            stdout.channel.close()
 
     def read(self, path: str) -> bytes | None:
         try:
