@@ -267,7 +267,7 @@ def _apply_gang_event(s: Session, master: Master, alloc: Allocation, agent_id: s
     if ev.type == "exited":
         allocations.part_exited(s, master, alloc, agent_id, ev.exit_code, ev.message)
         return
-    state = gangs.progressed(s, master, alloc, agent_id, ev.type)
+    state = gangs.progressed(alloc, agent_id, ev.type)
     if state is not None and state in _EVENT_STATES:
         _move(s, master, alloc, *_EVENT_STATES[state])
 

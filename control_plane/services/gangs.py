@@ -7,8 +7,6 @@ The rules are the pure `core/gang_run.py`; this module reads and writes `Allocat
 
 from __future__ import annotations
 
-import logging
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -16,9 +14,6 @@ from control_plane.core import gang_run
 from control_plane.core import states as st
 from control_plane.db.models import Agent, Allocation
 from control_plane.errors import not_found
-from control_plane.master import Master
-
-log = logging.getLogger("shipyard.gangs")
 
 _ALLOC_STATE = {"assigned": st.ALLOC_ASSIGNED, "pulling": st.ALLOC_PULLING, "starting": st.ALLOC_STARTING,
                 "running": st.ALLOC_RUNNING}
@@ -53,7 +48,7 @@ def owes(alloc: Allocation, agent_id: str, now: float) -> str | None:
     return None
 
 
-def progressed(s: Session, master: Master, alloc: Allocation, agent_id: str, state: str) -> st.AllocationState | None:
+def progressed(alloc: Allocation, agent_id: str, state: str) -> st.AllocationState | None:
     """A part reported `state` (pulling, starting, running): the allocation's new state when the
     least advanced part moved (the caller moves the allocation and its trial), else None."""
     changed = gang_run.advance(parts(alloc), agent_id, state)
