@@ -206,14 +206,17 @@ class InProcessSshd:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            t = paramiko.Transport(conn)
-            t.add_server_key(self.host_key)
-            t.set_subsystem_handler("sftp", paramiko.SFTPServer, _Sftp, str(self.home))
-            self._transports.append(t)
-            try:
-                t.start_server(server=_ServerInterface(self))
-            except (paramiko.SSHException, EOFError):
-                continue
+            # Each handshake on its own thread, as sshd forks: a connection that stalls (a client
+            # that went quiet, a port probe from another test) must not hold up the next one.
+            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="sshd-conn").start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        t = paramiko.Transport(conn)
+        t.add_server_key(self.host_key)
+        t.set_subsystem_handler("sftp", paramiko.SFTPServer, _Sftp, str(self.home))
+        self._transports.append(t)
+        with contextlib.suppress(paramiko.SSHException, EOFError):
+            t.start_server(server=_ServerInterface(self))
 
     def host(self, key_file: Path, **kw: Any) -> StaticHost:
         args: dict[str, Any] = dict(address="127.0.0.1", port=self.port, user=self.user, key_file=str(key_file),
