@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -23,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="state directory (default ~/.shipyard)")
     sub = p.add_subparsers(dest="command")
     sub.add_parser("serve", help="run the master (default)")
+    worker = sub.add_parser("api-worker", help=argparse.SUPPRESS)  # started by `serve`, never by hand
+    worker.add_argument("--fd", type=int, required=True)
     db = sub.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=["upgrade", "current"])
     return p
@@ -50,14 +53,33 @@ def main(argv: list[str] | None = None, *, wrap_provider: ProviderWrapper | None
             migrate.upgrade(engine)
         print(migrate.current_revision(engine))
         return 0
-    return serve(config, wrap_provider=wrap_provider)
+    if args.command == "api-worker":
+        return serve_worker(config, args.fd)
+    options = [f"--{name.replace('_', '-')}={value}" for name, value in
+               (("config", args.config), ("host", args.host), ("port", args.port), ("db", args.db_url),
+                ("state_dir", args.state_dir)) if value is not None]
+    return serve(config, wrap_provider=wrap_provider, options=options)
 
 
-def serve(config, *, wrap_provider: ProviderWrapper | None = None) -> int:  # type: ignore[no-untyped-def]
+def serve(config, *, wrap_provider: ProviderWrapper | None = None, options: list[str] | None = None) -> int:  # type: ignore[no-untyped-def]
+    """One process (api_workers: 1), or a control process that runs the loops while it holds the
+    leadership lease and supervises `worker_processes` API workers sharing its listening socket.
+    `options`: the command line's global options, handed to the workers so they load the same config."""
+    if config.worker_processes <= 1:
+        return _serve_single(config, wrap_provider)
+    return _serve_split(config, wrap_provider, options or [])
+
+
+def _uvicorn_config(app, config, **where):  # type: ignore[no-untyped-def]
     import uvicorn
 
-    from control_plane.api.app import create_app
-    from control_plane.loops import start_background
+    # keep-alive longer than clients back off after a 503 (up to 15 s), so a client coming back
+    # does not race the server closing its idle connection (a reset instead of an answer).
+    return uvicorn.Config(app, log_level=config.log_level, access_log=False, timeout_graceful_shutdown=5,
+                          log_config=None, timeout_keep_alive=75, **where)
+
+
+def _prepared(config):  # type: ignore[no-untyped-def]
     from control_plane.master import Master
 
     master = Master(config)
@@ -66,21 +88,92 @@ def serve(config, *, wrap_provider: ProviderWrapper | None = None) -> int:  # ty
     except Exception as e:  # refuse to start with one clear line
         log.exception("event=startup_failed")
         print(f"det-master: cannot start: {e}", file=sys.stderr)
+        return None
+    return master
+
+
+def _serve_single(config, wrap_provider: ProviderWrapper | None) -> int:  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    from control_plane.api.app import create_app
+    from control_plane.loops import start_background
+
+    master = _prepared(config)
+    if master is None:
         return 1
     start_background(master, wrap_provider=wrap_provider)
-    app = create_app(master)
-    server = uvicorn.Server(
-        # keep-alive longer than clients back off after a 503 (up to 15 s), so a client coming back
-        # does not race the server closing its idle connection (a reset instead of an answer).
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
-                       timeout_graceful_shutdown=5, log_config=None, timeout_keep_alive=75)
-    )
+    server = uvicorn.Server(_uvicorn_config(create_app(master), config, host=config.host, port=config.port))
 
     def _term(_sig, _frm):  # type: ignore[no-untyped-def]
         server.should_exit = True
 
     signal.signal(signal.SIGTERM, _term)
-    log.info("event=master_listening url=http://%s:%s cluster_id=%s", config.host, config.port, master.cluster_id)
+    log.info("event=master_listening url=http://%s:%s cluster_id=%s processes=1", config.host, config.port,
+             master.cluster_id)
+    try:
+        server.run()
+    finally:
+        master.stop()
+    return 0
+
+
+def _serve_split(config, wrap_provider: ProviderWrapper | None, options: list[str]) -> int:  # type: ignore[no-untyped-def]
+    from control_plane import workers
+
+    # Before anything imports prometheus_client (control_plane.telemetry): it chooses its
+    # multiprocess mode once, at import.
+    multiproc = workers.prepare_metrics_dir(config.state_dir)
+    from control_plane.loops import start_background
+
+    try:
+        sock = workers.listen(config.host, config.port)
+    except OSError as e:
+        print(f"det-master: cannot listen on {config.host}:{config.port}: {e.strerror}", file=sys.stderr)
+        return 1
+    master = _prepared(config)
+    if master is None:
+        return 1
+    start_background(master, wrap_provider=wrap_provider, shared=True)
+    supervisor = workers.Supervisor(
+        [sys.executable, "-m", "control_plane", *options, "api-worker", "--fd", str(sock.fileno())],
+        count=config.worker_processes, fd=sock.fileno(), metrics_dir=multiproc, master_id=master.master_id)
+
+    def _term(_sig, _frm):  # type: ignore[no-untyped-def]
+        supervisor.stopping.set()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    log.info("event=master_listening url=http://%s:%s cluster_id=%s processes=%d+1", config.host, config.port,
+             master.cluster_id, config.worker_processes)
+    try:
+        supervisor.run()
+    finally:
+        supervisor.stop()
+        master.stop()
+        sock.close()
+    return 0
+
+
+def serve_worker(config, fd: int) -> int:  # type: ignore[no-untyped-def]
+    """An API worker: serves /api/v1 and the UI on the control process's socket; runs no loop."""
+    import uvicorn
+
+    from control_plane import workers
+    from control_plane.api.app import create_app
+    from control_plane.loops import autoscaler, start_wakebus
+    from control_plane.master import Master
+
+    workers.die_with_parent()
+    master = Master(config, master_id=os.environ.get(workers.MASTER_ID_ENV))
+    master.attach()
+    master.autoscaler = autoscaler.Autoscaler(master)  # for pool teardown/enable requests
+    start_wakebus(master, shared=True)
+    server = uvicorn.Server(_uvicorn_config(create_app(master), config, fd=fd))
+
+    def _term(_sig, _frm):  # type: ignore[no-untyped-def]
+        server.should_exit = True
+
+    signal.signal(signal.SIGTERM, _term)
     try:
         server.run()
     finally:

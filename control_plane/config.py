@@ -126,6 +126,16 @@ class MasterConfig(_Strict):
     # retry_after_s up to this; the cluster's lane stays within half agent_heartbeat_timeout_s so
     # that an agent honouring it is never counted lost. Clients believe at most 30 s.
     retry_after_max_s: int = Field(30, ge=1, le=600)
+    # GET /metrics (Prometheus text format), unauthenticated so scrapers need no login: it carries
+    # no secrets, tokens or usernames. Off removes the route (404).
+    metrics_enabled: bool = True
+
+    # Processes (docs/OPERATIONS.md): `api_workers` processes serve the API and one control process
+    # runs the loops; 0 means one worker per core, 1 a single process that does both.
+    api_workers: int = Field(0, ge=0, le=64)
+    # The leadership lease (core/lease.py): one master process runs the loops; another takes over
+    # when the lease goes unrenewed this long, or at once when the leader's process has died.
+    leader_lease_s: float = Field(10.0, ge=2, le=300)
 
     @field_validator("state_dir", "token_secret_file", mode="before")
     @classmethod
@@ -159,6 +169,11 @@ class MasterConfig(_Strict):
         if self.max_concurrent_requests is not None:
             return self.max_concurrent_requests
         return max(1, self.db_pool_size - LOOP_CONNECTIONS - self.cluster_concurrent_requests)
+
+    @property
+    def worker_processes(self) -> int:
+        """API worker processes; 1 means the single-process master (API and loops together)."""
+        return self.api_workers or max(1, os.cpu_count() or 1)
 
     @property
     def database_url(self) -> str:
@@ -209,6 +224,9 @@ _ENV_FIELDS = (
     "request_queue",
     "request_queue_wait_s",
     "token_secret_file",
+    "metrics_enabled",
+    "api_workers",
+    "leader_lease_s",
 )
 
 

@@ -98,3 +98,9 @@ def unauthenticated(message: str = "authentication required") -> Unauthenticated
 
 def conflict(message: str) -> Conflict:
     return Conflict(message)
+
+
+class NotLeader(Exception):
+    """A control loop tried to commit without holding the leadership lease (another master process
+    took it over): the transaction is rolled back, nothing is written. Not a domain error: no
+    request ever sees it (API requests are not fenced)."""

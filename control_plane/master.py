@@ -11,6 +11,7 @@ import logging
 import secrets
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,11 +20,12 @@ from typing import Any
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from control_plane import auth
+from control_plane import auth, telemetry
 from control_plane.config import MasterConfig
 from control_plane.db import migrate
 from control_plane.db.engine import make_engine, make_session_factory, read_only, transaction
 from control_plane.db.models import ClusterInfo, ResourcePool, User
+from control_plane.errors import NotLeader
 from shipyard_common import private_files
 
 log = logging.getLogger("shipyard.master")
@@ -35,13 +37,17 @@ def system_clock() -> datetime:
     return datetime.now(UTC)
 
 
+# Set in each loop thread: its commits are fenced by the leadership token (Master._fence).
+_loop_thread = threading.local()
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 
 
 class Master:
-    def __init__(self, config: MasterConfig, *, clock: Clock = system_clock) -> None:
+    def __init__(self, config: MasterConfig, *, clock: Clock = system_clock, master_id: str | None = None) -> None:
         self.config = config
         self.clock = clock
         self.engine = make_engine(config.database_url, pool_size=config.db_pool_size,
@@ -52,7 +58,8 @@ class Master:
         event.listen(self.sessions, "after_commit", self._after_commit)
         event.listen(self.sessions, "after_rollback", lambda s: s.info.pop("shipyard_wake", None))
         self.cluster_id = ""
-        self.master_id = uuid.uuid4().hex
+        # One id per det-master: its API workers carry their control process's (workers.py).
+        self.master_id = master_id or uuid.uuid4().hex
         self.started_at = clock()
         # Set whenever something a loop should react to happens (new allocation, agent event...),
         # so loops act at once instead of waiting for their next tick.
@@ -67,6 +74,14 @@ class Master:
         self.stopping = threading.Event()
         self.autoscaler: Any = None  # set by runtime.start_background when pools are elastic
         self._threads: list[threading.Thread] = []
+        # Set by loops.start_background (services/leadership.py): the loops run only while this
+        # process holds the lease, and every transaction they commit is fenced by its token.
+        self.leadership: Any = None
+        self.leading_since: datetime | None = None
+        self._on_leading: list[Callable[[], None]] = []
+        # Crosses process boundaries (db/wakebus.py): commits of other master processes wake ours.
+        self.wakebus: Any = None
+        event.listen(self.sessions, "before_commit", self._fence)
 
     # -- start-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -76,10 +91,7 @@ class Master:
             log.warning("event=state_dir_readable_by_others path=%s mode=%o hint=chmod_700",
                         self.config.state_dir, mode)
         migrate.upgrade(self.engine)
-        try:
-            self.token_secret = auth.load_token_key(self.config.token_secret_path)
-        except auth.TokenKeyError as e:
-            raise SystemExit(str(e)) from None
+        self._load_token_key()
         with transaction(self.sessions) as s:
             row = s.get(ClusterInfo, "cluster_id")
             if row is None:
@@ -89,6 +101,22 @@ class Master:
             self._drop_token_key_from_db(s)
             self._ensure_admin(s)
             self._sync_pools(s)
+
+    def attach(self) -> None:
+        """An API worker's start: the control process has prepared the database (prepare()); a
+        worker only reads what it needs and changes nothing."""
+        self._load_token_key()
+        with transaction(self.read_sessions) as s:
+            row = s.get(ClusterInfo, "cluster_id")
+            if row is None:
+                raise SystemExit("the database has not been prepared by the control process")
+            self.cluster_id = row.value
+
+    def _load_token_key(self) -> None:
+        try:
+            self.token_secret = auth.load_token_key(self.config.token_secret_path)
+        except auth.TokenKeyError as e:
+            raise SystemExit(str(e)) from None
 
     @staticmethod
     def _drop_token_key_from_db(s: Session) -> None:
@@ -138,13 +166,83 @@ class Master:
         happens after the commit, so whoever wakes sees the change (a wake-up before the commit
         would read the old state on PostgreSQL and go back to sleep)."""
         if session is not None:
+            if not session.info.get("shipyard_wake") and self.wakebus is not None:
+                self.wakebus.publish_in(session)  # the other master processes hear it on commit
             session.info["shipyard_wake"] = True
             return
         self._wake()
+        if self.wakebus is not None:
+            self.wakebus.publish_now()
 
     def _after_commit(self, session: Session) -> None:
         if session.info.pop("shipyard_wake", False):
             self._wake()
+
+    # -- leadership -------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        return self.leadership is not None and self.leadership.token is not None
+
+    @property
+    def leader_token(self) -> int | None:
+        return None if self.leadership is None else self.leadership.token
+
+    def _fence(self, session: Session) -> None:
+        """Every transaction a loop thread commits checks, inside it, that the lease is still this
+        process's (a leader paused past its lease and then resumed cannot write). API requests are
+        not fenced: any master process serves them."""
+        if self.leadership is not None and getattr(_loop_thread, "name", None):
+            try:
+                self.leadership.fence(session, self.clock())
+            except Exception as e:
+                log.warning("event=write_refused_by_fence loop=%s token=%s reason=%r", _loop_thread.name,
+                            self.leader_token, str(e))
+                raise
+
+    def assert_leading(self) -> None:
+        """Right before a call outside the database (a cloud launch or terminate): raise NotLeader
+        unless the lease is still ours. The window between this check and the call cannot be
+        fenced (the clouds take no token); what lands in it is found by the next leader's
+        reconciliation (launch ids are recorded first, so an instance is adopted, not launched twice).
+        Only the loops' own calls are fenced."""
+        if self.leadership is None or not getattr(_loop_thread, "name", None):
+            return  # an API request (e.g. a pool teardown) acts from any master process
+        with self.read_sessions() as s, s.begin():
+            self.leadership.fence(s, self.clock())
+
+    def lead_step(self) -> None:
+        """One round of the lease (create, renew, take over or stand by)."""
+        was = self.is_leader()
+        self.leadership.step(self.clock())
+        if self.is_leader() and not was:
+            self.leading_since = self.clock()
+            for hook in self._on_leading:
+                hook()
+            self._wake()  # the loops start at once
+        elif was and not self.is_leader():
+            self.leading_since = None
+        telemetry.record_leader(self.master_id, self.is_leader(), self.leader_token)
+
+    def on_leading(self, hook: Callable[[], None]) -> None:
+        """Called each time this process becomes the leader (state kept in memory by a loop is
+        rebuilt from the database: another leader may have acted since)."""
+        self._on_leading.append(hook)
+
+    def start_leadership(self, renew_s: float) -> None:
+        self.lead_step()
+
+        def run() -> None:
+            while not self.stopping.wait(renew_s):
+                try:
+                    self.lead_step()
+                except Exception:
+                    log.exception("event=lease_error")
+
+        t = threading.Thread(target=run, name="leadership", daemon=True)
+        t.start()
+
+    def wake_local(self) -> None:
+        """Wake this process's loops and long-polls (another process committed something)."""
+        self._wake()
 
     def _wake(self) -> None:
         with self.wakeup:
@@ -182,11 +280,18 @@ class Master:
 
     def add_loop(self, name: str, tick: Callable[[], None], interval_s: float) -> None:
         def run() -> None:
+            _loop_thread.name = name
             while not self.stopping.is_set():
+                if self.leadership is not None and not self.is_leader():
+                    self.wait(interval_s)  # standing by: another master process runs the loops
+                    continue
+                started = time.perf_counter()
                 try:
                     tick()
-                except Exception:  # a loop must survive anything; the next tick heals
-                    log.exception("event=loop_error loop=%s", name)
+                except Exception as e:  # a loop must survive anything; the next tick heals
+                    if not isinstance(e, NotLeader):
+                        log.exception("event=loop_error loop=%s", name)
+                telemetry.observe_loop_tick(name, time.perf_counter() - started)
                 self.wait(interval_s)
 
         t = threading.Thread(target=run, name=f"loop-{name}", daemon=True)
@@ -201,6 +306,10 @@ class Master:
         self.notify()
         for t in self._threads:
             t.join(timeout=10)
+        if self.leadership is not None:
+            self.leadership.resign(self.clock())
+        if self.wakebus is not None:
+            self.wakebus.stop()
         self.engine.dispose()
 
     def new_id(self) -> str:

@@ -21,10 +21,12 @@ from control_plane.api import (
     metrics,
     models,
     pools,
+    prometheus,
     tasks,
     trials,
     users,
 )
+from control_plane.api.access_log import RequestTelemetry
 from control_plane.api.admission import Admission, AdmissionControl
 from control_plane.api.errors import error_body, install_error_handlers
 from control_plane.api.limits import BodyLimits
@@ -61,6 +63,8 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
                    compat):
         app.include_router(module.router)
     app.include_router(jobs.router)  # the job queue (api/jobs.py)
+    if master.config.metrics_enabled:
+        app.include_router(prometheus.router)  # GET /metrics (api/prometheus.py)
     for router in extra_routers or []:
         app.include_router(router)
     install_ui(app)  # the web UI at / (control_plane/ui), beside /api/v1
@@ -104,7 +108,9 @@ def _install_admission(app: FastAPI, master: Master) -> None:
     app.add_exception_handler(PoolTimeout, _pool_timeout)
     # Outermost: a request over the limit is refused before its body is read or anything runs.
     info = partial(master_info, master)
-    app.front = AdmissionControl(  # type: ignore[attr-defined]
+    front = AdmissionControl(
         partial(FastAPI.__call__, app), admission=admission, cluster=cluster, exempt=HEALTH_PATHS,
         threads=admission.limit + cluster.limit + THREAD_SLACK,
         health={"/health": lambda: {"status": "ok"}, "/info": info, "/api/v1/master": info})
+    # Around the front door: refusals and health count and log too (api/access_log.py).
+    app.front = RequestTelemetry(front, fixed_paths=HEALTH_PATHS)  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from control_plane.auth import Principal
 from control_plane.db.models import User
 from control_plane.errors import not_found
 from control_plane.master import Master
-from control_plane.services import users
+from control_plane.services import leadership, users
 
 router = APIRouter()
 
@@ -65,6 +65,23 @@ def master_info(master: Master) -> dict[str, Any]:
 async def get_master_info(master: Master = Depends(deps.get_master)) -> dict[str, Any]:
     # async and from memory: answers on the event loop even when every worker thread is busy.
     return master_info(master)
+
+
+@router.get("/api/v1/master/leader")
+def get_leader(
+    _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    """Which master runs the control loops (the leadership lease), and whether it is this one."""
+    lead = leadership.current_leader(db)
+    return {
+        "masterId": master.master_id,
+        "leading": lead is not None and lead.holder == master.master_id and lead.expires_at > master.clock(),
+        "leader": None if lead is None else {
+            "masterId": lead.holder, "token": lead.token, "address": lead.address,
+            "acquiredAt": ts(lead.acquired_at), "expiresAt": ts(lead.expires_at),
+        },
+    }
 
 
 class LoginRequest(StrictWire):

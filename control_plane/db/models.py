@@ -336,3 +336,20 @@ class ModelVersion(Base):
     labels: Mapped[list[Any]] = mapped_column(default=list)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LeaderLease(Base):
+    """Which master process runs the control loops (core/lease.py, services/leadership.py). One
+    row per lease name; `token` is the fencing token, one more at every change of holder."""
+
+    __tablename__ = "leader_lease"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    token: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime]
+    acquired_at: Mapped[datetime]
+    renewed_at: Mapped[datetime]
+    # Where the leader runs (host, pid, URL): what `GET /api/v1/master` and /metrics show.
+    address: Mapped[str] = mapped_column(String(255), default="")
+    # The holder held its liveness lock at its last renewal (core/lease.py).
+    holder_locked: Mapped[bool] = mapped_column(Boolean, default=True)

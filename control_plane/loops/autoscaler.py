@@ -48,7 +48,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from control_plane import auth
+from control_plane import auth, telemetry
 from control_plane.core import states as st
 from control_plane.core.scaling import (
     DEFAULT_ARRIVAL_WINDOW,
@@ -211,6 +211,7 @@ class Autoscaler:
             cloud = pp.provider.list()
         except ProviderError as e:
             log.warning("event=list_failed pool=%s error=%s", name, e)
+            telemetry.cloud_error(name, "list", e.kind.value)
             with transaction(self.master.sessions) as s:
                 row = s.get(ResourcePool, name)
                 if row is not None:
@@ -246,6 +247,7 @@ class Autoscaler:
             found = lookup.describe(missing)
         except Exception as e:  # ProviderError, or a provider bug: the grace window still applies
             log.warning("event=describe_failed pool=%s ids=%s error=%s", pool, missing, e)
+            telemetry.cloud_error(pool, "describe", e.kind.value if isinstance(e, ProviderError) else "unknown")
             return {}
         log.info("event=described pool=%s %s", pool,
                  " ".join(f"{iid}={found[iid].state if found.get(iid) else 'not_found'}"
@@ -331,6 +333,7 @@ class Autoscaler:
         row.state = st.transition(InstanceState(row.state), InstanceState.STOPPING)
         row.terminate_requested_at = now
         row.terminate_reason = reason
+        telemetry.terminated(row.pool, reason)
         agent = self._agent_of(s, row)
         if agent is not None:
             agent.enabled = False  # nothing new lands on an instance being terminated
@@ -558,6 +561,7 @@ class Autoscaler:
                                          pool=pool, launch_id=launch_id)
                 specs.append(LaunchSpec(launch_id, self.render_user_data(pool, launch_id, token, pp)))
         log.info("event=launching pool=%s count=%d", pool, len(specs))
+        self.master.assert_leading()
         try:
             result = pp.provider.launch(specs)
             launched, error = list(result.launched), result.error
@@ -565,6 +569,7 @@ class Autoscaler:
             launched, error = [], e
         except Exception as e:  # a provider bug must not leave rows dangling forever
             launched, error = [], ProviderError(ErrorKind.UNKNOWN, f"{type(e).__name__}: {e}")
+        telemetry.launched(pool, len(launch_ids), len(launched), error.kind.value if error is not None else None)
         with transaction(self.master.sessions) as s:
             now = self.master.clock()
             got = {ci.launch_id: ci for ci in launched}
@@ -620,6 +625,7 @@ class Autoscaler:
                                       now)
         prow.state, prow.backoff_until, prow.launch_failures = after.state, after.backoff_until, after.failures
         prow.error = f"{error} [{after.reason}]"
+        telemetry.cloud_error(prow.name, "launch", error.kind.value)
         log.warning("event=launch_failed pool=%s kind=%s scope=%s failures=%d state=%s backoff_until=%s error=%r",
                     prow.name, error.kind.value, error.scope.value, after.failures, after.state.value,
                     after.backoff_until.isoformat() if after.backoff_until else None, str(error))
@@ -655,14 +661,18 @@ class Autoscaler:
             attempts.count += 1
             attempts.last_at = now
             reason, since = wanted[iid]
+            if attempts.count == 1 and iid in orphan_ids:
+                telemetry.terminated(pool, reason)  # an orphan's termination is decided here, not by a row
             level = logging.WARNING if rec.terminate_overdue(since, now) else logging.INFO
             log.log(level, "event=terminate_sent pool=%s instance_id=%s attempt=%d since=%s overdue=%s reason=%r",
                     pool, iid, attempts.count, since.isoformat() if since else None,
                     rec.terminate_overdue(since, now), reason)
+        self.master.assert_leading()
         try:
             pp.provider.terminate(due)
         except Exception as e:  # ProviderError, or a provider bug: either way the next attempt comes
             error = str(e) if isinstance(e, ProviderError) else f"{type(e).__name__}: {e}"
+            telemetry.cloud_error(pool, "terminate", e.kind.value if isinstance(e, ProviderError) else "unknown")
             for iid in due:
                 attempts = state.terminations[iid]
                 attempts.last_error = error

@@ -61,7 +61,8 @@ def expire_agents(s: Session, master: Master) -> None:
     now = master.clock()
     timeout = timedelta(seconds=master.config.agent_heartbeat_timeout_s)
     grace = timedelta(seconds=master.config.agent_lost_grace_s)
-    since_start = now - master.started_at
+    # From when this process began to lead: before that another master (or none) ran the loops.
+    since_start = now - max(master.started_at, master.leading_since or master.started_at)
     if since_start < timeout:
         return
     cutoff = now - timeout

@@ -1,0 +1,131 @@
+"""The master's processes: a control process and its API workers.
+
+`det-master` with `api_workers` > 1 (0 = one per core) binds the listening socket, runs the
+control loops while it holds the leadership lease, and starts the API workers: each is
+`python -m control_plane ... api-worker --fd N`, serving requests from the inherited socket (the
+kernel spreads connections between them). The supervisor restarts a worker that dies, with a
+backoff; a worker dies with its control process (PR_SET_PDEATHSIG), so no worker outlives it
+holding the port.
+
+Prometheus (control_plane/telemetry.py) counts per process: with several processes, every process
+writes its samples to files in `<state_dir>/prometheus` (prometheus_client's multiprocess mode),
+which /metrics aggregates whichever worker it reaches."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from shipyard_common.processes import pid_alive
+
+log = logging.getLogger("shipyard.workers")
+
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+STOP_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+MASTER_ID_ENV = "SHIPYARD_MASTER_ID"
+
+
+def listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def prepare_metrics_dir(state_dir: Path) -> Path:
+    """A fresh directory for this run's per-process metric files (a previous run's would be summed in)."""
+    root = state_dir / "prometheus"
+    for old in root.glob("*") if root.is_dir() else []:  # runs that ended (masters sharing a state dir keep theirs)
+        if not (old.name.isdigit() and pid_alive(int(old.name))):
+            shutil.rmtree(old, ignore_errors=True)
+    path = Path(os.environ.get(METRICS_ENV) or root / str(os.getpid()))
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, mode=0o700)
+    os.environ[METRICS_ENV] = str(path)
+    return path
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel kills the worker when the control process dies, however it dies. At
+    once: the det-master died (a clean stop sends SIGTERM to its workers itself and waits), and a
+    worker lingering in a graceful shutdown would keep the port from a master restarted on it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before the prctl
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Supervisor:
+    def __init__(self, cmd: list[str], *, count: int, fd: int, metrics_dir: Path | None = None,
+                 master_id: str = "") -> None:
+        self.cmd = cmd
+        self.master_id = master_id
+        self.count = count
+        self.fd = fd
+        self.metrics_dir = metrics_dir
+        self.stopping = threading.Event()
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
+        self.restarts = [0] * count
+        self.next_start = [0.0] * count
+
+    def _start(self, i: int) -> None:
+        proc = subprocess.Popen(self.cmd, pass_fds=(self.fd,), env={**os.environ, "SHIPYARD_WORKER_INDEX": str(i),
+                                                                       MASTER_ID_ENV: self.master_id})
+        self.procs[i] = proc
+        log.info("event=api_worker_started index=%d pid=%d", i, proc.pid)
+
+    def run(self) -> None:
+        for i in range(self.count):
+            self._start(i)
+        while not self.stopping.wait(0.5):
+            now = time.monotonic()
+            for i, proc in enumerate(self.procs):
+                if proc is not None and proc.poll() is None:
+                    continue
+                if proc is not None:
+                    self._reap(i, proc)
+                    delay = RESTART_BACKOFF_S[min(self.restarts[i], len(RESTART_BACKOFF_S) - 1)]
+                    self.restarts[i] += 1
+                    self.next_start[i] = now + delay
+                    self.procs[i] = None
+                    log.error("event=api_worker_exited index=%d pid=%d code=%s restart_in_s=%.1f", i, proc.pid,
+                              proc.returncode, delay)
+                elif now >= self.next_start[i]:
+                    self._start(i)
+
+    def _reap(self, _i: int, proc: subprocess.Popen[bytes]) -> None:
+        if self.metrics_dir is None:
+            return
+        with contextlib.suppress(Exception):
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(proc.pid, str(self.metrics_dir))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        live = [p for p in self.procs if p is not None and p.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in live:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
