@@ -19,18 +19,16 @@ import hashlib
 import logging
 import math
 import secrets
-import threading
-from collections import OrderedDict, deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
 
-from control_plane.db.models import Token, User
+from control_plane.db.models import LoginFailure, Token, User
 from shipyard_common import private_files
 
 log = logging.getLogger("shipyard.auth")
@@ -151,23 +149,34 @@ class Principal:
         return self.kind is TokenKind.USER
 
 
+# Every request resolves its token: one query (the token and its user together), read as plain
+# rows on the session's connection, no ORM objects.
+_TOKEN_ROW = (
+    select(Token.id, Token.kind, Token.user_id, Token.pool, Token.agent_id, Token.allocation_id, Token.trial_id,
+           Token.launch_id, Token.expires_at, Token.revoked_at, User.username, User.admin, User.active)
+    .outerjoin(User, User.id == Token.user_id)
+    .where(Token.token_hash == bindparam("token_hash"))
+)
+
+
 def resolve_token(session: Session, token: str, *, now: datetime) -> Principal | None:
-    row = session.scalar(select(Token).where(Token.token_hash == token_digest(token)))
+    if session.new or session.dirty or session.deleted:
+        session.flush()  # what an ORM query would see (autoflush): a token issued in this session
+    row = session.connection().execute(_TOKEN_ROW, {"token_hash": token_digest(token)}).first()
     if row is None or row.revoked_at is not None:
         return None
     if row.expires_at is not None and row.expires_at <= now:
         return None
     kind = TokenKind(row.kind)
     if kind is TokenKind.USER or (kind is TokenKind.ALLOCATION and row.user_id is not None):
-        user = session.get(User, row.user_id)
-        if user is None or not user.active:
+        if row.username is None or not row.active:  # the user is gone or deactivated
             return None
         return Principal(
             kind=kind,
             token_id=row.id,
-            user_id=user.id,
-            username=user.username,
-            admin=user.admin and kind is TokenKind.USER,
+            user_id=row.user_id,
+            username=row.username,
+            admin=row.admin and kind is TokenKind.USER,
             allocation_id=row.allocation_id,
             trial_id=row.trial_id,
         )
@@ -227,59 +236,51 @@ class LoginThrottled(Exception):
 
 
 class LoginThrottle:
-    """Failed logins per username and per source address in a sliding window, in memory (a
-    restart forgets them; that is one window's worth of extra guesses at most). Once a key has
-    `max_failures` failures in the window, attempts for it are refused until the oldest leaves the
-    window; a successful login clears its username's failures. Time is an argument (seconds)."""
+    """Failed logins per username and per source address in a sliding window, kept in the database
+    (LoginFailure) so that every master process (API workers, masters on other hosts) counts the
+    same failures. Once a key has `max_failures` failures in the window, attempts for it are refused
+    until the oldest leaves the window; a successful login clears its username's failures. Time is
+    an argument (seconds). Attempts are serialized (a transaction lock: SQLite's write lock, or an
+    advisory lock on PostgreSQL), so a burst of parallel guesses gets exactly the limit through;
+    logins are rare and already cost an Argon2 verification each."""
 
-    MAX_KEYS = 100_000  # bounds memory under a spray of usernames; the oldest keys go first
+    LOCK_KEY = int.from_bytes(b"SHPYLGIN", "big", signed=True)
 
-    def __init__(self, *, per_user: int, per_address: int, window_s: float) -> None:
+    def __init__(self, sessions: sessionmaker[Session], *, per_user: int, per_address: int, window_s: float) -> None:
+        self.sessions = sessions
         self.limits = {"user": per_user, "address": per_address}
         self.window_s = window_s
-        self._failures: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
-        self._lock = threading.Lock()
 
-    def _recent(self, key: tuple[str, str], now: float) -> deque[float] | None:
-        q = self._failures.get(key)
-        if q is None:
-            return None
-        while q and q[0] <= now - self.window_s:
-            q.popleft()
-        if not q:
-            del self._failures[key]
-            return None
-        return q
+    def _serialize(self, s: Session) -> None:
+        if s.get_bind().dialect.name == "postgresql":
+            s.execute(select(func.pg_advisory_xact_lock(self.LOCK_KEY)))
 
     def attempt(self, username: str, address: str | None, now: float) -> None:
         """Count a login attempt as a failure up front, or raise LoginThrottled if the username or
         the address has used up its failures. Counting before the password is checked means
         concurrent guesses cannot all slip past the limit while their hashes are computed."""
-        keys = [(scope, value) for scope, value in (("user", username), ("address", address)) if value is not None]
-        with self._lock:
-            for key in keys:
-                q = self._recent(key, now)
-                if q is not None and len(q) >= self.limits[key[0]]:
-                    raise LoginThrottled(key[0], max(1.0, math.ceil(q[0] + self.window_s - now)))
-            for key in keys:
-                q = self._recent(key, now)
-                if q is None:
-                    q = self._failures[key] = deque()
-                q.append(now)
-                self._failures.move_to_end(key)
-            while len(self._failures) > self.MAX_KEYS:
-                self._failures.popitem(last=False)
+        keys = [(scope, value[:255]) for scope, value in (("user", username), ("address", address))
+                if value is not None]
+        cutoff = now - self.window_s
+        with self.sessions() as s, s.begin():
+            self._serialize(s)
+            s.execute(delete(LoginFailure).where(LoginFailure.at <= cutoff))
+            for scope, key in keys:
+                count, oldest = s.execute(select(func.count(), func.min(LoginFailure.at)).where(
+                    LoginFailure.scope == scope, LoginFailure.key == key, LoginFailure.at > cutoff)).one()
+                if count >= self.limits[scope]:
+                    raise LoginThrottled(scope, max(1.0, math.ceil(oldest + self.window_s - now)))
+            s.add_all([LoginFailure(scope=scope, key=key, at=now) for scope, key in keys])
 
     def succeeded(self, username: str, address: str | None, attempted_at: float) -> None:
         """The attempt made at `attempted_at` was a good password: forget the username's failures
         and take this attempt back from the address's."""
-        with self._lock:
-            self._failures.pop(("user", username), None)
-            q = self._failures.get(("address", address)) if address is not None else None
-            if q is not None:
-                try:
-                    q.remove(attempted_at)
-                except ValueError:
-                    pass
-                if not q:
-                    del self._failures[("address", address)]  # type: ignore[arg-type]
+        with self.sessions() as s, s.begin():
+            self._serialize(s)
+            s.execute(delete(LoginFailure).where(LoginFailure.scope == "user", LoginFailure.key == username[:255]))
+            if address is not None:
+                one = s.scalar(select(LoginFailure.id).where(
+                    LoginFailure.scope == "address", LoginFailure.key == address[:255],
+                    LoginFailure.at == attempted_at).limit(1))
+                if one is not None:
+                    s.execute(delete(LoginFailure).where(LoginFailure.id == one))

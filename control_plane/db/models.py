@@ -353,3 +353,17 @@ class LeaderLease(Base):
     address: Mapped[str] = mapped_column(String(255), default="")
     # The holder held its liveness lock at its last renewal (core/lease.py).
     holder_locked: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class LoginFailure(Base):
+    """A failed (or not yet verified) login, per username and per source address, for the login
+    throttle (auth.LoginThrottle): in the database so that every master process counts the same
+    failures. Rows older than the throttle's window are deleted as attempts come in."""
+
+    __tablename__ = "login_failures"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    scope: Mapped[str] = mapped_column(String(16))  # "user" or "address"
+    key: Mapped[str] = mapped_column(String(255))
+    at: Mapped[float] = mapped_column(Float)  # seconds since the epoch
+
+    __table_args__ = (Index("ix_login_failures_key", "scope", "key", "at"), Index("ix_login_failures_at", "at"))
