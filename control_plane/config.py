@@ -130,7 +130,7 @@ class MasterConfig(_Strict):
     # no secrets, tokens or usernames. Off removes the route (404).
     metrics_enabled: bool = True
 
-    # Processes (docs/OPERATIONS.md): `api_workers` processes serve the API and one control process
+    # Processes (README, docs/ARCHITECTURE.md): `api_workers` processes serve the API and one control process
     # runs the loops; 0 means one worker per core, 1 a single process that does both.
     api_workers: int = Field(0, ge=0, le=64)
     # The leadership lease (core/lease.py): one master process runs the loops; another takes over
