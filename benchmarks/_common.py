@@ -224,3 +224,45 @@ def print_table(headers: list[str], rows: list[list[Any]], right: set[int] | Non
     print("  ".join("-" * w for w in widths))
     for r in cells:
         print(fmt(r))
+
+
+def tree_rss_bytes(root_pid: int) -> tuple[int, int]:
+    """Resident memory of a process and all its live descendants (bytes; shared pages are counted
+    once per process, as `ps` does), and how many processes that is."""
+    children = _proc_children()
+    page = os.sysconf("SC_PAGE_SIZE")
+    total, count = 0, 0
+    stack = [root_pid]
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * page
+            count += 1
+        except (OSError, IndexError, ValueError):
+            continue
+        stack.extend(children.get(pid, []))
+    return total, count
+
+
+def tree_run_wait_seconds(root_pid: int) -> float:
+    """Time the threads of a process tree spent runnable but waiting for a CPU (/proc/*/schedstat,
+    live threads only): over a window, divided by its length, the average number of threads the
+    machine kept waiting. Large when the cores are oversubscribed, whoever uses them."""
+    children = _proc_children()
+    total = 0
+    stack = [root_pid]
+    while stack:
+        pid = stack.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+        stack.extend(children.get(pid, []))
+    return total / 1e9
