@@ -367,3 +367,12 @@ class LoginFailure(Base):
     at: Mapped[float] = mapped_column(Float)  # seconds since the epoch
 
     __table_args__ = (Index("ix_login_failures_key", "scope", "key", "at"), Index("ix_login_failures_at", "at"))
+
+
+class WakeSignal(Base):
+    """SQLite only: a change other master processes should wake up for bumps `seq` in its own
+    transaction; each process polls the row (db/wakebus.py). PostgreSQL uses NOTIFY instead."""
+
+    __tablename__ = "wake_signal"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0)

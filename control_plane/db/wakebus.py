@@ -6,9 +6,11 @@ change committed by one must wake the others:
 
 * PostgreSQL: `NOTIFY shipyard_wake` inside the transaction that made the change (delivered on its
   commit, dropped on rollback), heard by a `LISTEN` on a connection each process keeps for it;
-* SQLite (one host): `PRAGMA data_version` moves whenever another connection commits; a thread polls
-  it every `poll_s` on a connection of its own. Cheap, and only run when several processes share
-  the file.
+* SQLite (one host): the same transaction bumps `wake_signal.seq`; a thread reads that row every
+  `sqlite_poll_s` (50 ms) on a connection of its own (a WAL read takes no lock), and wakes its
+  process when it moved. Only run when several processes share the file. (Not `PRAGMA
+  data_version`: it moves on every commit, metric reports included, and would wake every waiting
+  long-poll many times a second under load.)
 
 Wake-ups are hints, never the record: whoever wakes reads the database, and every loop and
 long-poll also has a timeout, so a lost notification only delays."""
@@ -28,6 +30,8 @@ from sqlalchemy.orm import Session
 log = logging.getLogger("shipyard.wakebus")
 
 CHANNEL = "shipyard_wake"
+_SIGNAL = {True: text("SELECT pg_notify(:c, :o)"), False: text("UPDATE wake_signal SET seq = seq + 1 WHERE id = 1")}
+_SEQ = "SELECT seq FROM wake_signal WHERE id = 1"
 
 
 class WakeBus:
@@ -44,17 +48,13 @@ class WakeBus:
     # -- sending ------------------------------------------------------------------------------
     def publish_in(self, session: Session) -> None:
         """Within a transaction: the other processes hear it when (and only if) it commits."""
-        if self.postgres:
-            session.execute(text("SELECT pg_notify(:c, :o)"), {"c": CHANNEL, "o": self.origin})
+        session.execute(_SIGNAL[self.postgres], {"c": CHANNEL, "o": self.origin})
 
     def publish_now(self) -> None:
         """Outside any transaction (a change already committed, or none to wait for)."""
-        if not self.postgres:
-            return  # SQLite: the commit itself moved data_version
         try:
-            with self.engine.connect() as conn:
-                conn.execute(text("SELECT pg_notify(:c, :o)"), {"c": CHANNEL, "o": self.origin})
-                conn.commit()
+            with self.engine.begin() as conn:
+                conn.execute(_SIGNAL[self.postgres], {"c": CHANNEL, "o": self.origin})
         except Exception as e:  # a hint: the others' timeouts cover a lost one
             log.debug("event=wake_publish_failed error=%s", e)
 
@@ -106,11 +106,11 @@ class WakeBus:
         assert path
         conn = sqlite3.connect(path, timeout=30, check_same_thread=False)
         try:
-            last = conn.execute("PRAGMA data_version").fetchone()[0]
+            last = conn.execute(_SEQ).fetchone()
             self.on_wake()  # anything committed before we looked
             while not self._stop.wait(self.sqlite_poll_s):
                 try:
-                    now = conn.execute("PRAGMA data_version").fetchone()[0]
+                    now = conn.execute(_SEQ).fetchone()
                 except sqlite3.Error as e:
                     log.warning("event=wakebus_poll_error error=%s", e)
                     continue
