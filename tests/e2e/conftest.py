@@ -7,6 +7,8 @@ GCE fake); importing them here makes them available to this directory."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
 import sqlite3
 import sys
@@ -20,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from shipyard_common.processes import stop_process_group
 from tests.conftest import LiveMaster
 from tests.e2e.boot import BootHarness, Cloud
 from tests.fakes.gce import gce_fake  # noqa: F401
@@ -165,6 +168,11 @@ class E2E:
             h.stop()
         if self.master is not None:
             self.master.stop()
+        # A local pool's instances are processes of their own (like cloud instances, they outlive
+        # the master): end those a test's master left running.
+        for rec in self.tmp.rglob("local-instances/local-*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                stop_process_group(int(json.loads(rec.read_text())["pid"]), 2)
 
 
 @pytest.fixture
