@@ -5,6 +5,7 @@ Protocol: docs/PROTOCOL.md."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -71,6 +72,11 @@ def _commands(master: Master, p: Principal, agent_id: str, session_id: str) -> l
         return service.pending_commands(s, master, p, agent_id, session_id)
 
 
+def _has_news(master: Master, p: Principal, agent_id: str, session_id: str) -> bool:
+    with master.read_sessions() as s:
+        return service.has_news(s, master, p, agent_id, session_id)
+
+
 @router.get(COMMANDS_PATH)
 async def commands(
     agentId: str,
@@ -82,12 +88,23 @@ async def commands(
 ) -> dict[str, Any]:
     # The long-poll is HTTP's business: ask the service again whenever the master signals a
     # change (at least every 2 s) until there is something to do or the poll's time is up. Each
-    # check is a short read in a worker thread; the wait in between holds no thread, no
+    # check is a short transaction in a worker thread; the wait in between holds no thread, no
     # connection and no admission slot. If no slot comes back within the queue's wait the poll ends
     # empty and the agent simply polls again.
+    #
+    # The first check writes the agent's heartbeat (a write transaction); a re-check is a read and
+    # writes only if it finds news or the heartbeat is a quarter of the agent timeout old, so idle
+    # agents woken by every change in the cluster do not queue for SQLite's single writer.
     deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 60.0))
+    beat_every = master.config.agent_heartbeat_timeout_s / 4
+    beat = -math.inf
     while True:
-        found = await run_in_threadpool(_commands, master, p, agentId, sessionId)
+        checked = time.monotonic()
+        if checked - beat >= beat_every or await run_in_threadpool(_has_news, master, p, agentId, sessionId):
+            found = await run_in_threadpool(_commands, master, p, agentId, sessionId)
+            beat = checked
+        else:
+            found = []
         remaining = deadline - time.monotonic()
         if found or remaining <= 0 or master.stopping.is_set():
             return CommandsResponse(commands=found).to_wire()

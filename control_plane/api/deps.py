@@ -50,38 +50,49 @@ def bearer_token(request: Request) -> str | None:
 
 
 def principal(request: Request, master: Master = Depends(get_master)) -> Principal:
+    with master.read_sessions() as s:
+        return principal_in(s, request, master)
+
+
+def principal_in(s: Session, request: Request, master: Master) -> Principal:
+    """The caller, resolved in an open read session (a hot path checks its rights in the same one)."""
     token = bearer_token(request)
     if not token:
         raise unauthenticated()
-    with master.read_sessions() as s:
-        p = resolve_token(s, token, now=master.clock())
+    p = resolve_token(s, token, now=master.clock())
     if p is None:
         raise unauthenticated("invalid or expired token")
     return p
 
 
-def user(p: Principal = Depends(principal)) -> Principal:
+# The checks below are pure (no I/O): async, so FastAPI answers them on the event loop instead of
+# sending each through a worker thread of its own.
+async def user(p: Principal = Depends(principal)) -> Principal:
     if not p.is_user:
         raise forbidden(f"a {p.kind.value} token cannot do this")
     return p
 
 
-def admin(p: Principal = Depends(user)) -> Principal:
+async def admin(p: Principal = Depends(user)) -> Principal:
     if not p.admin:
         raise forbidden("admin only")
     return p
 
 
-def agent(p: Principal = Depends(principal)) -> Principal:
+async def agent(p: Principal = Depends(principal)) -> Principal:
     if p.kind not in (TokenKind.AGENT, TokenKind.BOOTSTRAP, TokenKind.AGENT_CREDENTIAL):
         raise forbidden("agent credential required")
     return p
 
 
-def user_or_allocation(p: Principal = Depends(principal)) -> Principal:
+def require_user_or_allocation(p: Principal) -> Principal:
     if p.kind not in (TokenKind.USER, TokenKind.ALLOCATION):
         raise forbidden(f"a {p.kind.value} token cannot do this")
     return p
+
+
+async def user_or_allocation(p: Principal = Depends(principal)) -> Principal:
+    return require_user_or_allocation(p)
 
 
 def require_trial_access(p: Principal, trial_id: int) -> None:

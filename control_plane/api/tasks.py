@@ -134,9 +134,13 @@ def _allocation(db: Session, p: Principal, allocation_id: str) -> Allocation:
 
 
 def _preempt_state(master: Master, p: Principal, allocation_id: str) -> bool:
+    if p.kind is TokenKind.ALLOCATION and p.allocation_id != allocation_id:
+        raise forbidden("this token belongs to another allocation")
     with master.read_sessions() as s:
-        alloc = _allocation(s, p, allocation_id)
-        return trials.must_stop(alloc)
+        stop = trials.must_stop_by_id(s, allocation_id)
+    if stop is None:
+        raise not_found(f"allocation {allocation_id}")
+    return stop
 
 
 @router.get("/api/v1/allocations/{allocationId}/signals/preemption")

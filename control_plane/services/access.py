@@ -49,16 +49,26 @@ def require_read_experiment(s: Session, p: Principal, exp: Experiment) -> None:
 
 def require_owner(p: Principal, exp: Experiment) -> None:
     """Changing an experiment (or its trials' data) needs its owner or an admin."""
+    require_owner_of(p, exp.id, exp.owner_id)
+
+
+def require_owner_of(p: Principal, experiment_id: int, owner_id: int | None) -> None:
+    """`require_owner` from the experiment's id and owner (hot paths read just those)."""
     if p.kind is not TokenKind.USER:
         raise forbidden(f"a {p.kind.value} token cannot do this")
-    if not p.admin and p.user_id != exp.owner_id:
-        raise forbidden(f"experiment {exp.id} belongs to another user")
+    if not p.admin and p.user_id != owner_id:
+        raise forbidden(f"experiment {experiment_id} belongs to another user")
 
 
 def require_trial_writer(p: Principal, trial: Trial, exp: Experiment) -> None:
     """Reports about a trial come from its own allocation, or from the experiment's owner/admin."""
+    require_trial_writer_of(p, trial.id, exp.id, exp.owner_id)
+
+
+def require_trial_writer_of(p: Principal, trial_id: int, experiment_id: int, owner_id: int | None) -> None:
+    """`require_trial_writer` from the ids alone (hot paths read just those)."""
     if p.kind is TokenKind.ALLOCATION:
-        if p.trial_id != trial.id:
+        if p.trial_id != trial_id:
             raise forbidden("this token belongs to another trial")
         return
-    require_owner(p, exp)
+    require_owner_of(p, experiment_id, owner_id)

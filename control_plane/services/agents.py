@@ -235,15 +235,30 @@ def pending_commands(s: Session, master: Master, p: Principal, agent_id: str, se
     agent = touch_agent(s, master, p, agent_id, session_id)
     commands: list[Command] = []
     for alloc in _on_agent(s, agent.id):
-        if gangs.is_gang(alloc):  # each agent of a gang is owed its own part's start or kill
-            owed = gangs.owes(alloc, agent.id, master.clock().timestamp())
-        else:
-            owed = "kill" if alloc.kill_requested else "start" if alloc.state == st.ALLOC_ASSIGNED else None
+        owed = _owed(master, alloc, agent.id)
         if owed == "kill":
             commands.append(KillCommand(allocation_id=alloc.id, grace_seconds=master.config.task_kill_grace_s))
         elif owed == "start":
             commands.append(StartCommand(allocation_id=alloc.id, spec=task_spec(s, master, alloc, agent)))
     return commands
+
+
+def _owed(master: Master, alloc: Allocation, agent_id: str) -> str | None:
+    if gangs.is_gang(alloc):  # each agent of a gang is owed its own part's start or kill
+        return gangs.owes(alloc, agent_id, master.clock().timestamp())
+    return "kill" if alloc.kill_requested else "start" if alloc.state == st.ALLOC_ASSIGNED else None
+
+
+def has_news(s: Session, master: Master, p: Principal, agent_id: str, session_id: str) -> bool:
+    """Whether `pending_commands` would answer anything but "nothing yet": a command, or a refusal
+    (wrong credential, unknown agent, stale session). Read-only, so a command long-poll re-checks
+    with it and leaves the write (`touch_agent`'s heartbeat) to every few seconds."""
+    if p.kind is not TokenKind.AGENT_CREDENTIAL or p.agent_id != agent_id:
+        return True
+    agent = s.get(Agent, agent_id)
+    if agent is None or p.pool != agent.pool or agent.session_id != session_id or agent.state != st.AGENT_CONNECTED:
+        return True
+    return any(_owed(master, alloc, agent.id) is not None for alloc in _on_agent(s, agent.id))
 
 
 def apply_events(s: Session, master: Master, p: Principal, agent_id: str, req: EventsRequest) -> None:
@@ -468,3 +483,25 @@ def expire_drains(s: Session, master: Master) -> None:
         for alloc in _on_agent(s, agent_id):  # a gang across agents too, when the agent is a member
             if not alloc.kill_requested and lifecycle.request_preemption(alloc, master.clock()):
                 log.warning("event=drain_timeout allocation_id=%s agent_id=%s", alloc.id, agent_id)
+
+
+def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principal, str]]) -> set[str]:
+    """`has_news` for many waiting command long-polls at once ({agent id: (credential, session)}):
+    two queries whatever their number, so a wake-up costs one check per process rather than one per
+    waiting agent (api/agent_polls.py)."""
+    news = {aid for aid, (p, _sid) in polls.items() if p.kind is not TokenKind.AGENT_CREDENTIAL or p.agent_id != aid}
+    rows = {a.id: a for a in s.scalars(select(Agent).where(Agent.id.in_([a for a in polls if a not in news])))}
+    for aid, (p, sid) in polls.items():
+        agent = rows.get(aid)
+        if aid not in news and (agent is None or p.pool != agent.pool or agent.session_id != sid
+                                or agent.state != st.AGENT_CONNECTED):
+            news.add(aid)
+    waiting = set(polls) - news
+    if not waiting:
+        return news
+    for alloc in s.scalars(select(Allocation).where(Allocation.state.in_(st.ALLOC_ON_AGENT))):
+        members = {alloc.agent_id} | {str(part.get("agent")) for part in alloc.placement or ()}
+        for aid in members & waiting:
+            if _owed(master, alloc, aid) is not None:
+                news.add(aid)
+    return news

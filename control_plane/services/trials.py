@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from control_plane.core import metrics as metric_values
@@ -58,7 +58,22 @@ def set_progress(trial: Trial, progress: float) -> None:
 
 def must_stop(alloc: Allocation) -> bool:
     """Should the allocation's process checkpoint and exit (preemption, kill, or already ended)?"""
-    return bool(alloc.preempt_requested or alloc.kill_requested or alloc.state == st.ALLOC_TERMINATED)
+    return _must_stop(alloc.preempt_requested, alloc.kill_requested, alloc.state)
+
+
+def _must_stop(preempt_requested: bool | None, kill_requested: bool | None, state: str) -> bool:
+    return bool(preempt_requested or kill_requested or state == st.ALLOC_TERMINATED)
+
+
+_STOP_ROW = select(Allocation.preempt_requested, Allocation.kill_requested, Allocation.state).where(
+    Allocation.id == bindparam("allocation_id"))
+
+
+def must_stop_by_id(s: Session, allocation_id: str) -> bool | None:
+    """`must_stop` of the allocation with this id, None if there is none. The preemption long-poll
+    asks at every wake-up: one small query, no ORM object."""
+    row = s.connection().execute(_STOP_ROW, {"allocation_id": allocation_id}).first()
+    return None if row is None else _must_stop(row.preempt_requested, row.kill_requested, row.state)
 
 
 # -- queries ---------------------------------------------------------------------------------------

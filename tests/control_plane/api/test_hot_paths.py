@@ -1,0 +1,196 @@
+"""The hot paths (issue 13): metric reports and log batches through their fast path
+(api/fastjson.py: body parsed from bytes, one worker thread, one short write, plain SQL), the
+agent command long-poll's read-only re-check and the preemption check. SQLite and PostgreSQL.
+
+What they store must be what the general path stores, bodies the fast path declines must get
+FastAPI's usual answers, and the counts (stored / duplicates) must follow the idempotency rules."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from starlette.requests import Request
+
+from control_plane.api import fastjson
+from control_plane.api.metrics import BatchReportRequest
+from control_plane.core import states as st
+from control_plane.db.engine import transaction
+from control_plane.db.models import Allocation, Metric, TaskLog, Trial
+from control_plane.services import agents as agent_service
+from control_plane.services import metrics, trials
+from control_plane.services.metrics import MetricReport
+from tests.control_plane.api.test_experiments import allocation_headers, create_ok, make_user, only_trial
+from tests.control_plane.services import test_agents as agent_steps
+
+T0 = datetime(2030, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+
+
+def wire(trial_id: int, step: int, *, group: str = "training", run: int = 1, **values: Any) -> dict[str, Any]:
+    return {"group": group, "metrics": {
+        "trialId": trial_id, "trialRunId": run, "stepsCompleted": step,
+        "metrics": {"avgMetrics": values or {"loss": 1.0 / step}, "batchMetrics": [{"loss": step, "lr": 0.1}]},
+        "reportTime": (T0 + timedelta(seconds=step)).isoformat()}}
+
+
+def stored(master, trial_id: int) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
+    with master.read_sessions() as s:
+        return [(m.group_name, m.steps_completed, m.trial_run_id, m.metrics, m.report_time)
+                for m in s.scalars(select(Metric).where(Metric.trial_id == trial_id)
+                                   .order_by(Metric.group_name, Metric.steps_completed))]
+
+
+def steps_of(master, trial_id: int) -> int:  # type: ignore[no-untyped-def]
+    with master.read_sessions() as s:
+        return s.get(Trial, trial_id).steps_completed
+
+
+def test_reports_on_the_fast_path_store_what_the_general_path_stores(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    fast_trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    fast, general = fast_trial.id, only_trial(master, create_ok(client, admin_headers)["experiment"]["id"]).id
+    headers = allocation_headers(master, fast_trial)
+    odd = {"loss": float("nan"), "big": 2**70, "text": "é\x1b\"\\", "nested": {"a": [1, None, True]}}
+
+    def batch(trial_id: int, steps: range, run: int = 1) -> dict[str, Any]:
+        return {"reports": [wire(trial_id, k, run=run, **(odd if k == 3 else {})) for k in steps]}
+
+    def post(body: dict[str, Any]) -> dict[str, Any]:
+        # NaN is not JSON: the body as Python's json module sends it (the harness's encoder)
+        r = client.post(f"/api/v1/trials/{fast}/metrics/batch", headers={**headers, "content-type": "application/json"},
+                        content=json.dumps(body).encode())
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    assert post(batch(fast, range(1, 6))) == {"stored": 5, "duplicates": 0}
+    # the same reports through the general path (services/metrics.py store_reports)
+    parsed = BatchReportRequest.model_validate_json(json.dumps(batch(general, range(1, 6))))
+    with transaction(master.sessions) as s:
+        trial, exp = metrics.lock_for_reports(s, general, {"training"})
+        metrics.store_reports(s, master, trial, exp, [
+            MetricReport(r.group, r.metrics.trial_id, r.metrics.trial_run_id, r.metrics.steps_completed,
+                         r.metrics.metrics.avg_metrics, r.metrics.metrics.batch_metrics,
+                         datetime.fromisoformat(r.metrics.report_time or "")) for r in parsed.reports])
+    assert stored(master, fast) == stored(master, general)
+    (row,) = [m for m in stored(master, fast) if m[1] == 3]
+    assert row[3]["avg_metrics"] == {"loss": "NaN", "big": 2**70, "text": "é\x1b\"\\", "nested": {"a": [1, None, True]}}
+    assert row[4] == T0 + timedelta(seconds=3) and steps_of(master, fast) == 5
+
+    # idempotency: a retry, an older run, then a newer run replacing two steps and adding one
+    assert post(batch(fast, range(1, 6))) == {"stored": 0, "duplicates": 5}
+    assert post(batch(fast, range(4, 8), run=0)) == {"stored": 2, "duplicates": 2}  # 6 and 7 are new
+    assert post(batch(fast, range(6, 10), run=2)) == {"stored": 4, "duplicates": 0}
+    assert [(m[1], m[2]) for m in stored(master, fast)] == [(k, 1) for k in range(1, 6)] + [(k, 2) for k in range(6, 10)]
+    assert steps_of(master, fast) == 9
+    # a step twice in one batch (the general path): stored once
+    assert post({"reports": [wire(fast, 20), wire(fast, 20)]}) == {"stored": 1, "duplicates": 1}
+    # the single-report routes answer {} as Determined does
+    r = client.post(f"/api/v1/trials/{fast}/metrics", headers=headers, json=wire(fast, 21))
+    assert r.status_code == 200 and r.json() == {}
+    r = client.post(f"/api/v1/trials/{fast}/training_metrics", headers=headers, json=wire(fast, 22)["metrics"])
+    assert r.status_code == 200 and r.json() == {}
+    assert steps_of(master, fast) == 22
+
+
+def test_bodies_the_fast_path_declines_get_the_usual_answers(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    tid = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"]).id
+    path = f"/api/v1/trials/{tid}/metrics/batch"
+    good = {"reports": [wire(tid, 1)]}
+    cases = [
+        (b'{"reports": [', {"content-type": "application/json"}, 400, "request body is not valid JSON"),
+        (json.dumps(good).encode(), {"content-type": "text/plain"}, 400, None),
+        (b"", {"content-type": "application/json"}, 400, None),
+        (json.dumps({"reports": []}).encode(), {}, 400, "reports"),
+        (json.dumps({"reports": [wire(tid, 1, group="a.b")]}).encode(), {}, 400, "reports[0].group"),
+    ]
+    for body, extra, status, field in cases:
+        r = client.post(path, headers={**admin_headers, **extra}, content=body)
+        assert r.status_code == status, (body, r.text)
+        if field:
+            assert field in r.text, (field, r.text)
+    assert client.post(path, json=good).status_code == 401
+    assert client.post(path, headers={"Authorization": "Bearer nope"}, json=good).status_code == 401
+    bob = make_user(client, admin_headers, "bob")
+    assert client.post(path, headers=bob, json=good).status_code == 403
+    assert client.post("/api/v1/trials/0/metrics/batch", headers=admin_headers, json=good).status_code == 400
+    assert client.post("/api/v1/trials/999999/metrics/batch", headers=admin_headers,
+                       json={"reports": [wire(999999, 1)]}).status_code == 404
+    assert stored(master, tid) == []
+
+
+def test_parse_body_declines_what_it_cannot_take_as_is() -> None:
+    def request(body: bytes, content_type: str | None) -> Request:
+        headers = [(b"content-type", content_type.encode())] if content_type else []
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return Request({"type": "http", "method": "POST", "headers": headers, "path": "/"}, receive)
+
+    def parse(body: bytes, content_type: str | None) -> Any:
+        return asyncio.run(fastjson.parse_body(request(body, content_type), BatchReportRequest))
+
+    ok = b'{"reports": [{"group": "g", "metrics": {"trialId": 1, "trialRunId": 0, "stepsCompleted": 0, ' \
+         b'"metrics": {"avgMetrics": {}}}}]}'
+    assert parse(ok, None) is not None and parse(ok, "application/json; charset=utf-8") is not None
+    for body, ctype in ((ok, "text/plain"), (b"", "application/json"), (b"{", "application/json"),
+                        (ok.replace(b'"g"', b'"g", "x": 1'), "application/json")):
+        assert parse(body, ctype) is None
+
+
+def test_log_batches_on_the_fast_path_are_stored_as_sent(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    texts = ["plain\n", "tab\tquote\" backslash\\ é 🚀\n", "esc \x1b[31mred\x1b[0m", "nul\x00byte"]
+    entries = [{"taskId": trial.task_id, "log": t, "timestamp": (T0 + timedelta(microseconds=k)).isoformat(),
+                "level": "LOG_LEVEL_WARNING" if k else None, "rankId": k or None, "stdtype": "stderr" if k else None}
+               for k, t in enumerate(texts)]
+    r = client.post("/api/v1/task/logs", headers=allocation_headers(master, trial), json={"logs": entries})
+    assert r.status_code == 200 and r.json() == {}, r.text
+    with master.read_sessions() as s:
+        got = [(row.log, row.timestamp, row.level, row.rank, row.stdtype, row.source)
+               for row in s.scalars(select(TaskLog).where(TaskLog.task_id == trial.task_id).order_by(TaskLog.id))]
+    assert got == [(t.replace("\x00", "\ufffd"), T0 + timedelta(microseconds=k), "WARNING" if k else "INFO",
+                    k or None, "stderr" if k else "stdout", "task") for k, t in enumerate(texts)]
+    # a bad line refuses the batch (nothing stored), naming it
+    r = client.post("/api/v1/task/logs", headers=admin_headers,
+                    json={"logs": [{"taskId": trial.task_id, "log": "x"}, {"taskId": trial.task_id, "log": "y",
+                                                                           "level": "LOUD"}]})
+    assert r.status_code == 400 and r.json()["details"][0]["field"] == "logs[1].level"
+    r = client.post("/api/v1/task/logs", headers=make_user(client, admin_headers, "carol"),
+                    json={"logs": [{"taskId": trial.task_id, "log": "x"}]})
+    assert r.status_code == 403
+    with master.read_sessions() as s:
+        assert len(list(s.scalars(select(TaskLog.id).where(TaskLog.task_id == trial.task_id)))) == len(texts)
+
+
+def test_long_poll_checks(master) -> None:  # type: ignore[no-untyped-def]
+    p, session, cmd = agent_steps.one_task(master)
+    news = agent_service.has_news
+    with master.read_sessions() as s:
+        assert news(s, master, p, "a1", session)  # the start is owed until the agent reports it
+    agent_steps.report(master, p, session, cmd.allocation_id, "running")
+    with master.read_sessions() as s:
+        assert not news(s, master, p, "a1", session)  # nothing to say: the poll waits without writing
+        assert news(s, master, p, "a1", "an-old-session")  # a refusal is news: the write path says it
+        assert trials.must_stop_by_id(s, cmd.allocation_id) is False
+        assert trials.must_stop_by_id(s, "no-such-allocation") is None
+    with transaction(master.sessions) as s:
+        s.get(Allocation, cmd.allocation_id).preempt_requested = True  # type: ignore[union-attr]
+    with master.read_sessions() as s:
+        assert trials.must_stop_by_id(s, cmd.allocation_id) is True
+        assert not news(s, master, p, "a1", session)  # preemption is the trial's business, not a command
+    with transaction(master.sessions) as s:
+        s.get(Allocation, cmd.allocation_id).kill_requested = True  # type: ignore[union-attr]
+    with master.read_sessions() as s:
+        assert news(s, master, p, "a1", session)
+    agent_steps.report(master, p, session, cmd.allocation_id, "exited", exit_code=0)
+    with master.read_sessions() as s:
+        assert s.get(Allocation, cmd.allocation_id).state == st.ALLOC_TERMINATED  # type: ignore[union-attr]
+        assert trials.must_stop_by_id(s, cmd.allocation_id) is True and not news(s, master, p, "a1", session)
