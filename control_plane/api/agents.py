@@ -5,7 +5,6 @@ Protocol: docs/PROTOCOL.md."""
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -14,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from control_plane.api import deps
+from control_plane.api import agent_polls, deps
 from control_plane.api.admission import Ticket
 from control_plane.api.wire import StrictWire, ts
 from control_plane.auth import Principal
@@ -72,11 +71,6 @@ def _commands(master: Master, p: Principal, agent_id: str, session_id: str) -> l
         return service.pending_commands(s, master, p, agent_id, session_id)
 
 
-def _has_news(master: Master, p: Principal, agent_id: str, session_id: str) -> bool:
-    with master.read_sessions() as s:
-        return service.has_news(s, master, p, agent_id, session_id)
-
-
 @router.get(COMMANDS_PATH)
 async def commands(
     agentId: str,
@@ -86,32 +80,31 @@ async def commands(
     master: Master = Depends(deps.get_master),
     slot: Ticket = Depends(deps.ticket),
 ) -> dict[str, Any]:
-    # The long-poll is HTTP's business: ask the service again whenever the master signals a
-    # change (at least every 2 s) until there is something to do or the poll's time is up. Each
-    # check is a short transaction in a worker thread; the wait in between holds no thread, no
-    # connection and no admission slot. If no slot comes back within the queue's wait the poll ends
-    # empty and the agent simply polls again.
+    # The long-poll is HTTP's business: ask the service for commands, then wait until this
+    # process's poll hub (api/agent_polls.py) finds news for this agent — one batch check per
+    # wake-up for every waiting agent, not one per poll — or the heartbeat is due again, or the
+    # poll's time is up. The wait holds no thread, no connection and no admission slot. If no slot
+    # comes back within the queue's wait the poll ends empty and the agent simply polls again.
     #
-    # The first check writes the agent's heartbeat (a write transaction); a re-check is a read and
-    # writes only if it finds news or the heartbeat is a quarter of the agent timeout old, so idle
-    # agents woken by every change in the cluster do not queue for SQLite's single writer.
+    # Asking for commands writes the agent's heartbeat (a write transaction): on the first check,
+    # when the hub saw news, and every quarter of the agent timeout, so idle agents do not queue
+    # for SQLite's single writer.
     deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 60.0))
     beat_every = master.config.agent_heartbeat_timeout_s / 4
-    beat = -math.inf
+    hub = agent_polls.of(master)
     while True:
-        checked = time.monotonic()
-        if checked - beat >= beat_every or await run_in_threadpool(_has_news, master, p, agentId, sessionId):
-            found = await run_in_threadpool(_commands, master, p, agentId, sessionId)
-            beat = checked
-        else:
-            found = []
-        remaining = deadline - time.monotonic()
-        if found or remaining <= 0 or master.stopping.is_set():
-            return CommandsResponse(commands=found).to_wire()
-        async with slot.idle():
-            await master.wait_async(min(remaining, 2.0))
-        if not slot.held:
-            return CommandsResponse(commands=[]).to_wire()
+        found = await run_in_threadpool(_commands, master, p, agentId, sessionId)
+        beat = time.monotonic()
+        while True:
+            remaining = deadline - time.monotonic()
+            if found or remaining <= 0 or master.stopping.is_set():
+                return CommandsResponse(commands=found).to_wire()
+            async with slot.idle():
+                news = await hub.wait(p, agentId, sessionId, min(remaining, max(0.0, beat + beat_every - time.monotonic())))
+            if not slot.held:
+                return CommandsResponse(commands=[]).to_wire()
+            if news or time.monotonic() - beat >= beat_every:
+                break
 
 
 @router.post(EVENTS_PATH)

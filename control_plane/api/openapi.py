@@ -77,6 +77,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", "/health"): r.HealthResponse,
     ("GET", "/info"): r.MasterInfo,
     ("GET", "/api/v1/master"): r.MasterInfo,
+    ("GET", "/api/v1/master/leader"): r.LeaderResponse,
     # users
     ("POST", "/api/v1/auth/login"): r.LoginResponse,
     ("POST", "/api/v1/auth/logout"): r.Empty,

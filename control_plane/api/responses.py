@@ -219,6 +219,23 @@ class HealthResponse(Wire):
     status: str
 
 
+class LeaderView(Wire):
+    master_id: str
+    token: int
+    address: str
+    acquired_at: str | None
+    expires_at: str | None
+
+
+class LeaderResponse(Wire):
+    """Shipyard's `GET /api/v1/master/leader`: which master runs the control loops (the leadership
+    lease), and whether the one answering is it."""
+
+    master_id: str
+    leading: bool
+    leader: LeaderView | None
+
+
 class MasterInfo(Wire):
     """Determined's v1GetMasterResponse (`users.master_info`), answered from memory. `version` is
     the Determined API version served (what Determined's client compares with its own);

@@ -251,14 +251,10 @@ def _owed(master: Master, alloc: Allocation, agent_id: str) -> str | None:
 
 def has_news(s: Session, master: Master, p: Principal, agent_id: str, session_id: str) -> bool:
     """Whether `pending_commands` would answer anything but "nothing yet": a command, or a refusal
-    (wrong credential, unknown agent, stale session). Read-only, so a command long-poll re-checks
-    with it and leaves the write (`touch_agent`'s heartbeat) to every few seconds."""
-    if p.kind is not TokenKind.AGENT_CREDENTIAL or p.agent_id != agent_id:
-        return True
-    agent = s.get(Agent, agent_id)
-    if agent is None or p.pool != agent.pool or agent.session_id != session_id or agent.state != st.AGENT_CONNECTED:
-        return True
-    return any(_owed(master, alloc, agent.id) is not None for alloc in _on_agent(s, agent.id))
+    (wrong credential, unknown agent, stale session). Read-only: a waiting command long-poll is
+    re-checked with it (in batches: `agents_with_news`) and leaves the write (`touch_agent`'s
+    heartbeat) to every few seconds."""
+    return agent_id in agents_with_news(s, master, {agent_id: (p, session_id)})
 
 
 def apply_events(s: Session, master: Master, p: Principal, agent_id: str, req: EventsRequest) -> None:

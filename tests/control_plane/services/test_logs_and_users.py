@@ -94,6 +94,9 @@ def test_password_rules(master) -> None:  # type: ignore[no-untyped-def]
         users.login(s, master, "nobody", "wrong", is_hashed=False)
     with transaction(master.sessions) as s:
         users.login(s, master, "bob", "a-long-enough-pw-1", is_hashed=False)
+    # (one login per transaction: the throttle records attempts in a transaction of its own, which
+    # on SQLite waits for any write transaction the caller holds)
+    with transaction(master.sessions) as s:
         token, _ = users.login(s, master, "bob", "a-long-enough-pw-1", is_hashed=False)
         kept = auth.resolve_token(s, token, now=master.clock())
     bob_p = Principal(kind=TokenKind.USER, token_id=kept.token_id, user_id=bob_id, username="bob")
