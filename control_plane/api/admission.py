@@ -81,6 +81,9 @@ def queue_admits(ahead: int, served_per_s: float, wait_s: float) -> bool:
     return (ahead + 1) / served_per_s <= wait_s
 
 
+MIN_MEASURED_S = 1.0
+
+
 @dataclass
 class ServiceRate:
     """Requests served (slots released) per second over the last `window_s` seconds, in one-second
@@ -88,9 +91,13 @@ class ServiceRate:
 
     window_s: int = RATE_WINDOW_S
     _buckets: deque[list[int]] = field(default_factory=deque)  # [second, count], oldest first
+    _since: float = 0.0  # the first release since the window was last empty
 
     def record(self, now: float) -> None:
         second = int(now)
+        self._trim(second)
+        if not self._buckets:
+            self._since = now
         if self._buckets and self._buckets[-1][0] == second:
             self._buckets[-1][1] += 1
         else:
@@ -99,9 +106,12 @@ class ServiceRate:
 
     def per_s(self, now: float) -> float:
         """Served requests divided by the time since the oldest bucket in the window began (at
-        least one second), so a burst after an idle spell is not diluted by the idle seconds."""
+        least one second), so a burst after an idle spell is not diluted by the idle seconds.
+        Unmeasured (0.0) until releases have been seen for `MIN_MEASURED_S`: the first few
+        releases after an idle spell (three in 30 ms) would otherwise read as a rate of 3/s and
+        refuse a burst the lane serves in a blink."""
         self._trim(int(now))
-        if not self._buckets:
+        if not self._buckets or now - self._since < MIN_MEASURED_S:
             return 0.0
         span = max(1.0, now - self._buckets[0][0])
         return sum(c for _, c in self._buckets) / span

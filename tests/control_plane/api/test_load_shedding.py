@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from control_plane.api import deps
+from control_plane.api import agent_polls, deps
 from control_plane.api.admission import ServiceRate
 from control_plane.api.app import create_app
 from control_plane.api.users import master_info
@@ -272,11 +272,13 @@ def test_long_polls_hold_no_connection_or_slot_while_waiting(serve: Any) -> None
                          params={"sessionId": session, "timeoutSeconds": 3}, timeout=WAIT)
 
     polls, poll_results = in_threads(5, poll)
+    hub = agent_polls.of(s.master)
     for _ in range(int(WAIT / 0.05)):
-        if len(s.master._async_waiters) == 5:
+        if len(hub.waiting) == 5:
             break
         threading.Event().wait(0.05)
-    assert len(s.master._async_waiters) == 5  # all five are waiting at once
+    assert len(hub.waiting) == 5  # all five are waiting at once, on the process's poll hub
+    assert len(s.master._async_waiters) == 1  # which alone waits for wake-ups
     assert settled(lambda: s.admission.active == 0 and s.cluster_admission.active == 0)
     assert s.master.engine.pool.checkedout() == 0
     r = httpx.get(s.url + "/api/v1/experiments", headers=s.admin, timeout=WAIT)

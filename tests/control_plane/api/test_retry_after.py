@@ -48,13 +48,18 @@ def test_service_rate_over_its_window() -> None:
     assert rate.per_s(100.0) == 0.0
     for _ in range(20):
         rate.record(100.2)
-    assert rate.per_s(100.5) == 20.0  # a burst is measured over at least one second
+    # Unmeasured until releases have been seen for a second: a burst's first releases (20 in
+    # 0.3 s) say nothing yet of what the lane serves per second.
+    assert rate.per_s(100.5) == 0.0
+    assert rate.per_s(101.2) == pytest.approx(20 / 1.2)  # then over the time since its second began
     assert rate.per_s(104.0) == 5.0   # 20 over the 4 s since its second began
     for _ in range(10):
         rate.record(105.0)
     assert rate.per_s(109.0) == 30 / 9  # 30 over the 9 s since second 100 began
     assert rate.per_s(110.0) == 2.0     # second 100 has left the window: 10 over the 5 s since 105
     assert rate.per_s(200.0) == 0.0   # nothing served lately
+    rate.record(300.0)  # a new burst after the idle spell: unmeasured again for its first second
+    assert rate.per_s(300.5) == 0.0 and rate.per_s(301.0) == 1.0
 
 
 @pytest.mark.parametrize(("ahead", "rate", "wait_s", "admitted"), [
@@ -121,7 +126,7 @@ def test_clients_told_to_wait_count_as_a_queue_outside() -> None:
     lane = Admission(limit=1, queue=0, wait_s=1.0, retry_after_s=1, retry_after_max_s=30, clock=lambda: now[0])
     for _ in range(2):
         lane.served.record(now[0])
-    now[0] += 0.5  # 2 served within the last second: 2/s
+    now[0] += 1.0  # 2 served over the last second: 2/s
     waits = [lane.retry_after() for _ in range(10)]
     assert waits == sorted(waits) and waits[0] == 1 and waits[-1] == 5, waits
     now[0] += 120  # long after: those refusals have come and gone
