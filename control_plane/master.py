@@ -273,12 +273,17 @@ class Master:
         is sent again with every repeated start command) while storing only its hash."""
         return hmac.new(self.token_secret, purpose.encode(), hashlib.sha256).hexdigest()
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float, *, since: int | None = None) -> None:
+        """Until a wake-up (after `since`, a `_wake_seq` read earlier; default: from now) or the timeout."""
         with self.wakeup:
-            seq = self._wake_seq
+            seq = self._wake_seq if since is None else since
             self.wakeup.wait_for(lambda: self._wake_seq != seq or self.stopping.is_set(), timeout=timeout)
 
-    def add_loop(self, name: str, tick: Callable[[], None], interval_s: float) -> None:
+    def add_loop(self, name: str, tick: Callable[[], None], interval_s: float, *, min_gap_s: float = 0.0) -> None:
+        """`tick` every `interval_s` and on every wake-up, but never sooner than `min_gap_s` after
+        the previous tick ended: a busy cluster's stream of wake-ups (hundreds of agent events a
+        second) then costs a few ticks a second, each seeing all the changes since the last."""
+
         def run() -> None:
             _loop_thread.name = name
             while not self.stopping.is_set():
@@ -292,7 +297,10 @@ class Master:
                     if not isinstance(e, NotLeader):
                         log.exception("event=loop_error loop=%s", name)
                 telemetry.observe_loop_tick(name, time.perf_counter() - started)
-                self.wait(interval_s)
+                seq = self._wake_seq  # a wake-up during the gap is not lost: it ends the wait at once
+                if min_gap_s and self.stopping.wait(min_gap_s):
+                    return
+                self.wait(max(0.0, interval_s - min_gap_s), since=seq)
 
         t = threading.Thread(target=run, name=f"loop-{name}", daemon=True)
         self._threads.append(t)

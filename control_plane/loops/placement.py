@@ -274,4 +274,5 @@ def claim_agents(s: Session, agent_ids: list[str]) -> set[str]:
 
 
 def register(master: Master) -> None:
-    master.add_loop("pools", lambda: tick(master), master.config.scheduler_interval_s)
+    master.add_loop("pools", lambda: tick(master), master.config.scheduler_interval_s,
+                    min_gap_s=min(0.1, master.config.scheduler_interval_s))
