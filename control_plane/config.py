@@ -60,6 +60,9 @@ class ResourcePoolConfig(_Strict):
     container_runtime: Literal["process", "docker"] = "process"
 
 
+AUTO_WORKERS_MAX = 8
+
+
 class MasterConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -172,8 +175,11 @@ class MasterConfig(_Strict):
 
     @property
     def worker_processes(self) -> int:
-        """API worker processes; 1 means the single-process master (API and loops together)."""
-        return self.api_workers or max(1, os.cpu_count() or 1)
+        """API worker processes; 1 means the single-process master (API and loops together). One
+        per core by default, at most AUTO_WORKERS_MAX: each worker has its own connection pool
+        (db_pool_size + 10 overflow), and a 64-core host must not open 1,400 connections to a
+        PostgreSQL that allows 100 by default. Set api_workers to go beyond."""
+        return self.api_workers or min(AUTO_WORKERS_MAX, max(1, os.cpu_count() or 1))
 
     @property
     def database_url(self) -> str:

@@ -18,6 +18,13 @@ from tests.pg import PostgresServer, find_pg_bin, free_port, skip_or_fail
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_PASSWORD = "admin-test-pw-1"
 
+# Masters the tests start run as one process unless a test asks for API workers: each worker
+# costs a second of imports at every start, and the suite starts masters a few hundred times.
+# The product's default (a control process and one worker per core) is what
+# tests/integration/test_cluster.py, test_ha.py, tests/control_plane/test_workers.py and
+# `make demo` run.
+os.environ.setdefault("SHIPYARD_API_WORKERS", "1")
+
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:

@@ -17,6 +17,12 @@ from tests.integration.conftest import kill9, pid_alive, trial_config
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(autouse=True)
+def product_default_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These clusters run the master as shipped: a control process and one API worker per core."""
+    monkeypatch.setenv("SHIPYARD_API_WORKERS", "0")
+
+
 def _pids(text: str) -> list[int]:
     return [int(p) for p in re.findall(r"pid (\d+)", text)]
 

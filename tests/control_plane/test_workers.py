@@ -1,0 +1,62 @@
+"""The master's processes (control_plane/workers.py): how many API workers, the supervisor that
+restarts a worker that dies and stops them all, and the socket they share."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from control_plane import workers
+from control_plane.config import AUTO_WORKERS_MAX, load_config
+from shipyard_common.processes import pid_alive
+
+
+def test_one_worker_per_core_by_default_capped(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg = load_config(env={}, state_dir=str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert cfg.worker_processes == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert cfg.worker_processes == AUTO_WORKERS_MAX  # each worker has its own connection pool
+    assert load_config(env={"SHIPYARD_API_WORKERS": "1"}, state_dir=str(tmp_path)).worker_processes == 1
+    assert load_config(env={}, state_dir=str(tmp_path), api_workers=12).worker_processes == 12
+
+
+def wait_for(predicate, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := predicate()):
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_the_supervisor_restarts_a_dead_worker_and_stops_them_all(tmp_path: Path) -> None:
+    sock = workers.listen("127.0.0.1", 0)
+    # A "worker" that serves the inherited socket: answers one line per connection with its pid.
+    code = ("import os, socket, sys\n"
+            "s = socket.socket(fileno=int(sys.argv[1]))\n"
+            "while True:\n"
+            "    c, _ = s.accept(); c.sendall(str(os.getpid()).encode()); c.close()\n")
+    sup = workers.Supervisor([sys.executable, "-c", code, str(sock.fileno())], count=2, fd=sock.fileno(),
+                             master_id="m-1")
+    runner = threading.Thread(target=sup.run, daemon=True)
+    runner.start()
+    try:
+        first = wait_for(lambda: [p.pid for p in sup.procs if p is not None] if all(sup.procs) else None)
+        port = sock.getsockname()[1]
+        answered = {int(socket.create_connection(("127.0.0.1", port)).recv(64)) for _ in range(20)}
+        assert answered <= set(first) and answered  # the workers serve the control process's socket
+        os.kill(first[0], signal.SIGKILL)
+        wait_for(lambda: sup.procs[0] is not None and sup.procs[0].pid != first[0] and sup.procs[0].poll() is None)
+        assert sup.restarts == [1, 0]
+    finally:
+        sup.stopping.set()  # what SIGTERM does to det-master: the loop ends, then the workers are stopped
+        runner.join(5)
+        sup.stop()
+        sock.close()
+    assert not any(pid_alive(p.pid) for p in sup.procs if p is not None)
