@@ -5,7 +5,8 @@ with Retry-After only past the configured limit, `max_concurrent_requests` + `re
 `/info` p99 under 100 ms during the run.
 
 The load, for each level of `--clients` (default 10, 40, 200, 1000), for `--seconds` each, against
-one real master per database (`python -m control_plane`: one uvicorn process, as shipped):
+one real master per database (`python -m control_plane`: a control process and one API worker
+per core, as shipped):
 - every client is an asyncio task sending one request at a time; one client in ten plays an agent
   and long-polls `GET /api/v1/agents/{id}/commands` (2 s) in a loop, the others send a mix of
   `GET /api/v1/experiments` (admin token) and metric reports `POST /api/v1/trials/{id}/metrics`

@@ -9,7 +9,8 @@ Every client first sends `--warmup` requests (not measured); then all start toge
 stops after `--reports` reports or `--seconds`, whichever comes first (so a run takes a known time
 whatever the machine does).
 
-- Shipyard: the real master (`python -m control_plane`: one uvicorn process, as the product runs);
+- Shipyard: the real master (`python -m control_plane`: a control process and one API worker per
+  core, as the product runs);
   the trials come from one experiment submitted with a `random` searcher (max_trials = clients) and
   no agents (they stay queued but exist); reports go to `POST /api/v1/trials/{id}/metrics/batch`
   with the admin (experiment owner) token.
