@@ -1,8 +1,7 @@
-"""login_failures and wake_signal: state shared by every master process
+"""login_failures: the login throttle's failures, shared by every master process
 
-login_failures: with API workers (and masters on several hosts) a throttle kept in one process's
-memory would let each process grant its own quota of guesses. wake_signal: on SQLite, the row
-whose `seq` a change bumps so that the other processes wake (PostgreSQL uses NOTIFY).
+With API workers (and masters on several hosts) a throttle kept in one process's memory would let
+each process grant its own quota of guesses.
 
 Revision ID: 0008
 Revises: 0007
@@ -30,14 +29,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_login_failures_key", "login_failures", ["scope", "key", "at"])
     op.create_index("ix_login_failures_at", "login_failures", ["at"])
-    wake = op.create_table(
-        "wake_signal",
-        sa.Column("id", sa.Integer(), primary_key=True),
-        sa.Column("seq", sa.BigInteger(), nullable=False, server_default="0"),
-    )
-    op.bulk_insert(wake, [{"id": 1, "seq": 0}])
 
 
 def downgrade() -> None:
-    op.drop_table("wake_signal")
     op.drop_table("login_failures")
