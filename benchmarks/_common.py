@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,13 +181,20 @@ def _proc_children() -> dict[int, list[int]]:
     return children
 
 
-def tree_cpu_seconds(root_pid: int) -> float:
-    """user+system CPU of a process and all its live descendants (and the children they reaped)."""
+def tree_pids(root_pid: int) -> Iterator[int]:
+    """A process and all its live descendants (from /proc, children before grandchildren)."""
     children = _proc_children()
-    total = 0.0
     stack = [root_pid]
     while stack:
         pid = stack.pop()
+        yield pid
+        stack.extend(children.get(pid, []))
+
+
+def tree_cpu_seconds(root_pid: int) -> float:
+    """user+system CPU of a process and all its live descendants (and the children they reaped)."""
+    total = 0.0
+    for pid in tree_pids(root_pid):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -195,7 +202,6 @@ def tree_cpu_seconds(root_pid: int) -> float:
             total += sum(int(x) for x in fields[11:15]) / CLK_TCK
         except (OSError, IndexError, ValueError):
             continue
-        stack.extend(children.get(pid, []))
     return total
 
 
@@ -229,19 +235,15 @@ def print_table(headers: list[str], rows: list[list[Any]], right: set[int] | Non
 def tree_rss_bytes(root_pid: int) -> tuple[int, int]:
     """Resident memory of a process and all its live descendants (bytes; shared pages are counted
     once per process, as `ps` does), and how many processes that is."""
-    children = _proc_children()
     page = os.sysconf("SC_PAGE_SIZE")
     total, count = 0, 0
-    stack = [root_pid]
-    while stack:
-        pid = stack.pop()
+    for pid in tree_pids(root_pid):
         try:
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1]) * page
             count += 1
         except (OSError, IndexError, ValueError):
             continue
-        stack.extend(children.get(pid, []))
     return total, count
 
 
@@ -249,11 +251,8 @@ def tree_run_wait_seconds(root_pid: int) -> float:
     """Time the threads of a process tree spent runnable but waiting for a CPU (/proc/*/schedstat,
     live threads only): over a window, divided by its length, the average number of threads the
     machine kept waiting. Large when the cores are oversubscribed, whoever uses them."""
-    children = _proc_children()
     total = 0
-    stack = [root_pid]
-    while stack:
-        pid = stack.pop()
+    for pid in tree_pids(root_pid):
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
@@ -264,5 +263,4 @@ def tree_run_wait_seconds(root_pid: int) -> float:
                     total += int(f.read().split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-        stack.extend(children.get(pid, []))
     return total / 1e9

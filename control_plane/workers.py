@@ -98,7 +98,7 @@ class Supervisor:
                 if proc is not None and proc.poll() is None:
                     continue
                 if proc is not None:
-                    self._reap(i, proc)
+                    self._reap(proc)
                     delay = RESTART_BACKOFF_S[min(self.restarts[i], len(RESTART_BACKOFF_S) - 1)]
                     self.restarts[i] += 1
                     self.next_start[i] = now + delay
@@ -108,7 +108,7 @@ class Supervisor:
                 elif now >= self.next_start[i]:
                     self._start(i)
 
-    def _reap(self, _i: int, proc: subprocess.Popen[bytes]) -> None:
+    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
         if self.metrics_dir is None:
             return
         with contextlib.suppress(Exception):

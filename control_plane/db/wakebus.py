@@ -43,7 +43,6 @@ class WakeBus:
         self.sqlite_poll_s = sqlite_poll_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.received = 0
 
     # -- sending ------------------------------------------------------------------------------
     def publish_in(self, session: Session) -> None:
@@ -87,7 +86,6 @@ class WakeBus:
                     news = [n for n in dbapi.notifies if n.payload != self.origin]
                     dbapi.notifies.clear()
                     if news:
-                        self.received += len(news)
                         self.on_wake()
             except Exception as e:
                 log.warning("event=wakebus_listen_error error=%s", e)
@@ -116,7 +114,6 @@ class WakeBus:
                     continue
                 if now != last:
                     last = now
-                    self.received += 1
                     self.on_wake()
         finally:
             conn.close()
