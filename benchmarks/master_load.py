@@ -28,6 +28,8 @@ the real protocol (docs/PROTOCOL.md, agent_bootstrap/agent/daemon.py, harness/co
   of `--log-lines` lines every `--log-every` s (`POST /api/v1/task/logs`, as logship.py does);
 - clients behave as the real ones: a 503 is retried after its Retry-After (jittered), a timeout,
   a connection error or another 5xx after an exponential backoff; every attempt is counted.
+The generator's clients are benchmarks/_leanhttp.py's (plain HTTP/1.1 over asyncio streams, a tenth of
+httpx's CPU per request): on a small machine the generator's CPU is taken from the master it measures.
 Every logical client has its own keep-alive connection (poll, events, log shipper; the trial's
 reporter and preemption watcher), as separate processes would.
 
@@ -67,7 +69,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import ssl
 import sys
 import time
 import traceback
@@ -92,6 +93,7 @@ from benchmarks._common import (  # noqa: E402
     tree_rss_bytes,
     tree_run_wait_seconds,
 )
+from benchmarks._leanhttp import LeanClient, ProtocolError, Response  # noqa: E402
 from shipyard_common.agent_protocol import COMMANDS_PATH, EVENTS_PATH, REGISTER_PATH, TOKENS_PATH  # noqa: E402
 
 EXPERIMENT_CONFIG = """\
@@ -196,8 +198,8 @@ class SimAgent:
     credential: str = ""
     session_id: str = ""
     poll_timeout_s: float = AGENT_POLL_TIMEOUT_S
-    events_http: httpx.AsyncClient | None = None
-    logs_http: httpx.AsyncClient | None = None
+    events_http: LeanClient | None = None
+    logs_http: LeanClient | None = None
     trials: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     killed: set[str] = field(default_factory=set)
 
@@ -208,15 +210,13 @@ class Generator:
         self.shared = shared
         self.out = GenResult()
         self.rnd = random.Random(cfg.seed)
-        self.tls = ssl.create_default_context()  # one for all clients: creating one each costs seconds
-        self.clients: list[httpx.AsyncClient] = []
+        self.clients: list[LeanClient] = []
         self.stopping = asyncio.Event()
         self.long_polls: set[asyncio.Task[None]] = set()  # cancelled at the end, not awaited
         self.workers: set[asyncio.Task[None]] = set()  # finish their current request at the end
 
-    def client(self) -> httpx.AsyncClient:
-        c = httpx.AsyncClient(base_url=self.cfg.url, timeout=CLIENT_TIMEOUT_S, verify=self.tls,
-                              limits=httpx.Limits(max_connections=1), headers={"User-Agent": "shipyard-load"})
+    def client(self) -> LeanClient:
+        c = LeanClient(self.cfg.url, timeout=CLIENT_TIMEOUT_S)
         self.clients.append(c)
         return c
 
@@ -241,9 +241,9 @@ class Generator:
             await asyncio.wait_for(self.stopping.wait(), max(0.0, seconds))
         return self.stopping.is_set()
 
-    async def call(self, http: httpx.AsyncClient, route: str, method: str, path: str, *, token: str,
+    async def call(self, http: LeanClient, route: str, method: str, path: str, *, token: str,
                    json: Any = None, params: dict[str, Any] | None = None,
-                   timeout: float = CLIENT_TIMEOUT_S, expected: tuple[int, ...] = ()) -> httpx.Response | None:
+                   timeout: float = CLIENT_TIMEOUT_S, expected: tuple[int, ...] = ()) -> Response | None:
         """One logical request as a real client sends it: a 503 (or 429) is sent again after its
         Retry-After, a timeout, connection error or other 5xx after a backoff; any other answer is
         returned (a 4xx not in `expected` is also noted as unexpected). Every attempt is recorded.
@@ -252,13 +252,13 @@ class Generator:
         headers = {"Authorization": f"Bearer {token}"}
         while True:
             t0 = time.monotonic()
-            r: httpx.Response | None = None
+            r: Response | None = None
             try:
                 r = await http.request(method, path, headers=headers, json=json, params=params, timeout=timeout)
                 outcome = str(r.status_code)
-            except httpx.TimeoutException:
+            except TimeoutError:
                 outcome = "timeout"
-            except httpx.TransportError:
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ProtocolError):
                 outcome = "conn error"
             self.out.records.append((route, t0, time.monotonic() - t0, outcome))
             if r is not None and r.status_code < 500 and r.status_code != 429:
@@ -273,7 +273,7 @@ class Generator:
                 return None
 
     # -- the agent ------------------------------------------------------------------------------
-    async def register(self, http: httpx.AsyncClient, agent: SimAgent) -> bool:
+    async def register(self, http: LeanClient, agent: SimAgent) -> bool:
         running = sorted(a for a, t in agent.trials.items() if not t.done())
         body = {"agentId": agent.agent_id, "resourcePool": POOL, "version": "load-bench",
                 "slots": [{"id": "0", "type": "cpu"}], "runningAllocations": running, "addresses": ["127.0.0.1"]}
@@ -415,7 +415,7 @@ class Generator:
                 preempted.set()
                 return
 
-    async def reports(self, http: httpx.AsyncClient, trial_id: int, run_id: int, token: str) -> None:
+    async def reports(self, http: LeanClient, trial_id: int, run_id: int, token: str) -> None:
         cfg = self.cfg
         now = time.monotonic()
         next_train = now + self.rnd.random() * cfg.report_every_s

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.to_thread
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane.api.errors import error_body
@@ -281,6 +282,23 @@ _CLUSTER_ANY_METHOD = re.compile(
 _CLUSTER_WRITES = re.compile(r"^/api/v1/(trials/\d+/.+|checkpoints)$")
 
 
+# Routes that take their slot themselves, only for what needs the database: the agents' command
+# long-poll waits on the process's poll hub and, for an agent the process knows, needs no slot at
+# all (api/agent_polls.py), so a saturated master still hears every polling agent.
+_SELF_ADMITTED = re.compile(r"^/api/v1/agents/[^/]+/commands$")
+
+
+def is_self_admitted(method: str, path: str) -> bool:
+    return method == "GET" and bool(_SELF_ADMITTED.match(path))
+
+
+def busy_response(t: Ticket) -> Response:
+    """The refusal a self-admitted route answers when its slot does not come (as the front door's)."""
+    seconds = t.admission.retry_after() if t.admission is not None else 1
+    return Response(_SATURATED, status_code=503, media_type="application/json",
+                    headers={"Retry-After": str(seconds)})
+
+
 def is_cluster_request(method: str, path: str) -> bool:
     """Agents' and trials' requests (by path: the lane is chosen before any credential is read)."""
     if _CLUSTER_ANY_METHOD.match(path):
@@ -324,7 +342,7 @@ class AdmissionControl:
             limiter.total_tokens = self.threads
         lane = self.cluster if is_cluster_request(scope["method"], path) else self.admission
         t = Ticket(lane)
-        if not await t.acquire():
+        if not is_self_admitted(scope["method"], path) and not await t.acquire():
             await self._reject(lane, receive, send)
             return
         scope[TICKET_KEY] = t

@@ -1,72 +1,207 @@
-"""The agents' command long-polls waiting in this process, checked together.
+"""The agents' command long-polls waiting in this process: checked together, heartbeats written
+together, and a poll from a known agent answered without a thread, a connection or a slot.
 
-A wake-up (`master.notify()`, or another process's through db/wakebus.py) used to make every
-waiting long-poll re-check the database on its own: with a thousand agents waiting, one trial's
-event cost a thousand queries. Here each process keeps one checker per event loop: on a wake-up
-(or every `RECHECK_S`) it asks `services.agents.agents_with_news` once for all waiting agents and
-answers only those with news; the others keep waiting without costing anything."""
+A thousand agents polling every few seconds used to cost a thousand write transactions per round
+(each poll marked its agent seen) plus, on every wake-up, one query per waiting poll; when the
+master was saturated their polls were refused like any request, went unheard as heartbeats, and
+agents were declared lost while they were polling. Here each process keeps one hub per event
+loop that:
+
+- remembers the credentials it has verified with a full check (`remember`), so that the next poll
+  of the same agent skips the database on arrival: it waits on the hub at once;
+- checks the arrivals, and on every wake-up (`master.notify()`, or another process's through
+  db/wakebus.py, or every `RECHECK_S`) every waiting poll, in one batch query
+  (`services.agents.agents_with_news`), which also re-verifies each credential (revoked, expired)
+  and session: only the polls with news go on to the full check, which alone hands out commands;
+- holds the heartbeats: an agent whose poll is waiting or arrived is alive, and the hub writes
+  `last_seen` for all of them in one statement every `HEARTBEAT_FLUSH_S`
+  (`services.agents.record_heartbeats`), so a poll is never refused for want of a slot and an
+  agent is never lost because the master was busy.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
+import time
 import weakref
+from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
-from control_plane.auth import Principal
+from control_plane.auth import Principal, TokenKind, token_digest
+from control_plane.db.engine import transaction
 from control_plane.master import Master
 from control_plane.services import agents as service
 
+log = logging.getLogger("shipyard.api.agent_polls")
+
 RECHECK_S = 2.0  # a change nobody signalled (a clock-driven kill) is seen within this
+HEARTBEAT_FLUSH_S = 2.0  # how often the seen agents' last_seen is written (well within the heartbeat timeout)
+ARRIVAL_GAP_S = 0.05  # arrivals are checked together, at most this often
+FULL_CHECK_GAP_S = 0.2  # a full check (every waiting poll) at most this often, however often wake-ups come
+CREDENTIAL_TTL_S = 600.0  # a remembered credential is forgotten after this long without use
+MAX_CREDENTIALS = 100_000
+
+
+@dataclass(eq=False)
+class _Poll:
+    p: Principal
+    session_id: str
+    fut: asyncio.Future[bool]
 
 
 class AgentPolls:
     def __init__(self, master: Master) -> None:
         self.master = master
-        self.waiting: dict[str, tuple[Principal, str, asyncio.Future[bool]]] = {}
+        self.waiting: dict[str, _Poll] = {}
+        self.arrived: set[str] = set()  # waiting polls not checked since they came
+        self.seen: set[tuple[str, str]] = set()  # (agent id, session id): heartbeats to write
+        self.credentials: dict[str, tuple[Principal, float]] = {}  # token digest -> (principal, last used)
+        self._kick: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self.checks = 0  # batch checks run (for tests and benchmarks)
+        self.flushes = 0  # heartbeat writes
 
-    async def wait(self, p: Principal, agent_id: str, session_id: str, timeout: float) -> bool:
-        """True when the agent has news (a command or a refusal), False at the timeout."""
+    # -- credentials ------------------------------------------------------------------------
+    def remembered(self, token: str | None, agent_id: str) -> Principal | None:
+        """The agent's credential if a full check in this process verified it (the batch check
+        re-verifies it while the poll waits)."""
+        if not token:
+            return None
+        entry = self.credentials.get(token_digest(token))
+        if entry is None or entry[0].agent_id != agent_id:
+            return None
+        self.credentials[token_digest(token)] = (entry[0], time.monotonic())
+        return entry[0]
+
+    def remember(self, token: str, p: Principal) -> None:
+        if p.kind is not TokenKind.AGENT_CREDENTIAL:
+            return  # only an agent's own credential polls; anything else is refused by the full check
+        if len(self.credentials) >= MAX_CREDENTIALS:
+            self._prune(time.monotonic(), force=True)
+        self.credentials[token_digest(token)] = (p, time.monotonic())
+
+    def forget(self, token: str | None) -> None:
+        if token:
+            self.credentials.pop(token_digest(token), None)
+
+    def _prune(self, now: float, force: bool = False) -> None:
+        stale = [d for d, (_p, used) in self.credentials.items() if now - used > CREDENTIAL_TTL_S]
+        for d in stale:
+            del self.credentials[d]
+        if force and len(self.credentials) >= MAX_CREDENTIALS:  # all fresh: drop the least recently used half
+            for d, _ in sorted(self.credentials.items(), key=lambda kv: kv[1][1])[:MAX_CREDENTIALS // 2]:
+                del self.credentials[d]
+
+    # -- waiting ----------------------------------------------------------------------------
+    def saw(self, agent_id: str, session_id: str) -> None:
+        """A heartbeat of a verified agent, written with the next flush."""
+        self.seen.add((agent_id, session_id))
+
+    async def wait(self, p: Principal, agent_id: str, session_id: str, timeout: float, *,
+                   unchecked: bool = False) -> bool:
+        """True when the agent has news (a command or a refusal), False at the timeout. An
+        `unchecked` poll (one that skipped the full check on arrival) is checked with the next
+        batch of arrivals."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         previous = self.waiting.get(agent_id)
-        if previous is not None and not previous[2].done():
-            previous[2].set_result(True)  # a second poll for one agent: the first answers now
-        self.waiting[agent_id] = (p, session_id, fut)
+        if previous is not None and not previous.fut.done():
+            previous.fut.set_result(True)  # a second poll for one agent: the first answers now
+        self.waiting[agent_id] = _Poll(p, session_id, fut)
+        self.saw(agent_id, session_id)
         self._ensure_checker(loop)
+        if unchecked:
+            self.arrived.add(agent_id)
+            self._wake()
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             return False
         finally:
-            if (entry := self.waiting.get(agent_id)) is not None and entry[2] is fut:
+            if (entry := self.waiting.get(agent_id)) is not None and entry.fut is fut:
                 del self.waiting[agent_id]
+                self.arrived.discard(agent_id)
+
+    def _wake(self) -> None:
+        if self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)
 
     def _ensure_checker(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._task = loop.create_task(self._run())
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        last_full = last_check = now
+        next_flush = now + HEARTBEAT_FLUSH_S
         while not self.master.stopping.is_set():
-            await self.master.wait_async(RECHECK_S)
-            if not self.waiting:
-                continue
-            snapshot = dict(self.waiting)
-            polls = {aid: (p, sid) for aid, (p, sid, _f) in snapshot.items()}
-            with contextlib.suppress(Exception):  # a failed check: the polls time out and come again
-                news = await run_in_threadpool(self._check, polls)
-                self.checks += 1
-                for aid in news:
-                    fut = snapshot[aid][2]
-                    if not fut.done():
-                        fut.set_result(True)
+            self._kick = loop.create_future()
+            notified = loop.create_task(self.master.wait_async(RECHECK_S))
+            timeout = max(0.0, min(RECHECK_S - (time.monotonic() - last_full), next_flush - time.monotonic()))
+            if not self.arrived:
+                await asyncio.wait({notified, self._kick}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            notified.cancel()
+            full = notified.done() and not notified.cancelled() or time.monotonic() - last_full >= RECHECK_S
+            # Arrivals and wake-ups that come together are checked together.
+            gap = (FULL_CHECK_GAP_S if full else ARRIVAL_GAP_S) - (time.monotonic() - (last_full if full else last_check))
+            if gap > 0:
+                await asyncio.sleep(gap)
+            if full or self.arrived:
+                asked = list(self.waiting) if full else [a for a in self.arrived if a in self.waiting]
+                self.arrived.clear()
+                last_check = time.monotonic()
+                if full:
+                    last_full = last_check
+                if asked:
+                    await self._check_and_answer(asked)
+            if time.monotonic() >= next_flush:
+                next_flush = time.monotonic() + HEARTBEAT_FLUSH_S
+                await self._flush()
+
+    async def _check_and_answer(self, asked: list[str]) -> None:
+        snapshot = {aid: self.waiting[aid] for aid in asked if aid in self.waiting}
+        polls = {aid: (poll.p, poll.session_id) for aid, poll in snapshot.items()}
+        try:
+            news = await run_in_threadpool(self._check, polls)
+        except Exception:  # a failed check: answer them all; each poll's full check says what is wrong
+            log.warning("event=agent_poll_check_failed agents=%d", len(polls), exc_info=True)
+            news = set(polls)
+        self.checks += 1
+        for aid in news:
+            fut = snapshot[aid].fut
+            if not fut.done():
+                fut.set_result(True)
 
     def _check(self, polls: dict[str, tuple[Principal, str]]) -> set[str]:
         with self.master.read_sessions() as s:
             return service.agents_with_news(s, self.master, polls)
+
+    async def _flush(self) -> None:
+        """Write the heartbeats of every agent seen since the last flush and of every poll still
+        waiting (a waiting poll is a live agent)."""
+        seen = self.seen
+        self.seen = set()
+        seen.update((aid, poll.session_id) for aid, poll in self.waiting.items())
+        self._prune(time.monotonic())
+        if not seen:
+            return
+        try:
+            await run_in_threadpool(self._write, seen)
+            self.flushes += 1
+        except Exception:  # kept for the next flush: a heartbeat is not lost to one failed write
+            log.warning("event=heartbeat_flush_failed agents=%d", len(seen), exc_info=True)
+            self.seen |= seen
+
+    def _write(self, seen: set[tuple[str, str]]) -> None:
+        with transaction(self.master.sessions) as s:
+            service.record_heartbeats(s, self.master, seen)
+
+    async def flush_now(self) -> None:
+        """Write the pending heartbeats at once (a stopping process; tests)."""
+        await self._flush()
 
 
 _HUBS: weakref.WeakKeyDictionary[Master, AgentPolls] = weakref.WeakKeyDictionary()
@@ -77,3 +212,4 @@ def of(master: Master) -> AgentPolls:
     if hub is None:
         hub = _HUBS[master] = AgentPolls(master)
     return hub
+

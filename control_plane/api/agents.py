@@ -8,13 +8,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import Field
 from sqlalchemy.orm import Session
 
 from control_plane.api import agent_polls, deps
-from control_plane.api.admission import Ticket
+from control_plane.api.admission import Ticket, busy_response
 from control_plane.api.wire import StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.core import states as st
@@ -66,45 +66,71 @@ def register(
     return service.register_agent(db, master, p, body).to_wire()
 
 
-def _commands(master: Master, p: Principal, agent_id: str, session_id: str) -> list[Command]:
+def _full_check(master: Master, request: Request, agent_id: str, session_id: str) -> tuple[Principal, list[Command]]:
+    """Who polls (401/403 as any agent request) and what the agent must do now, in one
+    transaction: the poll's heartbeat is written too."""
     with transaction(master.sessions) as s:
-        return service.pending_commands(s, master, p, agent_id, session_id)
+        p = deps.principal_in(s, request, master)
+        deps.require_agent(p)
+        return p, service.pending_commands(s, master, p, agent_id, session_id)
+
+
+# A poll shorter than this is always checked in full on arrival (it could not wait for a batch).
+_MIN_HUB_WAIT_S = 1.0
 
 
 @router.get(COMMANDS_PATH)
 async def commands(
     agentId: str,
     sessionId: str,
+    request: Request,
     timeoutSeconds: float = 10.0,
-    p: Principal = Depends(deps.agent),
     master: Master = Depends(deps.get_master),
     slot: Ticket = Depends(deps.ticket),
 ) -> dict[str, Any]:
-    # The long-poll is HTTP's business: ask the service for commands, then wait until this
-    # process's poll hub (api/agent_polls.py) finds news for this agent — one batch check per
-    # wake-up for every waiting agent, not one per poll — or the heartbeat is due again, or the
-    # poll's time is up. The wait holds no thread, no connection and no admission slot. If no slot
-    # comes back within the queue's wait the poll ends empty and the agent simply polls again.
-    #
-    # Asking for commands writes the agent's heartbeat (a write transaction): on the first check,
-    # when the hub saw news, and every quarter of the agent timeout, so idle agents do not queue
-    # for SQLite's single writer.
+    # The long-poll is HTTP's business (api/agent_polls.py). A poll whose credential this process
+    # has verified before goes straight to the process's poll hub: no thread, no connection, no
+    # admission slot. The hub checks arrivals and waiting polls in batches, re-verifying their
+    # credential and session, and writes the heartbeats of every waiting agent together. Only a
+    # poll the hub finds news for, and the first poll of a credential, run the full check
+    # (`_full_check`, with a slot of the cluster's lane), which alone hands out commands.
+    # The front door takes no slot for this route (admission.SELF_ADMITTED): a poll waits on
+    # nothing, so a saturated master still hears its agents.
     deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 60.0))
-    beat_every = master.config.agent_heartbeat_timeout_s / 4
     hub = agent_polls.of(master)
+    token = deps.bearer_token(request)
+    p = hub.remembered(token, agentId) if timeoutSeconds >= _MIN_HUB_WAIT_S else None
+    unchecked = p is not None
+    if p is None:
+        if not await slot.acquire():
+            return busy_response(slot)  # type: ignore[return-value]
+        try:
+            p, found = await run_in_threadpool(_full_check, master, request, agentId, sessionId)
+        finally:
+            slot.release()
+        if token:
+            hub.remember(token, p)
+        if found:
+            return CommandsResponse(commands=found).to_wire()
     while True:
-        found = await run_in_threadpool(_commands, master, p, agentId, sessionId)
-        beat = time.monotonic()
-        while True:
-            remaining = deadline - time.monotonic()
-            if found or remaining <= 0 or master.stopping.is_set():
-                return CommandsResponse(commands=found).to_wire()
-            async with slot.idle():
-                news = await hub.wait(p, agentId, sessionId, min(remaining, max(0.0, beat + beat_every - time.monotonic())))
-            if not slot.held:
-                return CommandsResponse(commands=[]).to_wire()
-            if news or time.monotonic() - beat >= beat_every:
-                break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or master.stopping.is_set():
+            return CommandsResponse(commands=[]).to_wire()
+        if not await hub.wait(p, agentId, sessionId, remaining, unchecked=unchecked):
+            return CommandsResponse(commands=[]).to_wire()
+        unchecked = False
+        # News: a command, or a refusal the full check states (and then the credential is forgotten).
+        if not await slot.acquire():
+            return CommandsResponse(commands=[]).to_wire()  # seen all the same; the agent polls again
+        try:
+            p, found = await run_in_threadpool(_full_check, master, request, agentId, sessionId)
+        except Exception:
+            hub.forget(token)
+            raise
+        finally:
+            slot.release()
+        if found:
+            return CommandsResponse(commands=found).to_wire()
 
 
 @router.post(EVENTS_PATH)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from fastapi import Depends, Request
+from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
+from control_plane.api import fastjson
 from control_plane.api.admission import Ticket
 from control_plane.api.admission import ticket as admission_ticket
+from control_plane.api.wire import INT32_MAX
 from control_plane.auth import Principal, TokenKind, resolve_token
 from control_plane.errors import forbidden, unauthenticated
 from control_plane.master import Master
+
+M = TypeVar("M", bound=BaseModel)
 
 
 async def get_master(request: Request) -> Master:
@@ -65,6 +71,28 @@ def principal_in(s: Session, request: Request, master: Master) -> Principal:
     return p
 
 
+def caller_in(request: Request, master: Master) -> Callable[[Session], Principal]:
+    """`user_or_allocation` as a function of a session: a hot path (api/fastjson.py) resolves its
+    caller inside the service's own transaction, in the one worker thread it uses."""
+
+    def caller(s: Session) -> Principal:
+        return require_user_or_allocation(principal_in(s, request, master))
+
+    return caller
+
+
+async def trial_report(request: Request, model: type[M]) -> tuple[int, M, Master] | None:
+    """What a trial's report on a fast path needs: the trial id of the path, the body as `model`,
+    the master; None (FastAPI's usual path answers) for anything it cannot take as is."""
+    trial_id = fastjson.path_int(request, "trialId", 1, INT32_MAX)
+    if trial_id is None or not bearer_token(request):
+        return None
+    body = await fastjson.parse_body(request, model)
+    if body is None:
+        return None
+    return trial_id, body, request.app.state.master
+
+
 # The checks below are pure (no I/O): async, so FastAPI answers them on the event loop instead of
 # sending each through a worker thread of its own.
 async def user(p: Principal = Depends(principal)) -> Principal:
@@ -79,10 +107,14 @@ async def admin(p: Principal = Depends(user)) -> Principal:
     return p
 
 
-async def agent(p: Principal = Depends(principal)) -> Principal:
+def require_agent(p: Principal) -> Principal:
     if p.kind not in (TokenKind.AGENT, TokenKind.BOOTSTRAP, TokenKind.AGENT_CREDENTIAL):
         raise forbidden("agent credential required")
     return p
+
+
+async def agent(p: Principal = Depends(principal)) -> Principal:
+    return require_agent(p)
 
 
 def require_user_or_allocation(p: Principal) -> Principal:

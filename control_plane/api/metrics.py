@@ -101,17 +101,12 @@ def _batch_answer(stored: int, sent: int) -> dict[str, Any]:
 def _fast(model: type[StrictWire], items: Callable[[Any], Items],
           answer: Callable[[int, int], dict[str, Any]]) -> fastjson.FastHandler:
     async def handler(request: Request) -> Response | None:
-        trial_id = fastjson.path_int(request, "trialId", 1, INT32_MAX)
-        if trial_id is None or not deps.bearer_token(request):
+        got = await deps.trial_report(request, model)
+        if got is None:
             return None
-        body = await fastjson.parse_body(request, model)
-        if body is None:
-            return None
-        master: Master = request.app.state.master
+        trial_id, body, master = got
         batch = items(body)
-
-        def caller(s: Session) -> Principal:  # deps.user_or_allocation, in the service's session
-            return deps.require_user_or_allocation(deps.principal_in(s, request, master))
+        caller = deps.caller_in(request, master)
 
         def work() -> dict[str, Any]:
             return answer(_store(master, trial_id, caller, batch), len(batch))

@@ -21,7 +21,7 @@ from starlette.responses import StreamingResponse
 
 from control_plane.api import responses as r
 from control_plane.api.streams import STREAM_MEDIA_TYPE
-from shipyard_common.agent_protocol import CommandsResponse, RegisterResponse
+from shipyard_common.agent_protocol import COMMANDS_PATH, CommandsResponse, RegisterResponse
 
 
 class ErrorStatus(BaseModel):
@@ -166,13 +166,14 @@ def _error_statuses(route: APIRoute, method: str) -> list[int]:
     codes = []
     if has_input:
         codes.append(400)
-    if _depends_on(dependant, deps.principal) or route.path == _LOGIN:  # login checks credentials too
+    # login checks credentials too, and the command long-poll resolves its caller itself (api/agents.py)
+    if _depends_on(dependant, deps.principal) or route.path in (_LOGIN, COMMANDS_PATH):
         codes += [401, 403]
     if has_input:  # ids in the path, the query (filters naming trials) or the body
         codes.append(404)
     if method != "GET":
         codes += [409, 413]
-    elif route.path in _CONFLICTING_READS:
+    elif route.path in _CONFLICTING_READS or route.path == COMMANDS_PATH:  # a replaced session: register again
         codes.append(409)
     # per-caller limits of their own: login throttling, concurrent log searches
     if route.path == _LOGIN or (method == "GET" and route.path.endswith("/logs")):

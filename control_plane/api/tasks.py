@@ -7,13 +7,14 @@ import base64
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.responses import Response
 
-from control_plane.api import deps
+from control_plane.api import deps, fastjson
 from control_plane.api.admission import Ticket
 from control_plane.api.wire import Count64, Id, StrictWire, Wire, ts
 from control_plane.auth import Principal, TokenKind
@@ -23,8 +24,9 @@ from control_plane.db.models import Allocation, Trial
 from control_plane.errors import bad_request, forbidden, not_found
 from control_plane.master import Master
 from control_plane.services import access, experiments, gangs, lifecycle, trials
+from control_plane.services import metrics as trial_metrics
 
-router = APIRouter()
+router = APIRouter(route_class=fastjson.FastRoute)
 
 
 def _trial(db: Session, p: Principal, trial_id: int) -> Trial:
@@ -113,14 +115,26 @@ class ProgressRequest(StrictWire):
     is_raw: bool = False
 
 
+async def _progress_fast(request: Request) -> Response | None:
+    """The fast path (api/fastjson.py): a trial reports its progress with every training report,
+    so it is handled in one worker thread with one query for the caller, one for the right and one
+    update; FastAPI's handling (`progress`) answers what it declines."""
+    got = await deps.trial_report(request, ProgressRequest)
+    if got is None:
+        return None
+    trial_id, body, master = got
+    caller = deps.caller_in(request, master)
+    await run_in_threadpool(trial_metrics.report_progress, master, trial_id, caller, body.progress)
+    return fastjson.json_response({})
+
+
 @router.post("/api/v1/trials/{trialId}/progress")
+@fastjson.fast_path(_progress_fast)
 def progress(
     trialId: Id, body: ProgressRequest, p: Principal = Depends(deps.user_or_allocation),
-    db: Session = Depends(deps.get_db, scope="function"),
+    master: Master = Depends(deps.get_master),
 ) -> dict[str, Any]:
-    trial = _trial(db, p, trialId)
-    _owner_or_allocation(db, p, trial)
-    trials.set_progress(trial, body.progress)
+    trial_metrics.report_progress(master, trialId, lambda _s: p, body.progress)
     return {}
 
 

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -483,21 +483,58 @@ def expire_drains(s: Session, master: Master) -> None:
 
 def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principal, str]]) -> set[str]:
     """`has_news` for many waiting command long-polls at once ({agent id: (credential, session)}):
-    two queries whatever their number, so a wake-up costs one check per process rather than one per
-    waiting agent (api/agent_polls.py)."""
+    three small queries whatever their number, so a wake-up costs one check per process rather than
+    one per waiting agent (api/agent_polls.py). News is a command owed to the agent or a refusal
+    its next full check would answer: a credential revoked or expired meanwhile, an unknown agent,
+    a replaced session. Reads columns, not ORM objects, and only the allocations that may owe
+    something (to be started, to be killed, or a gang's part): a running trial owes nothing."""
     news = {aid for aid, (p, _sid) in polls.items() if p.kind is not TokenKind.AGENT_CREDENTIAL or p.agent_id != aid}
-    rows = {a.id: a for a in s.scalars(select(Agent).where(Agent.id.in_([a for a in polls if a not in news])))}
-    for aid, (p, sid) in polls.items():
+    asked = [a for a in polls if a not in news]
+    if not asked:
+        return news
+    now = master.clock()
+    live = set(s.scalars(select(Token.id).where(
+        Token.id.in_({polls[a][0].token_id for a in asked}), Token.revoked_at.is_(None),
+        or_(Token.expires_at.is_(None), Token.expires_at > now))))
+    rows = {r.id: r for r in s.execute(select(Agent.id, Agent.pool, Agent.session_id, Agent.state)
+                                       .where(Agent.id.in_(asked)))}
+    for aid in asked:
+        p, sid = polls[aid]
         agent = rows.get(aid)
-        if aid not in news and (agent is None or p.pool != agent.pool or agent.session_id != sid
-                                or agent.state != st.AGENT_CONNECTED):
+        if (p.token_id not in live or agent is None or p.pool != agent.pool or agent.session_id != sid
+                or agent.state != st.AGENT_CONNECTED):
             news.add(aid)
-    waiting = set(polls) - news
+    waiting = set(asked) - news
     if not waiting:
         return news
-    for alloc in s.scalars(select(Allocation).where(Allocation.state.in_(st.ALLOC_ON_AGENT))):
+    maybe_owing = select(Allocation).where(
+        Allocation.state.in_(st.ALLOC_ON_AGENT),
+        or_(Allocation.kill_requested.is_(True), Allocation.state == st.ALLOC_ASSIGNED,
+            Allocation.placement.is_not(None)))
+    for alloc in s.scalars(maybe_owing):
         members = {alloc.agent_id} | {str(part.get("agent")) for part in alloc.placement or ()}
         for aid in members & waiting:
             if _owed(master, alloc, aid) is not None:
                 news.add(aid)
     return news
+
+
+def record_heartbeats(s: Session, master: Master, seen: set[tuple[str, str]]) -> int:
+    """Mark the agents seen now ({(agent id, session id)}), in one statement: the heartbeats of the
+    command long-polls a process holds (api/agent_polls.py), written together every few seconds
+    instead of one write transaction per poll. Only an agent still connected on that session is
+    touched (one the placement loop has meanwhile disconnected, or that registered again, is not
+    revived). Returns how many rows moved."""
+    if not seen:
+        return 0
+    t = Agent.__table__.c
+    moved = 0
+    pairs = sorted(seen)  # one order for every process: concurrent flushes cannot deadlock on PostgreSQL
+    for i in range(0, len(pairs), _HEARTBEAT_CHUNK):
+        stmt = (update(Agent.__table__).where(tuple_(t.id, t.session_id).in_(pairs[i:i + _HEARTBEAT_CHUNK]),
+                                              t.state == st.AGENT_CONNECTED).values(last_seen=master.clock()))
+        moved += int(s.connection().execute(stmt).rowcount or 0)
+    return moved
+
+
+_HEARTBEAT_CHUNK = 400  # (id, session) pairs per statement: within SQLite's limit on bound values

@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Dialect, bindparam, func, select
+from sqlalchemy import Connection, Dialect, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.auth import Principal
@@ -196,6 +196,26 @@ def report(master: Master, trial_id: int, caller: Callable[[Session], Principal]
         authorize_reporter(s, p, trial_id)
         reports = build()
         return _store_batch(s, master, p, trial_id, reports, _prepare(master, trial_id, reports))
+
+
+def report_progress(master: Master, trial_id: int, caller: Callable[[Session], Principal], progress: float) -> None:
+    """A trial's progress (0..1, Determined's `report_progress`): who asks and their right to report
+    for the trial checked as for metrics (`authorize_reporter`), then one UPDATE, no ORM object. On
+    SQLite the checks run in a read transaction, so the write lock is held only for the update."""
+    value = min(1.0, progress)
+    if master.engine.dialect.name == "sqlite":
+        with master.read_sessions() as s:
+            authorize_reporter(s, caller(s), trial_id)
+        with transaction(master.sessions) as s:
+            s.connection().execute(_SET_PROGRESS, {"trial_id": trial_id, "progress": value})
+        return
+    with transaction(master.sessions) as s:
+        authorize_reporter(s, caller(s), trial_id)
+        s.connection().execute(_SET_PROGRESS, {"trial_id": trial_id, "progress": value})
+
+
+_SET_PROGRESS = (update(Trial.__table__).where(Trial.__table__.c.id == bindparam("trial_id"))
+                 .values(progress=bindparam("progress")))
 
 
 def _prepare(master: Master, trial_id: int, reports: list[MetricReport]) -> list[_Accepted] | None:

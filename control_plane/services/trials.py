@@ -52,10 +52,6 @@ def complete_operation(s: Session, master: Master, trial: Trial, length: int, se
     lifecycle.complete_operation(s, master, trial, length, searcher_metric)
 
 
-def set_progress(trial: Trial, progress: float) -> None:
-    trial.progress = min(1.0, progress)
-
-
 def must_stop(alloc: Allocation) -> bool:
     """Should the allocation's process checkpoint and exit (preemption, kill, or already ended)?"""
     return _must_stop(alloc.preempt_requested, alloc.kill_requested, alloc.state)

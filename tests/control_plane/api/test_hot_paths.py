@@ -170,6 +170,34 @@ def test_log_batches_on_the_fast_path_are_stored_as_sent(client, admin_headers, 
         assert len(list(s.scalars(select(TaskLog.id).where(TaskLog.task_id == trial.task_id)))) == len(texts)
 
 
+def test_progress_on_the_fast_path(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    exp = create_ok(client, admin_headers)["experiment"]["id"]
+    trial = only_trial(master, exp)
+    own = allocation_headers(master, trial)
+    r = client.post(f"/api/v1/trials/{trial.id}/progress", headers=own, json={"progress": 0.25, "isRaw": False})
+    assert r.status_code == 200 and r.json() == {}, r.text
+    assert progress_of(master, trial.id) == 0.25
+    r = client.post(f"/api/v1/trials/{trial.id}/progress", headers=admin_headers, content=b'{"progress": 7}')
+    assert r.status_code == 200 and progress_of(master, trial.id) == 1.0  # the owner (an admin) may; capped at 1
+    # what the fast path declines or refuses gets the usual answers, and writes nothing
+    r = client.post(f"/api/v1/trials/{trial.id}/progress", headers=own, json={"progress": -1})
+    assert r.status_code == 400 and r.json()["details"][0]["field"] == "progress", r.text
+    r = client.post(f"/api/v1/trials/{trial.id}/progress", headers=make_user(client, admin_headers, "dave"),
+                    json={"progress": 0.5})
+    assert r.status_code == 403, r.text
+    r = client.post("/api/v1/trials/999999/progress", headers=admin_headers, json={"progress": 0.5})
+    assert r.status_code == 404, r.text
+    r = client.post(f"/api/v1/trials/{trial.id}/progress", headers={"Authorization": "Bearer nope"},
+                    json={"progress": 0.5})
+    assert r.status_code == 401, r.text
+    assert progress_of(master, trial.id) == 1.0
+
+
+def progress_of(master, trial_id: int) -> float | None:  # type: ignore[no-untyped-def]
+    with master.read_sessions() as s:
+        return s.get(Trial, trial_id).progress
+
+
 def test_long_poll_checks(master) -> None:  # type: ignore[no-untyped-def]
     p, session, cmd = agent_steps.one_task(master)
     news = agent_service.has_news

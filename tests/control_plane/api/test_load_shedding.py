@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import APIRouter, Depends
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from control_plane.api import agent_polls, deps
@@ -28,7 +29,8 @@ from control_plane.api.admission import ServiceRate
 from control_plane.api.app import create_app
 from control_plane.api.users import master_info
 from control_plane.config import load_config
-from control_plane.db.models import Metric
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, Metric
 from control_plane.master import Master
 from harness.core._session import RetryPolicy
 from harness.core._session import Session as HarnessSession
@@ -291,6 +293,45 @@ def test_long_polls_hold_no_connection_or_slot_while_waiting(serve: Any) -> None
         assert r.status_code == 200, r.text
         assert r.json() == {"commands": []}
     assert settled(lambda: s.admission.active == 0)
+
+
+def test_a_known_agent_is_heard_while_the_cluster_lane_is_full(serve: Any) -> None:
+    # The agents' lane is saturated (its one slot held, no queue): any other agent or trial request
+    # is refused, but a poll from an agent whose credential this process has verified needs no
+    # slot: it waits on the poll hub, is answered, and counts as the agent's heartbeat. An agent the
+    # process does not know yet is refused with 503 and Retry-After (its first poll needs the
+    # database).
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=0,
+              request_queue_wait_s=0)
+    known, known_session = _agent(s, "known")
+    other, other_session = _agent(s, "stranger")
+    r = httpx.get(f"{s.url}/api/v1/agents/known/commands", headers=known,
+                  params={"sessionId": known_session, "timeoutSeconds": 0}, timeout=WAIT)
+    assert r.status_code == 200, r.text  # the full check: the credential is remembered
+    long_ago = s.master.clock() - timedelta(minutes=10)
+    with transaction(s.master.sessions) as db:
+        db.execute(update(Agent).values(last_seen=long_ago))
+    slow, _ = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
+    s.gate.wait_entered(1)
+    try:
+        r = httpx.post(f"{s.url}/api/v1/agents/known/events", headers=known,
+                       json={"sessionId": known_session, "events": []}, timeout=WAIT)
+        assert r.status_code == 503 and r.headers["retry-after"]  # the lane is full indeed
+        r = httpx.get(f"{s.url}/api/v1/agents/stranger/commands", headers=other,
+                      params={"sessionId": other_session, "timeoutSeconds": 3}, timeout=WAIT)
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
+        r = httpx.get(f"{s.url}/api/v1/agents/known/commands", headers=known,
+                      params={"sessionId": known_session, "timeoutSeconds": agent_polls.HEARTBEAT_FLUSH_S + 1},
+                      timeout=WAIT)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"commands": []}
+        with s.master.read_sessions() as db:
+            seen = {a.id: a.last_seen for a in db.query(Agent)}
+        assert seen["known"] > long_ago  # heard while it waited
+        assert seen["stranger"] == long_ago
+    finally:
+        s.gate.opened.set()
+        join(slow)
 
 
 def test_log_follow_holds_no_slot_while_waiting(serve: Any) -> None:

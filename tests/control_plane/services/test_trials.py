@@ -6,10 +6,12 @@ from datetime import timedelta
 
 import pytest
 
+from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Experiment, Trial
-from control_plane.errors import Invalid
+from control_plane.errors import Invalid, NotFound, PermissionDenied
+from control_plane.services import metrics as trial_metrics
 from control_plane.services import trials
 from control_plane.services.trials import SearcherOperation
 from tests.control_plane.services.builders import RANDOM, create_experiment
@@ -32,7 +34,8 @@ def test_the_searcher_operation_of_a_trial(master) -> None:  # type: ignore[no-u
         assert err.value.details[0].field == "op.length"
         trials.complete_operation(s, master, t, 100, 0.1)
         trials.complete_operation(s, master, t, 100, 0.1)  # again: a no-op
-        trials.set_progress(t, 3.0)
+    trial_metrics.report_progress(master, trial.id, lambda _s: Principal(kind=TokenKind.ALLOCATION, token_id=0, trial_id=trial.id),
+                                 3.0)  # capped at 1
     with master.read_sessions() as s:
         t = s.get(Trial, trial.id)
         assert t.searcher_completed_length == 100 and t.progress == 1.0
@@ -59,3 +62,18 @@ def test_trials_are_filtered_and_ordered(master) -> None:  # type: ignore[no-unt
         assert by_end[0].id == ids[0]
         by_size = trials.ordered(found, "SORT_BY_CHECKPOINT_SIZE", True, {ids[1]: 10}, now)
         assert [t.id for t in by_size] == [ids[1], ids[2], ids[0]]  # ties by id, in the same direction
+
+
+def test_progress_is_reported_only_by_the_trials_own_allocation_or_its_owner(master) -> None:  # type: ignore[no-untyped-def]
+    exp_id = create_experiment(master, RANDOM)
+    with master.read_sessions() as s:
+        first, second = trials.trials_of(s, exp_id)[:2]
+    other = Principal(kind=TokenKind.ALLOCATION, token_id=0, trial_id=second.id)
+    with pytest.raises(PermissionDenied):
+        trial_metrics.report_progress(master, first.id, lambda _s: other, 0.5)
+    with pytest.raises(NotFound):
+        trial_metrics.report_progress(master, 2_000_000_000, lambda _s: other, 0.5)
+    trial_metrics.report_progress(master, second.id, lambda _s: other, 0.25)
+    with master.read_sessions() as s:
+        assert s.get(Trial, first.id).progress in (None, 0.0)  # the refused report wrote nothing
+        assert s.get(Trial, second.id).progress == 0.25
