@@ -9,10 +9,12 @@ loop that:
 
 - remembers the credentials it has verified with a full check (`remember`), so that the next poll
   of the same agent skips the database on arrival: it waits on the hub at once;
-- checks the arrivals, and on every wake-up (`master.notify()`, or another process's through
-  db/wakebus.py, or every `RECHECK_S`) every waiting poll, in one batch query
-  (`services.agents.agents_with_news`), which also re-verifies each credential (revoked, expired)
-  and session: only the polls with news go on to the full check, which alone hands out commands;
+- checks the arrivals in batches (`services.agents.agents_with_news`: is the credential still
+  live, the session current, a command owed?), and on every wake-up (`master.notify()`, or another
+  process's through db/wakebus.py, or every `RECHECK_S`) every waiting poll for commands, in one
+  query; only the polls with news go on to the full check, which alone hands out commands (a
+  credential revoked while its poll waits is refused at the agent's next poll, within its
+  timeout);
 - holds the heartbeats: an agent whose poll is waiting or arrived is alive, and the hub writes
   `last_seen` for all of them in one statement every `HEARTBEAT_FLUSH_S`
   (`services.agents.record_heartbeats`), so a poll is never refused for want of a slot and an
@@ -150,22 +152,26 @@ class AgentPolls:
             if gap > 0:
                 await asyncio.sleep(gap)
             if full or self.arrived:
-                asked = list(self.waiting) if full else [a for a in self.arrived if a in self.waiting]
+                arrivals = [a for a in self.arrived if a in self.waiting]
                 self.arrived.clear()
                 last_check = time.monotonic()
-                if full:
+                if arrivals:  # verified: credential and session, then commands
+                    await self._check_and_answer(arrivals, verify=True)
+                if full:  # a wake-up: commands only (every waiting poll was verified when it came)
                     last_full = last_check
-                if asked:
-                    await self._check_and_answer(asked)
+                    checked = set(arrivals)
+                    rest = [a for a in self.waiting if a not in checked]
+                    if rest:
+                        await self._check_and_answer(rest, verify=False)
             if time.monotonic() >= next_flush:
                 next_flush = time.monotonic() + HEARTBEAT_FLUSH_S
                 await self._flush()
 
-    async def _check_and_answer(self, asked: list[str]) -> None:
+    async def _check_and_answer(self, asked: list[str], *, verify: bool) -> None:
         snapshot = {aid: self.waiting[aid] for aid in asked if aid in self.waiting}
         polls = {aid: (poll.p, poll.session_id) for aid, poll in snapshot.items()}
         try:
-            news = await run_in_threadpool(self._check, polls)
+            news = await run_in_threadpool(self._check, polls, verify)
         except Exception:  # a failed check: answer them all; each poll's full check says what is wrong
             log.warning("event=agent_poll_check_failed agents=%d", len(polls), exc_info=True)
             news = set(polls)
@@ -175,9 +181,9 @@ class AgentPolls:
             if not fut.done():
                 fut.set_result(True)
 
-    def _check(self, polls: dict[str, tuple[Principal, str]]) -> set[str]:
+    def _check(self, polls: dict[str, tuple[Principal, str]], verify: bool) -> set[str]:
         with self.master.read_sessions() as s:
-            return service.agents_with_news(s, self.master, polls)
+            return service.agents_with_news(s, self.master, polls, verify=verify)
 
     async def _flush(self) -> None:
         """Write the heartbeats of every agent seen since the last flush and of every poll still

@@ -481,17 +481,23 @@ def expire_drains(s: Session, master: Master) -> None:
                 log.warning("event=drain_timeout allocation_id=%s agent_id=%s", alloc.id, agent_id)
 
 
-def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principal, str]]) -> set[str]:
+def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principal, str]], *,
+                     verify: bool = True) -> set[str]:
     """`has_news` for many waiting command long-polls at once ({agent id: (credential, session)}):
     three small queries whatever their number, so a wake-up costs one check per process rather than
     one per waiting agent (api/agent_polls.py). News is a command owed to the agent or a refusal
     its next full check would answer: a credential revoked or expired meanwhile, an unknown agent,
     a replaced session. Reads columns, not ORM objects, and only the allocations that may owe
-    something (to be started, to be killed, or a gang's part): a running trial owes nothing."""
+    something (to be started, to be killed, or a gang's part): a running trial owes nothing.
+
+    `verify=False` looks for commands only (one query): the poll hub re-checks every waiting poll
+    that way on each wake-up, having verified credential and session when the poll arrived."""
     news = {aid for aid, (p, _sid) in polls.items() if p.kind is not TokenKind.AGENT_CREDENTIAL or p.agent_id != aid}
     asked = [a for a in polls if a not in news]
     if not asked:
         return news
+    if not verify:
+        return news | _owing(s, master, set(asked))
     now = master.clock()
     live = set(s.scalars(select(Token.id).where(
         Token.id.in_({polls[a][0].token_id for a in asked}), Token.revoked_at.is_(None),
@@ -505,8 +511,12 @@ def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principa
                 or agent.state != st.AGENT_CONNECTED):
             news.add(aid)
     waiting = set(asked) - news
-    if not waiting:
-        return news
+    return news | _owing(s, master, waiting) if waiting else news
+
+
+def _owing(s: Session, master: Master, waiting: set[str]) -> set[str]:
+    """Which of the agents are owed a start or a kill."""
+    owing: set[str] = set()
     maybe_owing = select(Allocation).where(
         Allocation.state.in_(st.ALLOC_ON_AGENT),
         or_(Allocation.kill_requested.is_(True), Allocation.state == st.ALLOC_ASSIGNED,
@@ -515,8 +525,8 @@ def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principa
         members = {alloc.agent_id} | {str(part.get("agent")) for part in alloc.placement or ()}
         for aid in members & waiting:
             if _owed(master, alloc, aid) is not None:
-                news.add(aid)
-    return news
+                owing.add(aid)
+    return owing
 
 
 def record_heartbeats(s: Session, master: Master, seen: set[tuple[str, str]]) -> int:

@@ -73,6 +73,7 @@ def test_a_credential_revoked_while_its_poll_waits_is_news(master) -> None:  # t
         auth.revoke_token(s, p.token_id, now=master.clock())
     with master.read_sessions() as s:
         assert service.agents_with_news(s, master, polls) == {"r1"}  # its full check answers 401
+        assert service.agents_with_news(s, master, polls, verify=False) == set()  # a wake-up's check: commands only
 
 
 def test_an_unchecked_arrival_is_checked_at_once(master) -> None:  # type: ignore[no-untyped-def]
