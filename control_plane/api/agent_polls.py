@@ -26,11 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
+from control_plane.api.per_master import per_master
 from control_plane.auth import Principal, TokenKind, token_digest
 from control_plane.db.engine import transaction
 from control_plane.master import Master
@@ -166,6 +166,9 @@ class AgentPolls:
             if time.monotonic() >= next_flush:
                 next_flush = time.monotonic() + HEARTBEAT_FLUSH_S
                 await self._flush()
+        for poll in list(self.waiting.values()):  # the master stops: answered empty, the agent polls again
+            if not poll.fut.done():
+                poll.fut.set_result(False)
 
     async def _check_and_answer(self, asked: list[str], *, verify: bool) -> None:
         snapshot = {aid: self.waiting[aid] for aid in asked if aid in self.waiting}
@@ -210,12 +213,4 @@ class AgentPolls:
         await self._flush()
 
 
-_HUBS: weakref.WeakKeyDictionary[Master, AgentPolls] = weakref.WeakKeyDictionary()
-
-
-def of(master: Master) -> AgentPolls:
-    hub = _HUBS.get(master)
-    if hub is None:
-        hub = _HUBS[master] = AgentPolls(master)
-    return hub
-
+of = per_master(AgentPolls)

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
-from control_plane.api import deps, fastjson
+from control_plane.api import deps, fastjson, preempt_polls
 from control_plane.api.admission import Ticket
 from control_plane.api.wire import Count64, Id, StrictWire, Wire, ts
 from control_plane.auth import Principal, TokenKind
@@ -166,17 +166,15 @@ async def preemption_signal(
     slot: Ticket = Depends(deps.ticket),
 ) -> dict[str, Any]:
     deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 600.0))
-    while True:
-        preempt = await run_in_threadpool(_preempt_state, master, p, allocationId)
-        remaining = deadline - time.monotonic()
-        if preempt or remaining <= 0 or master.stopping.is_set():
-            return {"preempt": preempt}
-        # The wait holds no thread, connection or admission slot (api/admission.py); with no slot
-        # to be had afterwards, answer "no preemption yet" and the harness asks again.
-        async with slot.idle():
-            await master.wait_async(min(remaining, 2.0))
-        if not slot.held:
-            return {"preempt": False}
+    preempt = await run_in_threadpool(_preempt_state, master, p, allocationId)
+    remaining = deadline - time.monotonic()
+    if preempt or remaining <= 0 or master.stopping.is_set():
+        return {"preempt": preempt}
+    # The wait holds no thread, connection or admission slot (api/admission.py): the process's
+    # preemption poll hub (api/preempt_polls.py) checks every waiting poll in one query per
+    # wake-up and every 2 s, and answers this one when its allocation must stop.
+    slot.release()
+    return {"preempt": await preempt_polls.of(master).wait(allocationId, remaining)}
 
 
 @router.get("/api/v1/allocations/{allocationId}/resources/{resourcesId}/rendezvous")

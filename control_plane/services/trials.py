@@ -72,6 +72,22 @@ def must_stop_by_id(s: Session, allocation_id: str) -> bool | None:
     return None if row is None else _must_stop(row.preempt_requested, row.kill_requested, row.state)
 
 
+def stopping_among(s: Session, allocation_ids: Collection[str]) -> set[str]:
+    """Which of these allocations must stop (`must_stop`), or are gone: the preemption long-polls
+    waiting in a process, checked together in one query (api/preempt_polls.py)."""
+    ids = set(allocation_ids)
+    if not ids:
+        return set()
+    found: set[str] = set()
+    stop: set[str] = set()
+    for row in s.execute(select(Allocation.id, Allocation.preempt_requested, Allocation.kill_requested,
+                                Allocation.state).where(Allocation.id.in_(ids))):
+        found.add(row.id)
+        if _must_stop(row.preempt_requested, row.kill_requested, row.state):
+            stop.add(row.id)
+    return stop | (ids - found)
+
+
 # -- queries ---------------------------------------------------------------------------------------
 SORTS = (
     "SORT_BY_UNSPECIFIED", "SORT_BY_ID", "SORT_BY_START_TIME", "SORT_BY_END_TIME", "SORT_BY_STATE",
