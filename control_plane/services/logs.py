@@ -95,6 +95,13 @@ def require_log_writer(s: Session, p: Principal, targets: list[LogTarget]) -> No
     for i, t in enumerate(targets):
         if "\x00" in t.task_id:
             raise bad_request("must not contain NUL characters", f"logs[{i}].taskId")
+    if p.kind is TokenKind.ALLOCATION and p.allocation_id is not None:
+        # The common case, a trial shipping its own output: one query. Anything else (another
+        # task, an unknown one) takes the checks below, in their order, for its 404 or 403.
+        own = s.scalar(select(Allocation.task_id).where(Allocation.id == p.allocation_id))
+        if own is not None and all(t.task_id == own and t.allocation_id in (None, p.allocation_id)
+                                   for t in targets):
+            return
     tasks = {t.task_id for t in targets}
     known = set(s.scalars(select(Trial.task_id).where(Trial.task_id.in_(tasks))))
     known |= set(s.scalars(select(Allocation.task_id).where(Allocation.task_id.in_(tasks))))

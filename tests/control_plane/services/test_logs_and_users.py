@@ -42,6 +42,10 @@ def test_who_may_ship_a_tasks_logs(master) -> None:  # type: ignore[no-untyped-d
         with pytest.raises(NotFound) as err:
             logs.require_log_writer(s, admin(master), [LogTarget(task), LogTarget("no-such-task")])
         assert "logs[1].taskId" in err.value.message
+        # a trial's own lines in one query; a line for an unknown task still answers 404 first
+        with pytest.raises(NotFound) as err:
+            logs.require_log_writer(s, own, [LogTarget(task), LogTarget("no-such-task")])
+        assert "logs[1].taskId" in err.value.message
 
 
 def test_lines_are_stored_clean_and_read_back_by_filter(master) -> None:  # type: ignore[no-untyped-def]
