@@ -29,6 +29,7 @@ from control_plane.api import (
 from control_plane.api.access_log import RequestTelemetry
 from control_plane.api.admission import Admission, AdmissionControl
 from control_plane.api.errors import error_body, install_error_handlers
+from control_plane.api.express import ExpressLane
 from control_plane.api.limits import BodyLimits
 from control_plane.api.users import master_info
 from control_plane.master import Master
@@ -108,8 +109,10 @@ def _install_admission(app: FastAPI, master: Master) -> None:
     app.add_exception_handler(PoolTimeout, _pool_timeout)
     # Outermost: a request over the limit is refused before its body is read or anything runs.
     info = partial(master_info, master)
+    # Behind admission: the hot report routes' fast paths straight from the front door (api/express.py).
+    express = ExpressLane(app, partial(FastAPI.__call__, app), cfg)
     front = AdmissionControl(
-        partial(FastAPI.__call__, app), admission=admission, cluster=cluster, exempt=HEALTH_PATHS,
+        express, admission=admission, cluster=cluster, exempt=HEALTH_PATHS,
         threads=admission.limit + cluster.limit + THREAD_SLACK,
         health={"/health": lambda: {"status": "ok"}, "/info": info, "/api/v1/master": info})
     # Around the front door: refusals and health count and log too (api/access_log.py).

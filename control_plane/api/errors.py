@@ -38,15 +38,19 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
     return out or "(body)"
 
 
+def domain_error_response(exc: DomainError) -> JSONResponse:
+    status = http_status(exc)
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, TooManyRequests) else None
+    return JSONResponse(error_body(status, exc.message, exc.details), status_code=status, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     # The spec documents these handlers' statuses (400, not FastAPI's 422) and body.
     install_openapi(app)
 
     @app.exception_handler(DomainError)
     async def _domain_error(_req: Request, exc: DomainError) -> JSONResponse:
-        status = http_status(exc)
-        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, TooManyRequests) else None
-        return JSONResponse(error_body(status, exc.message, exc.details), status_code=status, headers=headers)
+        return domain_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

@@ -44,6 +44,11 @@ def fast_path(handler: FastHandler) -> Callable[[E], E]:
     return attach
 
 
+def fast_handler(route: APIRoute) -> FastHandler | None:
+    """The route's fast path, if it has one (api/express.py serves it from the front door)."""
+    return getattr(route.endpoint, _FAST_ATTR, None) if isinstance(route, FastRoute) else None
+
+
 class FastRoute(APIRoute):
     """An APIRoute that tries its endpoint's fast path (if it has one) before FastAPI's handling."""
 
