@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
@@ -102,10 +103,11 @@ class AgentPolls:
         self.seen.add((agent_id, session_id))
 
     async def wait(self, p: Principal, agent_id: str, session_id: str, timeout: float, *,
-                   unchecked: bool = False) -> bool:
-        """True when the agent has news (a command or a refusal), False at the timeout. An
-        `unchecked` poll (one that skipped the full check on arrival) is checked with the next
-        batch of arrivals."""
+                   unchecked: bool = False, gone: Awaitable[object] | None = None) -> bool:
+        """True when the agent has news (a command or a refusal), False at the timeout or as soon
+        as `gone` completes (the client closed the connection: a dead agent's poll stops counting
+        as its heartbeat at once). An `unchecked` poll (one that skipped the full check on arrival)
+        is checked with the next batch of arrivals."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         previous = self.waiting.get(agent_id)
@@ -117,11 +119,17 @@ class AgentPolls:
         if unchecked:
             self.arrived.add(agent_id)
             self._wake()
+        watch = asyncio.ensure_future(gone) if gone is not None else None
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            if watch is None:
+                return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            await asyncio.wait({fut, watch}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            return fut.done() and fut.result()
         except TimeoutError:
             return False
         finally:
+            if watch is not None and not watch.done():
+                watch.cancel()
             if (entry := self.waiting.get(agent_id)) is not None and entry.fut is fut:
                 del self.waiting[agent_id]
                 self.arrived.discard(agent_id)

@@ -75,6 +75,12 @@ def _full_check(master: Master, request: Request, agent_id: str, session_id: str
         return p, service.pending_commands(s, master, p, agent_id, session_id)
 
 
+async def _disconnect(request: Request) -> None:
+    """Completes when the client closes the connection (a GET has no body to read first)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 # A poll shorter than this is always checked in full on arrival (it could not wait for a batch).
 _MIN_HUB_WAIT_S = 1.0
 
@@ -116,7 +122,7 @@ async def commands(
         remaining = deadline - time.monotonic()
         if remaining <= 0 or master.stopping.is_set():
             return CommandsResponse(commands=[]).to_wire()
-        if not await hub.wait(p, agentId, sessionId, remaining, unchecked=unchecked):
+        if not await hub.wait(p, agentId, sessionId, remaining, unchecked=unchecked, gone=_disconnect(request)):
             return CommandsResponse(commands=[]).to_wire()
         unchecked = False
         # News: a command, or a refusal the full check states (and then the credential is forgotten).

@@ -41,8 +41,15 @@ from shipyard_common.task_env import TrialEnvironment
 
 log = logging.getLogger("shipyard.agents")
 
-# How often an agent is asked to poll; the long-poll is its heartbeat.
-HEARTBEAT_INTERVAL_S = 5.0
+# The longest command long-poll the master asks of an agent (it announces it at registration and the
+# agent lowers its poll timeout to it). A waiting poll is itself the heartbeat (api/agent_polls.py
+# writes `last_seen` for every waiting poll every 2 s), so the poll's length only bounds how long a
+# dead agent's last poll keeps it counted alive: half the heartbeat timeout, at most this.
+HEARTBEAT_INTERVAL_MAX_S = 10.0
+
+
+def heartbeat_interval_s(master: Master) -> float:
+    return min(HEARTBEAT_INTERVAL_MAX_S, master.config.agent_heartbeat_timeout_s / 2)
 
 # A task event's effect on its allocation and on the allocation's trial.
 _EVENT_STATES: dict[str, tuple[st.AllocationState, st.TrialState]] = {
@@ -166,7 +173,7 @@ def register_agent(s: Session, master: Master, p: Principal, req: RegisterReques
     log.info("event=agent_registered agent_id=%s pool=%s slots=%d keep=%d kill=%d",
              agent.id, agent.pool, len(slots), len(keep), len(kill))
     master.notify(s)
-    return RegisterResponse(session_id=session_id, heartbeat_interval_s=HEARTBEAT_INTERVAL_S, kill=kill,
+    return RegisterResponse(session_id=session_id, heartbeat_interval_s=heartbeat_interval_s(master), kill=kill,
                             cluster_id=master.cluster_id, agent_credential=credential,
                             reconnect_backoff_max_s=master.config.agent_reconnect_cap_s)
 

@@ -29,7 +29,7 @@ import orjson
 from sqlalchemy import Connection, Dialect, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from control_plane.auth import Principal
+from control_plane.auth import Principal, TokenKind
 from control_plane.core import metrics as metric_values
 from control_plane.core.expconf import ExperimentConfig
 from control_plane.db.engine import transaction
@@ -167,7 +167,11 @@ _WRITER_ROW = (select(Trial.experiment_id, Experiment.owner_id)
 
 def authorize_reporter(s: Session, p: Principal, trial_id: int) -> None:
     """404 for an unknown trial, 403 unless `p` may report for it (`access.require_trial_writer`):
-    one query, no ORM objects."""
+    one query, no ORM objects; none for the trial's own allocation token, the reporter of nearly
+    every report (a live allocation token's trial exists: deleting an experiment revokes its
+    trials' tokens in the same transaction)."""
+    if p.kind is TokenKind.ALLOCATION and p.trial_id == trial_id:
+        return
     row = s.connection().execute(_WRITER_ROW, {"trial_id": trial_id}).first()
     if row is None:
         raise not_found(f"trial {trial_id}")

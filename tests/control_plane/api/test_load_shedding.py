@@ -334,6 +334,25 @@ def test_a_known_agent_is_heard_while_the_cluster_lane_is_full(serve: Any) -> No
         join(slow)
 
 
+def test_a_poll_whose_agent_hangs_up_stops_counting_at_once(serve: Any) -> None:
+    # A waiting poll is its agent's heartbeat: when the agent goes (its connection closes), the
+    # poll leaves the hub at once rather than at its timeout.
+    s = serve()
+    headers, session = _agent(s, "leaver")
+    r = httpx.get(f"{s.url}/api/v1/agents/leaver/commands", headers=headers,
+                  params={"sessionId": session, "timeoutSeconds": 0}, timeout=WAIT)
+    assert r.status_code == 200, r.text  # the full check: the credential is remembered
+    hub = agent_polls.of(s.master)
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1 s and closes the connection
+        httpx.get(f"{s.url}/api/v1/agents/leaver/commands", headers=headers,
+                  params={"sessionId": session, "timeoutSeconds": 60}, timeout=httpx.Timeout(WAIT, read=1.0))
+    for _ in range(100):  # well before the poll's own 60 s
+        if "leaver" not in hub.waiting:
+            break
+        threading.Event().wait(0.1)
+    assert "leaver" not in hub.waiting
+
+
 def test_log_follow_holds_no_slot_while_waiting(serve: Any) -> None:
     s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=4,
               request_queue_wait_s=5)

@@ -114,7 +114,8 @@ def test_register_records_the_agent_under_a_new_session(master) -> None:  # type
     p = agent_principal(master)
     first = register(master, p, slots=2)
     assert first.session_id and first.kill == [] and first.cluster_id == master.cluster_id
-    assert first.heartbeat_interval_s == service.HEARTBEAT_INTERVAL_S
+    # half the heartbeat timeout (a waiting poll is the heartbeat), at most 10 s
+    assert first.heartbeat_interval_s == min(10.0, master.config.agent_heartbeat_timeout_s / 2)
     with transaction(master.sessions) as s:
         agent = s.get(Agent, "a1")
         assert agent is not None and agent.state == st.AGENT_CONNECTED and agent.pool == "default"
