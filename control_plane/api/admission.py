@@ -13,8 +13,10 @@ Two lanes, each with its own slots and queue: the cluster's (agents and trials: 
 events, logs, metrics, checkpoints; `is_cluster_request`) and the users' (everything else), so no
 amount of user load keeps an agent from heartbeating or a trial from reporting. Health (`/info`,
 `/health`) bypasses both: `AdmissionControl` is the application's front door (api/app.py's
-`ShipyardApp`), in front of every middleware and of routing, and answers health from memory itself. Long-polls and log follows give their slot back while they wait
-(`Ticket.idle`) and take one again for each short database read.
+`ShipyardApp`), in front of every middleware and of routing, and answers health from memory itself.
+Long-polls and log follows hold no slot while they wait: the preemption poll gives its slot back
+(`Ticket.release`), a log follow takes one for each short read (`Ticket.take_turn`), and the
+agents' command poll takes one only when it needs the database (`is_self_admitted`).
 
 Single event loop (uvicorn's); the bookkeeping is guarded by a lock anyway because a waiter may be
 granted from whichever task releases a slot.
@@ -23,14 +25,13 @@ granted from whichever task releases a slot.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,15 +231,6 @@ class Ticket:
             self.held = False
             if self.admission is not None:
                 self.admission.release()
-
-    @contextlib.asynccontextmanager
-    async def idle(self) -> AsyncIterator[None]:
-        """Hold nothing while waiting (a long-poll's sleep). Afterwards a slot is taken again with
-        the queue's usual wait; if none comes, `held` is False and the caller answers with what it
-        has (an empty poll), which the client simply repeats."""
-        self.release()
-        yield  # a wait that ends in an error (the client left) takes nothing back
-        await self.acquire()
 
     async def take_turn(self) -> None:
         """For a stream whose headers are already sent (a 503 is no longer possible): wait as long

@@ -72,10 +72,11 @@ class AgentPolls:
         re-verifies it while the poll waits)."""
         if not token:
             return None
-        entry = self.credentials.get(token_digest(token))
+        digest = token_digest(token)
+        entry = self.credentials.get(digest)
         if entry is None or entry[0].agent_id != agent_id:
             return None
-        self.credentials[token_digest(token)] = (entry[0], time.monotonic())
+        self.credentials[digest] = (entry[0], time.monotonic())
         return entry[0]
 
     def remember(self, token: str, p: Principal) -> None:
@@ -217,7 +218,7 @@ class AgentPolls:
             service.record_heartbeats(s, self.master, seen)
 
     async def flush_now(self) -> None:
-        """Write the pending heartbeats at once (a stopping process; tests)."""
+        """Write the pending heartbeats at once (tests)."""
         await self._flush()
 
 

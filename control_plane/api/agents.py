@@ -100,7 +100,7 @@ async def commands(
     # credential and session, and writes the heartbeats of every waiting agent together. Only a
     # poll the hub finds news for, and the first poll of a credential, run the full check
     # (`_full_check`, with a slot of the cluster's lane), which alone hands out commands.
-    # The front door takes no slot for this route (admission.SELF_ADMITTED): a poll waits on
+    # The front door takes no slot for this route (admission.is_self_admitted): a poll waits on
     # nothing, so a saturated master still hears its agents.
     deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 60.0))
     hub = agent_polls.of(master)

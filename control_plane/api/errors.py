@@ -44,6 +44,12 @@ def domain_error_response(exc: DomainError) -> JSONResponse:
     return JSONResponse(error_body(status, exc.message, exc.details), status_code=status, headers=headers)
 
 
+def unexpected_error_response(path: str) -> JSONResponse:
+    """A bug: logged with its traceback (call it in the except block), answered as a bare 500."""
+    log.exception("event=unhandled_error path=%s", path)
+    return JSONResponse(error_body(500, "internal error", []), status_code=500)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     # The spec documents these handlers' statuses (400, not FastAPI's 422) and body.
     install_openapi(app)
@@ -69,5 +75,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
-        log.exception("event=unhandled_error path=%s", req.url.path)
-        return JSONResponse(error_body(500, "internal error", []), status_code=500)
+        return unexpected_error_response(req.url.path)

@@ -21,15 +21,14 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane.api import fastjson
-from control_plane.api.errors import domain_error_response, error_body
-from control_plane.api.limits import body_limit
+from control_plane.api.errors import domain_error_response, unexpected_error_response
+from control_plane.api.limits import body_limit, content_length
 from control_plane.config import MasterConfig
 from control_plane.errors import DomainError
 
@@ -60,7 +59,7 @@ class ExpressLane:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hit = self.match(scope) if scope["type"] == "http" else None
-        declared = _content_length(scope) if hit is not None else None
+        declared = content_length(scope) if hit is not None else None
         if hit is None or declared is None or declared > body_limit(self.config, "POST", scope["path"]):
             await self.full(scope, receive, send)
             return
@@ -74,19 +73,11 @@ class ExpressLane:
         except DomainError as e:
             response = domain_error_response(e)
         except Exception:
-            log.exception("event=unhandled_error path=%s", scope["path"])
-            response = JSONResponse(error_body(500, "internal error", []), status_code=500)
+            response = unexpected_error_response(scope["path"])
         if response is None:  # declined: the usual path answers, with the body already read
             await self.full(scope, replay_body(await request.body(), receive), send)
             return
         await response(scope, receive, send)
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:

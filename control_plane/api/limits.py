@@ -59,7 +59,7 @@ class BodyLimits:
             await _send_error(send, 400, f"{nul}: must not contain NUL characters", nul)
             return
         limit = body_limit(self.config, scope["method"], scope["path"])
-        declared = _content_length(scope)
+        declared = content_length(scope)
         if declared is not None and declared > limit:
             await _reject(send, limit)
             return
@@ -100,7 +100,8 @@ class BodyLimits:
             log.info("event=request_body_too_large method=%s path=%s limit=%s", scope["method"], scope["path"], limit)
 
 
-def _content_length(scope: Scope) -> int | None:
+def content_length(scope: Scope) -> int | None:
+    """The Content-Length the request declares, None if none (or not a number)."""
     for name, value in scope.get("headers", []):
         if name == b"content-length":
             return int(value) if value.isdigit() else None

@@ -85,14 +85,11 @@ def test_an_unchecked_arrival_is_checked_at_once(master) -> None:  # type: ignor
     placement.tick(master)
     hub = AgentPolls(master)
 
-    async def scenario() -> tuple[bool, float]:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        news = await hub.wait(p, "u1", resp.session_id, timeout=1.5, unchecked=True)
-        return news, loop.time() - t0
+    async def scenario() -> bool:
+        # A timeout under the hub's periodic re-check (RECHECK_S): only the arrival check can answer.
+        return await hub.wait(p, "u1", resp.session_id, timeout=1.5, unchecked=True)
 
-    news, _took = asyncio.run(scenario())
-    assert news
+    assert asyncio.run(scenario()) is True
     assert hub.checks == 1
 
 
