@@ -683,6 +683,24 @@ def classify(outcome: str) -> str:
     return "error"
 
 
+TIMELINE_STEP_S = 5.0
+
+
+def print_timeline(in_window: list[Record], t0: float, wall_s: float) -> None:
+    """Report latency through the window, by when the request was sent: a backlog left by the
+    set-up, or a stall now and then (a checkpoint, a collection), shows where the p99 comes from."""
+    buckets: dict[int, list[float]] = defaultdict(list)
+    for rec in in_window:
+        if rec[0] in REPORT_ROUTES and classify(rec[3]) == "ok" and rec[1] >= t0:
+            buckets[int((rec[1] - t0) // TIMELINE_STEP_S)].append(rec[2] * 1000)
+    cells = []
+    for i in range(int(wall_s // TIMELINE_STEP_S) + 1):
+        lat = sorted(buckets.get(i, []))
+        if lat:
+            cells.append(f"{i * TIMELINE_STEP_S:.0f}s {pct(lat, 0.5):.0f}/{pct(lat, 0.99):.0f}")
+    print("reports through the window (sent at, p50/p99 ms): " + " · ".join(cells))
+
+
 def report(args: argparse.Namespace, db: str, results: list[GenResult], usage: Usage, info: dict[str, Any]) -> int:
     unexpected = [u for r in results for u in r.unexpected]
     records = [rec for r in results for rec in r.records]
@@ -756,6 +774,7 @@ def report(args: argparse.Namespace, db: str, results: list[GenResult], usage: U
             setup_bad[f"{route.split()[1].removeprefix('/api/v1/')} {kind}"] += n
     print(f"set-up phase: {sum(setup.values())} requests, not 2xx: "
           + (", ".join(f"{k}: {n}" for k, n in sorted(setup_bad.items())) or "none"))
+    print_timeline(in_window, t0, usage.wall_s)
     print(f"all routes in the window: {len(in_window)} requests ({len(in_window) / usage.wall_s:.0f}/s), "
           f"{ok_in_window} 2xx")
     print(f"master: RSS {usage.master_rss_peak / 2**20:.0f} MiB peak, {usage.master_rss_end / 2**20:.0f} MiB at the end "

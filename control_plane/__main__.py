@@ -95,6 +95,7 @@ def _prepared(config):  # type: ignore[no-untyped-def]
 def _serve_single(config, wrap_provider: ProviderWrapper | None) -> int:  # type: ignore[no-untyped-def]
     import uvicorn
 
+    from control_plane import workers
     from control_plane.api.app import create_app
     from control_plane.loops import start_background
 
@@ -110,6 +111,7 @@ def _serve_single(config, wrap_provider: ProviderWrapper | None) -> int:  # type
     signal.signal(signal.SIGTERM, _term)
     log.info("event=master_listening url=http://%s:%s cluster_id=%s processes=1", config.host, config.port,
              master.cluster_id)
+    workers.settle_heap()
     try:
         server.run()
     finally:
@@ -145,6 +147,7 @@ def _serve_split(config, wrap_provider: ProviderWrapper | None, options: list[st
     signal.signal(signal.SIGINT, _term)
     log.info("event=master_listening url=http://%s:%s cluster_id=%s processes=%d+1", config.host, config.port,
              master.cluster_id, config.worker_processes)
+    workers.settle_heap()
     try:
         supervisor.run()
     finally:
@@ -174,6 +177,7 @@ def serve_worker(config, fd: int) -> int:  # type: ignore[no-untyped-def]
         server.should_exit = True
 
     signal.signal(signal.SIGTERM, _term)
+    workers.settle_heap()
     try:
         server.run()
     finally:

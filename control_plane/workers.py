@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import shutil
@@ -57,6 +58,24 @@ def prepare_metrics_dir(state_dir: Path) -> Path:
     path.mkdir(parents=True, mode=0o700)
     os.environ[METRICS_ENV] = str(path)
     return path
+
+
+# Young collections every this many net allocations (CPython's default is 700): a request
+# allocates thousands of short-lived objects (ORM rows, JSON, headers), and at 700 the collector
+# ran hundreds of times a second on a busy worker.
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def settle_heap() -> None:
+    """Once the process has started (modules, app, routes, configuration: about 100,000 objects
+    that live as long as it does): move them out of the collector's sight, and collect less often.
+    A busy API worker otherwise spent about 4% of its time in the collector, in pauses of up to
+    300 ms (each full collection walked every object it had ever loaded) that stopped every
+    request it was serving."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def die_with_parent() -> None:

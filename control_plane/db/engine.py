@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from shipyard_common import private_files
@@ -65,7 +66,38 @@ def make_engine(url: str, *, pool_size: int = 12, pool_timeout_s: float = 3.0) -
             dbapi_conn.isolation_level = None
 
         return engine
-    return create_engine(url, pool_pre_ping=True, **pool_args)
+    engine = create_engine(url, **pool_args)
+    _ping_when_idle(engine)
+    return engine
+
+
+# A connection unused for this long is pinged before it is handed out again.
+PING_AFTER_IDLE_S = 10.0
+_IDLE_SINCE = "shipyard_idle_since"
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """SQLAlchemy's `pool_pre_ping` costs a round trip (`SELECT 1`) on every checkout: on a busy
+    master that is one more statement per request for PostgreSQL to run. A connection back in
+    the pool moments ago is alive; one idle for a while (a server restarted, a proxy or
+    `idle_session_timeout` closing it) is pinged, and replaced if dead. A server restart while
+    connections are busy fails the statements in flight; SQLAlchemy then invalidates the whole
+    pool, so the next checkouts open fresh connections."""
+    dialect = engine.dialect
+
+    @event.listens_for(engine.pool, "checkin")
+    def _checked_in(_dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _checked_out(dbapi_conn, record, _proxy) -> None:  # type: ignore[no-untyped-def]
+        since = record.info.pop(_IDLE_SINCE, None)
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return  # new, or in use a moment ago
+        try:
+            dialect.do_ping(dbapi_conn)
+        except dialect.loaded_dbapi.Error as e:  # the pool discards it and hands out another
+            raise exc.DisconnectionError("connection lost while idle in the pool") from e
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -3,9 +3,11 @@ restarts a worker that dies and stops them all, and the socket they share."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -60,3 +62,28 @@ def test_the_supervisor_restarts_a_dead_worker_and_stops_them_all(tmp_path: Path
         sup.stop()
         sock.close()
     assert not any(pid_alive(p.pid) for p in sup.procs if p is not None)
+
+
+def test_settle_heap_freezes_what_started_and_still_collects_cycles() -> None:
+    """What the process loaded is out of the collector's sight; what it allocates afterwards is
+    still collected, cycles included (the collector is tuned, not turned off)."""
+    probe = """
+import gc, json, weakref
+from control_plane import workers
+workers.settle_heap()
+frozen = gc.get_freeze_count()
+class Node: pass
+a, b = Node(), Node()
+a.peer, b.peer = b, a
+gone = weakref.ref(a)
+del a, b
+gc.collect()
+print(json.dumps({"frozen": frozen, "threshold": gc.get_threshold()[0], "enabled": gc.isenabled(),
+                  "cycle_collected": gone() is None}))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    seen = json.loads(out.stdout)
+    assert seen["frozen"] > 1000
+    assert seen["threshold"] == workers.GC_YOUNG_THRESHOLD
+    assert seen["enabled"] and seen["cycle_collected"]
