@@ -213,11 +213,14 @@ def _grant(fut: asyncio.Future[None]) -> None:
 
 class Ticket:
     """One request's slot. Released by the middleware when the request ends; a long-poll or a
-    stream may give it back earlier and take one again (idempotent both ways)."""
+    stream may give it back earlier and take one again (idempotent both ways). `arrived`: when the
+    front door saw the request (monotonic): a long-poll's timeout counts from there, so time spent
+    queued for a slot or a thread is not added to the client's wait."""
 
     def __init__(self, admission: Admission | None) -> None:
         self.admission = admission
         self.held = False
+        self.arrived = time.monotonic()
 
     async def acquire(self, wait_s: float | None = None) -> bool:
         if self.held or self.admission is None:

@@ -102,7 +102,7 @@ async def commands(
     # (`_full_check`, with a slot of the cluster's lane), which alone hands out commands.
     # The front door takes no slot for this route (admission.is_self_admitted): a poll waits on
     # nothing, so a saturated master still hears its agents.
-    deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 60.0))
+    deadline = slot.arrived + max(0.0, min(timeoutSeconds, 60.0))
     hub = agent_polls.of(master)
     token = deps.bearer_token(request)
     p = hub.remembered(token, agentId) if timeoutSeconds >= _MIN_HUB_WAIT_S else None

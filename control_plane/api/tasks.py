@@ -165,7 +165,7 @@ async def preemption_signal(
     master: Master = Depends(deps.get_master),
     slot: Ticket = Depends(deps.ticket),
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + max(0.0, min(timeoutSeconds, 600.0))
+    deadline = slot.arrived + max(0.0, min(timeoutSeconds, 600.0))
     preempt = await run_in_threadpool(_preempt_state, master, p, allocationId)
     remaining = deadline - time.monotonic()
     if preempt or remaining <= 0 or master.stopping.is_set():

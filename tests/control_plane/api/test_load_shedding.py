@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -36,6 +37,7 @@ from harness.core._session import RetryPolicy
 from harness.core._session import Session as HarnessSession
 from tests.conftest import ADMIN_PASSWORD
 from tests.control_plane.api.test_experiments import create_ok, only_trial
+from tests.control_plane.services.test_preempt_polls import _running
 from tests.pg import free_port
 
 pytestmark = pytest.mark.integration
@@ -332,6 +334,34 @@ def test_a_known_agent_is_heard_while_the_cluster_lane_is_full(serve: Any) -> No
     finally:
         s.gate.opened.set()
         join(slow)
+
+
+def test_a_long_polls_timeout_counts_from_its_arrival_not_from_its_turn(serve: Any) -> None:
+    # The preemption poll's first check needs a slot of the agents' and trials' lane, which is
+    # held: the poll queues for it, then waits for its 2 s. Its timeout counts from when the
+    # front door saw it, so the client is answered about 2 s after asking, not 2 s after its
+    # turn came (3.5 s): a harness whose read timeout is the poll's plus a margin is not cut off.
+    s = serve(max_concurrent_requests=2, cluster_concurrent_requests=1, db_pool_size=4, request_queue=4,
+              request_queue_wait_s=WAIT)
+    allocation_id = _running(s.master, 1)[0]
+    slow, _ = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
+    s.gate.wait_entered(1)
+    timer = threading.Timer(1.5, s.gate.opened.set)
+
+    def poll(_i: int) -> tuple[float, httpx.Response]:
+        began = time.monotonic()
+        timer.start()
+        r = httpx.get(f"{s.url}/api/v1/allocations/{allocation_id}/signals/preemption", headers=s.admin,
+                      params={"timeoutSeconds": 2}, timeout=WAIT)
+        return time.monotonic() - began, r
+
+    polls, results = in_threads(1, poll)
+    join(polls)
+    join(slow)
+    elapsed, r = results[0]
+    assert r.status_code == 200, r.text
+    assert r.json() == {"preempt": False}
+    assert 1.9 <= elapsed < 3.0, elapsed
 
 
 def test_a_poll_whose_agent_hangs_up_stops_counting_at_once(serve: Any) -> None:
