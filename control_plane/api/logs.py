@@ -15,7 +15,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 from starlette.background import BackgroundTask
 
-from control_plane.api import deps, fastjson, serializers
+from control_plane.api import admission, deps, fastjson, log_batches, serializers
 from control_plane.api.admission import Ticket
 from control_plane.api.streams import STREAM_BATCH, STREAM_MEDIA_TYPE, ndjson, stream_error
 from control_plane.api.wire import INT32_MAX, Id, Int32, Int64, StrictWire, ts
@@ -52,9 +52,8 @@ class PostTaskLogsRequest(StrictWire):
     logs: list[TaskLogIn] = Field(max_length=100_000)
 
 
-def _post(master: Master, caller: Callable[[Session], Principal], body: PostTaskLogsRequest) -> dict[str, Any]:
-    """`caller` resolves who ships the lines in the service's first transaction. Runs in one worker
-    thread: each transaction begins and ends there, never across an await."""
+def _shipment(body: PostTaskLogsRequest) -> tuple[list[log_records.LogTarget], Callable[[], list[log_records.LogLine]]]:
+    """What the lines are for (checked first) and how to build them (their 400s come after)."""
     targets = [log_records.LogTarget(e.task_id, e.allocation_id) for e in body.logs]
 
     def lines() -> list[log_records.LogLine]:
@@ -67,13 +66,15 @@ def _post(master: Master, caller: Callable[[Session], Principal], body: PostTask
             for i, e in enumerate(body.logs)
         ]
 
-    log_records.post(master, caller, targets, lines)
-    return {}
+    return targets, lines
 
 
 async def _post_fast(request: Request) -> Response | None:
-    """The fast path (api/fastjson.py): the body parsed from bytes, everything else in one worker
-    thread, the answer by orjson; FastAPI's handling (`post_task_logs`) answers what it declines."""
+    """The fast path (api/fastjson.py): the body parsed from bytes, the shipment queued for this
+    process's log writer (api/log_batches.py), which stores it with the others that came meanwhile
+    in one transaction and answers when it is committed; the answer by orjson. While it waits the
+    request gives its admission slot back (unless the writer's queue is full). FastAPI's handling
+    (`post_task_logs`) answers what it declines."""
     if not deps.bearer_token(request):
         return None
     body = await fastjson.parse_body(request, PostTaskLogsRequest)
@@ -81,10 +82,14 @@ async def _post_fast(request: Request) -> Response | None:
         return None
     master: Master = request.app.state.master
 
-    def caller(s: Session) -> Principal:  # deps.principal, in the service's session
+    def caller(s: Session) -> Principal:  # deps.principal, in the writer's session
         return deps.principal_in(s, request, master)
 
-    return fastjson.json_response(await run_in_threadpool(_post, master, caller, body))
+    writer = log_batches.of(master)
+    if writer.has_room():
+        admission.ticket(request.scope).release()
+    await writer.post((caller, *_shipment(body)))
+    return fastjson.json_response({})
 
 
 @router.post("/api/v1/task/logs")
@@ -96,7 +101,8 @@ def post_task_logs(
 ) -> dict[str, Any]:
     if not body.logs:
         return {}
-    return _post(master, lambda _s: p, body)
+    log_records.post(master, lambda _s: p, *_shipment(body))
+    return {}
 
 
 # -- streaming -------------------------------------------------------------------------------------

@@ -524,11 +524,14 @@ def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principa
 def _owing(s: Session, master: Master, waiting: set[str]) -> set[str]:
     """Which of the agents are owed a start or a kill."""
     owing: set[str] = set()
-    maybe_owing = select(Allocation).where(
+    # Plain rows with the columns `_owed` reads, not ORM objects: every waiting poll of a process
+    # is checked with this on each wake-up, and while a cluster starts, hundreds are assigned.
+    maybe_owing = select(Allocation.id, Allocation.agent_id, Allocation.state, Allocation.kill_requested,
+                         Allocation.placement).where(
         Allocation.state.in_(st.ALLOC_ON_AGENT),
         or_(Allocation.kill_requested.is_(True), Allocation.state == st.ALLOC_ASSIGNED,
             Allocation.placement.is_not(None)))
-    for alloc in s.scalars(maybe_owing):
+    for alloc in s.execute(maybe_owing):
         members = {alloc.agent_id} | {str(part.get("agent")) for part in alloc.placement or ()}
         for aid in members & waiting:
             if _owed(master, alloc, aid) is not None:

@@ -28,7 +28,7 @@ from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Allocation, TaskLog, Trial
-from control_plane.errors import TooManyRequests, bad_request, forbidden, not_found
+from control_plane.errors import DomainError, TooManyRequests, bad_request, forbidden, not_found
 from control_plane.master import Master
 from control_plane.services import access
 from control_plane.services.text import clean_text
@@ -159,6 +159,38 @@ def post(master: Master, caller: Callable[[Session], Principal], targets: list[L
     with transaction(master.sessions) as s:
         require_log_writer(s, caller(s), targets)
         return _insert(s.connection(), _rows(master, build()))
+
+
+Shipment = tuple[Callable[[Session], Principal], list[LogTarget], Callable[[], list[LogLine]]]
+
+
+def post_many(master: Master, shipments: list[Shipment]) -> list[DomainError | None]:
+    """Several shipments (`post`'s arguments each), stored with one commit: each is checked on its
+    own, in `post`'s order, and a refusal (its DomainError, in its place in the answer) leaves the
+    others be; the lines of every shipment allowed are inserted together. A failure of the
+    database fails them all (raised): nothing of any is stored."""
+    answers: list[DomainError | None] = [None] * len(shipments)
+
+    def checked(s: Session) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
+        for i, (caller, targets, build) in enumerate(shipments):
+            try:
+                require_log_writer(s, caller(s), targets)
+                rows.extend(_rows(master, build()))
+            except DomainError as e:
+                answers[i] = e
+        return rows
+
+    if master.engine.dialect.name == "sqlite":  # as `post`: the write lock only for the insert
+        with master.read_sessions() as s:
+            rows = checked(s)
+        if rows:
+            with transaction(master.sessions) as s:
+                _insert(s.connection(), rows)
+        return answers
+    with transaction(master.sessions) as s:
+        _insert(s.connection(), checked(s))
+    return answers
 
 
 def ingest(s: Session, master: Master, lines: list[LogLine]) -> int:

@@ -222,3 +222,69 @@ def test_long_poll_checks(master) -> None:  # type: ignore[no-untyped-def]
     with master.read_sessions() as s:
         assert s.get(Allocation, cmd.allocation_id).state == st.ALLOC_TERMINATED  # type: ignore[union-attr]
         assert trials.must_stop_by_id(s, cmd.allocation_id) is True and not news(s, master, p, "a1", session)
+
+
+def test_log_shipments_that_arrive_together_are_committed_together(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    """api/log_batches.py: shipments queued while a batch is written go in the next one; each is
+    checked on its own, so a refused one (a stranger's task, a bad level) answers only itself and
+    the others are stored; each request returns only once its lines are committed."""
+    from control_plane.api import log_batches
+    from control_plane.auth import Principal, TokenKind
+    from control_plane.errors import Invalid, PermissionDenied
+    from control_plane.services import logs as log_records
+
+    trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    own = Principal(kind=TokenKind.ALLOCATION, token_id=0, allocation_id=f"{trial.task_id}.1", trial_id=trial.id)
+    stranger = Principal(kind=TokenKind.USER, token_id=0, user_id=99, username="mallory")
+    writer = log_batches.LogBatches(master)
+
+    def shipment(who: Principal, text: str, level: str | None = None) -> log_records.Shipment:
+        return ((lambda _s: who), [log_records.LogTarget(trial.task_id, None)],
+                lambda: [log_records.LogLine(task_id=trial.task_id, log=text, level=level)])
+
+    async def scenario() -> list[Any]:
+        posts = [writer.post(shipment(own, f"line {k}")) for k in range(40)]
+        posts.insert(5, writer.post(shipment(stranger, "not mine")))
+        posts.insert(9, writer.post(shipment(own, "loud", level="LOUD")))
+        return await asyncio.gather(*posts, return_exceptions=True)
+
+    answers = asyncio.run(scenario())
+    assert isinstance(answers[5], PermissionDenied)
+    assert isinstance(answers[9], Invalid) and answers[9].details[0].field == "logs[0].level"
+    assert [a for k, a in enumerate(answers) if k not in (5, 9)] == [None] * 40
+    assert 1 <= writer.batches <= 3  # the first alone (the writer was idle), the rest together
+    with master.read_sessions() as s:
+        stored = sorted(s.scalars(select(TaskLog.log).where(TaskLog.task_id == trial.task_id)))
+    assert stored == sorted(f"line {k}" for k in range(40))
+
+
+def test_a_shipment_the_database_refuses_fails_alone(client, admin_headers, master, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from control_plane.api import log_batches
+    from control_plane.auth import Principal, TokenKind
+    from control_plane.services import logs as log_records
+
+    trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    admin = Principal(kind=TokenKind.USER, token_id=0, user_id=1, username="admin", admin=True)
+    real_insert = log_records._insert
+
+    def picky_insert(conn, rows):  # type: ignore[no-untyped-def]
+        if any(row[-1] == "poison" for row in rows):
+            raise RuntimeError("the database refuses this batch")
+        return real_insert(conn, rows)
+
+    monkeypatch.setattr(log_records, "_insert", picky_insert)
+    writer = log_batches.LogBatches(master)
+
+    def shipment(text: str) -> log_records.Shipment:
+        return ((lambda _s: admin), [log_records.LogTarget(trial.task_id, None)],
+                lambda: [log_records.LogLine(task_id=trial.task_id, log=text)])
+
+    async def scenario() -> list[Any]:
+        return await asyncio.gather(*(writer.post(shipment(t)) for t in ["a", "b", "poison", "c"]),
+                                    return_exceptions=True)
+
+    answers = asyncio.run(scenario())
+    assert answers[0] is None and answers[1] is None and answers[3] is None
+    assert isinstance(answers[2], RuntimeError)
+    with master.read_sessions() as s:
+        assert sorted(s.scalars(select(TaskLog.log).where(TaskLog.task_id == trial.task_id))) == ["a", "b", "c"]
