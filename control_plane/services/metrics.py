@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import Connection, Dialect, bindparam, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from control_plane.auth import Principal, TokenKind
@@ -244,15 +245,17 @@ def _store_batch(s: Session, master: Master, p: Principal, trial_id: int, report
         access.require_trial_writer(p, trial, exp)
         return store_reports(s, master, trial, exp, reports)
     conn = s.connection()
-    # The trial's row first: it is the lock that orders its reporters (as `lock_for_reports`
-    # does), and it tells a trial deleted since it was authorised. Every stored report's step is
-    # at most the trial's count, so once this batch is stored the count is at least the batch's
-    # highest step, whichever of its reports change anything.
+    # The trial's step count first: every stored report's step is at most the trial's count, so
+    # once this batch is stored the count is at least the batch's highest step, whichever of its
+    # reports change anything. It also tells a trial deleted since it was authorised.
     top = max(r.steps_completed for r in reports)
-    if conn.exec_driver_sql(*_bump_steps(conn.dialect, trial_id, top)).rowcount != 1:
+    if not _bump_steps(conn, trial_id, top):
         raise not_found(f"trial {trial_id}")
     # Only validation reports concern the searcher (lifecycle.on_metrics_reported); none here.
-    return _upsert(conn, trial_id, prepared)
+    try:
+        return _upsert(conn, trial_id, prepared)
+    except IntegrityError:  # PostgreSQL: the trial was deleted after the count was read
+        raise not_found(f"trial {trial_id}") from None
 
 
 # The upsert: insert reports, or replace a stored one when it comes from a newer run; never a
@@ -308,10 +311,21 @@ def _bind_time(dialect: Dialect) -> Callable[[Any], Any]:
     return proc if proc is not None else (lambda v: v)
 
 
-def _bump_steps(dialect: Dialect, trial_id: int, top: int) -> tuple[str, tuple[int, ...]]:
-    if dialect.name == "postgresql":
-        return "UPDATE trials SET steps_completed = GREATEST(steps_completed, %s) WHERE id = %s", (top, trial_id)
-    return "UPDATE trials SET steps_completed = MAX(steps_completed, ?) WHERE id = ?", (top, trial_id)
+# PostgreSQL: the count moves only if the batch goes beyond it, so a report that does not move
+# it (a retry, a late or out-of-order batch, another rank's) takes no lock on the trial's row and
+# does not queue behind the trial's other reporters until they commit. The trial exists if the
+# SELECT finds it. (Its deletion racing the upsert is the upsert's foreign key error.)
+_PG_BUMP = ("WITH bumped AS (UPDATE trials SET steps_completed = %(top)s "
+            "WHERE id = %(id)s AND steps_completed < %(top)s RETURNING id) "
+            "SELECT count(*) FROM trials WHERE id = %(id)s")
+_SQLITE_BUMP = "UPDATE trials SET steps_completed = MAX(steps_completed, ?) WHERE id = ?"
+
+
+def _bump_steps(conn: Connection, trial_id: int, top: int) -> bool:
+    """Raise the trial's step count to at least `top`; False if there is no such trial."""
+    if conn.dialect.name == "postgresql":
+        return conn.exec_driver_sql(_PG_BUMP, {"top": top, "id": trial_id}).scalar() == 1
+    return conn.exec_driver_sql(_SQLITE_BUMP, (top, trial_id)).rowcount == 1
 
 
 def _snapshot(

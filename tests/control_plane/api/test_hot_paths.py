@@ -288,3 +288,55 @@ def test_a_shipment_the_database_refuses_fails_alone(client, admin_headers, mast
     assert isinstance(answers[2], RuntimeError)
     with master.read_sessions() as s:
         assert sorted(s.scalars(select(TaskLog.log).where(TaskLog.task_id == trial.task_id))) == ["a", "b", "c"]
+
+
+def test_a_report_that_does_not_move_the_step_count_does_not_wait_for_the_trials_row(  # type: ignore[no-untyped-def]
+        client, admin_headers, master, db_url) -> None:
+    """PostgreSQL: while another transaction holds the trial's row (its progress being written),
+    a batch of steps below the trial's count is stored at once; one beyond it waits for that
+    transaction, then raises the count. A deleted trial's report is 404 either way."""
+    import threading
+
+    import pytest
+    from sqlalchemy import text
+
+    from control_plane.auth import Principal, TokenKind
+
+    trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    admin = Principal(kind=TokenKind.USER, token_id=0, user_id=1, username="admin", admin=True)
+
+    def send(steps: int) -> int:
+        return metrics.report(master, trial.id, lambda _s: admin, lambda: [
+            MetricReport("training", trial.id, 0, steps, {"loss": 1.0})])
+
+    send(100)
+    if db_url.startswith("postgresql"):  # SQLite has one writer at a time: no row lock to wait for
+        holder = master.engine.connect()
+        tx = holder.begin()
+        holder.execute(text("UPDATE trials SET progress = 0.5 WHERE id = :id"), {"id": trial.id})
+        try:
+            below = threading.Thread(target=send, args=(50,), daemon=True)
+            below.start()
+            below.join(10)
+            assert not below.is_alive()  # it would wait for the row if every report locked it
+            beyond = threading.Thread(target=send, args=(200,), daemon=True)
+            beyond.start()
+            beyond.join(0.5)
+            assert beyond.is_alive()  # raising the count waits for the row
+        finally:
+            tx.commit()
+            holder.close()
+        beyond.join(30)
+        assert not beyond.is_alive()
+    else:
+        assert send(50) == 1 and send(200) == 1
+    with master.read_sessions() as s:
+        assert s.get(Trial, trial.id).steps_completed == 200
+        assert sorted(s.scalars(select(Metric.steps_completed).where(Metric.trial_id == trial.id))) == [50, 100, 200]
+    with transaction(master.sessions) as s:
+        s.execute(text("DELETE FROM metrics WHERE trial_id = :id"), {"id": trial.id})
+        s.execute(text("DELETE FROM trials WHERE id = :id"), {"id": trial.id})
+    from control_plane.errors import NotFound
+
+    with pytest.raises(NotFound):
+        send(10)
