@@ -44,6 +44,11 @@ TERMINATIONS = Counter("shipyard_instance_terminations", "Instances the master d
                        "cause.", ("pool", "cause"))
 CLOUD_ERRORS = Counter("shipyard_cloud_errors", "Failed cloud calls, by pool, operation and error kind.",
                        ("pool", "operation", "kind"))
+ADMISSION_REFUSALS = Counter("shipyard_admission_refusals",
+                             "Requests the front door refused with 503, by lane (users, cluster) and why: "
+                             "queue_full (request_queue waiting), over_wait (the lane could not serve it within "
+                             "request_queue_wait_s at its recent rate), timed_out (it waited that long).",
+                             ("lane", "reason"))
 # Each process reports itself; with several processes the live ones' values are combined (max).
 LEADER = Gauge("shipyard_leader", "1 if this master process holds the leadership (runs the loops), else 0.",
                ("master_id",), multiprocess_mode="livemax")
@@ -80,6 +85,10 @@ def observe_request(route: str, method: str, status: int, seconds: float) -> Non
                                                       HTTP_DURATION.labels(key[0], key[1], str(status))))
     children[0].inc()
     children[1].observe(seconds)
+
+
+def refused(lane: str, reason: str) -> None:
+    ADMISSION_REFUSALS.labels(lane, reason).inc()
 
 
 def observe_loop_tick(name: str, seconds: float) -> None:

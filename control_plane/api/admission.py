@@ -39,6 +39,7 @@ import anyio.to_thread
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from control_plane import telemetry
 from control_plane.api.errors import error_body
 
 TICKET_KEY = "shipyard.admission"
@@ -146,6 +147,7 @@ class Admission:
     active: int = 0
     clock: Callable[[], float] = time.monotonic
     served: ServiceRate = field(default_factory=ServiceRate)
+    name: str = "users"  # the lane, as /metrics names it
     # Up to when the lane's capacity is promised to the clients told to come back (next_return):
     # those refused are a queue too, only outside, and their returns are spread at the service rate.
     _return_cursor: float = 0.0
@@ -172,10 +174,13 @@ class Admission:
                 self.active += 1
                 return True
             if len(self._waiters) >= self.queue:
+                telemetry.refused(self.name, "queue_full")
                 return False
             budget = self.wait_s if wait_s is None else wait_s
             if not queue_admits(len(self._waiters), self.served.per_s(self.clock()), budget):
-                return False  # it would time out in the queue: refuse now, with a Retry-After that says when
+                # it would time out in the queue: refuse now, with a Retry-After that says when
+                telemetry.refused(self.name, "over_wait")
+                return False
             loop = asyncio.get_running_loop()
             w = _Waiter(loop, loop.create_future())
             self._waiters.append(w)
@@ -185,7 +190,10 @@ class Admission:
             if self._granted_or_leave(w):
                 self.release()
             raise
-        return self._granted_or_leave(w)
+        granted = self._granted_or_leave(w)
+        if not granted:
+            telemetry.refused(self.name, "timed_out")
+        return granted
 
     def _granted_or_leave(self, w: _Waiter) -> bool:
         """True if the waiter was handed a slot (even in the instant its wait timed out); otherwise

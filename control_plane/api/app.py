@@ -89,7 +89,8 @@ def _install_admission(app: FastAPI, master: Master) -> None:
                           retry_after_s=cfg.retry_after_s, retry_after_max_s=cfg.retry_after_max_s)
     cluster = Admission(limit=cfg.cluster_concurrent_requests, queue=cfg.request_queue,
                         wait_s=cfg.request_queue_wait_s, retry_after_s=cfg.retry_after_s,
-                        retry_after_max_s=min(cfg.retry_after_max_s, int(cfg.agent_heartbeat_timeout_s // 2)))
+                        retry_after_max_s=min(cfg.retry_after_max_s, int(cfg.agent_heartbeat_timeout_s // 2)),
+                        name="cluster")
     app.state.admission = admission
     app.state.cluster_admission = cluster
 

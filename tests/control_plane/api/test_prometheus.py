@@ -49,7 +49,7 @@ FAMILIES = {
     "shipyard_instance_launches", "shipyard_instance_terminations", "shipyard_cloud_errors", "shipyard_leader",
     "shipyard_leader_fencing_token", "shipyard_cluster_snapshot_up", "shipyard_pool_slots",
     "shipyard_pool_slots_used", "shipyard_pool_queue_length", "shipyard_pool_queue_oldest_wait_seconds",
-    "shipyard_pool_instances",
+    "shipyard_pool_instances", "shipyard_admission_refusals",
 }
 
 
@@ -109,6 +109,33 @@ def test_health_and_unrouted_requests_and_admission_refusals_count(client: TestC
     assert requests_of(after, "/info", 200) == requests_of(before, "/info", 200) + 1
     assert requests_of(after, "unmatched", 404) == requests_of(before, "unmatched", 404) + 1
     assert requests_of(after, "unmatched", 503) == requests_of(before, "unmatched", 503) + 1
+    assert refusals(after, "users", "queue_full") == refusals(before, "users", "queue_full") + 1
+
+
+def refusals(samples: Samples, lane: str, reason: str) -> float:
+    return of(samples, "shipyard_admission_refusals_total", lane=lane, reason=reason)
+
+
+def test_admission_refusals_count_by_lane_and_why(client: TestClient) -> None:
+    from control_plane.api.admission import ServiceRate
+
+    lane = client.app.state.admission  # type: ignore[attr-defined]
+    saved = (lane.active, lane.queue, lane.wait_s, lane.served)
+    before = scrape(client)
+    lane.active, lane.queue, lane.wait_s = lane.limit, 5, 0.05  # full; a request may wait 50 ms
+    try:
+        assert client.get("/api/v1/experiments").status_code == 503  # waited its 50 ms in the queue
+        lane.served = ServiceRate()
+        now = lane.clock()
+        for t in (now - 2.5, now - 1.2):  # served 2 in the last 2.5 s: about one a second
+            lane.served.record(t)
+        assert client.get("/api/v1/experiments").status_code == 503  # a second's wait > 50 ms: at once
+    finally:
+        lane.active, lane.queue, lane.wait_s, lane.served = saved
+    after = scrape(client)
+    assert refusals(after, "users", "timed_out") == refusals(before, "users", "timed_out") + 1
+    assert refusals(after, "users", "over_wait") == refusals(before, "users", "over_wait") + 1
+    assert refusals(after, "cluster", "timed_out") == refusals(before, "cluster", "timed_out")
 
 
 @pytest.fixture
@@ -341,7 +368,7 @@ def test_several_processes_add_up_in_multiprocess_mode(db_url: str, tmp_path: Pa
     assert out["status"] == 200
     families, samples = parse(out["text"])
     assert FAMILIES - {"shipyard_http_requests", "shipyard_http_request_duration_seconds", "shipyard_cloud_errors",
-                       "shipyard_instance_launches"} <= families
+                       "shipyard_instance_launches", "shipyard_admission_refusals"} <= families
     assert of(samples, "shipyard_loop_tick_duration_seconds_count", loop="placement") == 2
     assert of(samples, "shipyard_instance_terminations_total", pool="default", cause="idle") == 2
     # The ended processes' live gauges are kept until marked dead (the supervisor does).
