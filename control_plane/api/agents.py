@@ -5,6 +5,7 @@ Protocol: docs/PROTOCOL.md."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -83,6 +84,22 @@ async def _disconnect(request: Request) -> None:
 
 # A poll shorter than this is always checked in full on arrival (it could not wait for a batch).
 _MIN_HUB_WAIT_S = 1.0
+# A poll with news that finds the agents' lane too busy to queue it asks again this often.
+_SLOT_RETRY_S = 0.5
+
+
+async def _slot_before(slot: Ticket, deadline: float) -> bool:
+    """A slot for a waiting poll's full check, taken before the poll's deadline: queued for as long
+    as the poll has left, and asked again while the lane refuses it at once. A poll with news
+    answered empty when the lane is busy would come straight back and find the same news: when 500
+    trials start at once, thousands of empty round trips that delay the very starts they carry."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        if await slot.acquire(remaining):
+            return True
+        await asyncio.sleep(min(remaining, _SLOT_RETRY_S))
 
 
 @router.get(COMMANDS_PATH)
@@ -126,7 +143,7 @@ async def commands(
             return CommandsResponse(commands=[]).to_wire()
         unchecked = False
         # News: a command, or a refusal the full check states (and then the credential is forgotten).
-        if not await slot.acquire():
+        if not await _slot_before(slot, deadline):
             return CommandsResponse(commands=[]).to_wire()  # seen all the same; the agent polls again
         try:
             p, found = await run_in_threadpool(_full_check, master, request, agentId, sessionId)

@@ -32,11 +32,13 @@ from control_plane.api.users import master_info
 from control_plane.config import load_config
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Metric
+from control_plane.loops import placement
 from control_plane.master import Master
 from harness.core._session import RetryPolicy
 from harness.core._session import Session as HarnessSession
 from tests.conftest import ADMIN_PASSWORD
 from tests.control_plane.api.test_experiments import create_ok, only_trial
+from tests.control_plane.services.test_agents import submit
 from tests.control_plane.services.test_preempt_polls import _running
 from tests.pg import free_port
 
@@ -362,6 +364,34 @@ def test_a_long_polls_timeout_counts_from_its_arrival_not_from_its_turn(serve: A
     assert r.status_code == 200, r.text
     assert r.json() == {"preempt": False}
     assert 1.9 <= elapsed < 3.0, elapsed
+
+
+def test_a_poll_with_news_waits_for_a_slot_rather_than_coming_back_empty(serve: Any) -> None:
+    # The agents' lane is full and queues nothing: a waiting poll that learns of a start command
+    # cannot run its full check at once. It keeps the poll open and asks for a slot again until
+    # one frees, then answers the command; answered empty instead, its agent would come straight
+    # back to the same news, a round trip each time, for as long as the lane stays full.
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=0,
+              request_queue_wait_s=0)
+    headers, session = _agent(s, "starter")
+    r = httpx.get(f"{s.url}/api/v1/agents/starter/commands", headers=headers,
+                  params={"sessionId": session, "timeoutSeconds": 0}, timeout=WAIT)
+    assert r.status_code == 200 and r.json() == {"commands": []}, r.text  # known from now on
+    slow, _ = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
+    s.gate.wait_entered(1)
+    polls, answers = in_threads(1, lambda _i: httpx.get(
+        f"{s.url}/api/v1/agents/starter/commands", headers=headers,
+        params={"sessionId": session, "timeoutSeconds": 8}, timeout=WAIT))
+    hub = agent_polls.of(s.master)
+    assert settled(lambda: "starter" in hub.waiting)
+    submit(s.master)
+    placement.tick(s.master)  # the trial is assigned to the only agent: its start is owed
+    threading.Timer(1.5, s.gate.opened.set).start()  # the lane frees after a while
+    join(polls)
+    join(slow)
+    r = answers[0]
+    assert isinstance(r, httpx.Response) and r.status_code == 200, r
+    assert [c["type"] for c in r.json()["commands"]] == ["start"], r.text
 
 
 def test_a_poll_whose_agent_hangs_up_stops_counting_at_once(serve: Any) -> None:
