@@ -45,7 +45,8 @@ TERMINATIONS = Counter("shipyard_instance_terminations", "Instances the master d
 CLOUD_ERRORS = Counter("shipyard_cloud_errors", "Failed cloud calls, by pool, operation and error kind.",
                        ("pool", "operation", "kind"))
 ADMISSION_REFUSALS = Counter("shipyard_admission_refusals",
-                             "Requests the front door refused with 503, by lane (users, cluster) and why: "
+                             "Slots an admission lane refused (a request's 503; or a waiting agent poll's "
+                             "full check, which asks again), by lane (users, cluster) and why: "
                              "queue_full (request_queue waiting), over_wait (the lane could not serve it within "
                              "request_queue_wait_s at its recent rate), timed_out (it waited that long).",
                              ("lane", "reason"))
