@@ -141,34 +141,26 @@ def require_log_writer(s: Session, p: Principal, targets: list[LogTarget]) -> No
     raise forbidden(f"a {p.kind.value} token cannot post logs")
 
 
-def post(master: Master, caller: Callable[[Session], Principal], targets: list[LogTarget],
-         build: Callable[[], list[LogLine]]) -> int:
-    """A batch of shipped lines, all or nothing; returns how many were stored.
-
-    In this order: `caller(s)` resolves who is shipping (its 401/403), `require_log_writer` checks
-    their right to every target, `build()` makes the lines (their 400s), and they are stored. On
-    SQLite the checks run in a read transaction, so the database-wide write lock is held only for
-    the insert; on PostgreSQL, where readers and writers do not block each other, it is all one
-    transaction on one connection."""
-    if master.engine.dialect.name == "sqlite":
-        with master.read_sessions() as s:
-            require_log_writer(s, caller(s), targets)
-        rows = _rows(master, build())
-        with transaction(master.sessions) as s:
-            return _insert(s.connection(), rows)
-    with transaction(master.sessions) as s:
-        require_log_writer(s, caller(s), targets)
-        return _insert(s.connection(), _rows(master, build()))
-
-
 Shipment = tuple[Callable[[Session], Principal], list[LogTarget], Callable[[], list[LogLine]]]
 
 
+def post(master: Master, caller: Callable[[Session], Principal], targets: list[LogTarget],
+         build: Callable[[], list[LogLine]]) -> None:
+    """One shipment of lines, all or nothing (`post_many` of one): its refusal is raised."""
+    (refusal,) = post_many(master, [(caller, targets, build)])
+    if refusal is not None:
+        raise refusal
+
+
 def post_many(master: Master, shipments: list[Shipment]) -> list[DomainError | None]:
-    """Several shipments (`post`'s arguments each), stored with one commit: each is checked on its
-    own, in `post`'s order, and a refusal (its DomainError, in its place in the answer) leaves the
+    """Several shipments of lines (a caller, the targets, how to build the lines), stored with one
+    commit. Each is checked on its own, in this order: `caller(s)` resolves who is shipping (its
+    401/403), `require_log_writer` checks their right to every target, `build()` makes the lines
+    (their 400s). A refusal (its DomainError, in the shipment's place in the answer) leaves the
     others be; the lines of every shipment allowed are inserted together. A failure of the
-    database fails them all (raised): nothing of any is stored."""
+    database fails them all (raised): nothing of any is stored. On SQLite the checks run in a read
+    transaction, so the database-wide write lock is held only for the insert; on PostgreSQL, where
+    readers and writers do not block each other, it is all one transaction on one connection."""
     answers: list[DomainError | None] = [None] * len(shipments)
 
     def checked(s: Session) -> list[tuple[Any, ...]]:
@@ -181,7 +173,7 @@ def post_many(master: Master, shipments: list[Shipment]) -> list[DomainError | N
                 answers[i] = e
         return rows
 
-    if master.engine.dialect.name == "sqlite":  # as `post`: the write lock only for the insert
+    if master.engine.dialect.name == "sqlite":
         with master.read_sessions() as s:
             rows = checked(s)
         if rows:
