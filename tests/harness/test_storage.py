@@ -176,16 +176,30 @@ def test_shared_fs_under_a_file_fails_at_init(tmp_path: Path) -> None:
         _init_with({"type": "shared_fs", "host_path": str(blocker / "ckpts")}, tmp_path)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into read-only directories")
-def test_read_only_shared_fs_fails_at_init(tmp_path: Path) -> None:
-    ro = tmp_path / "ro"
+def test_read_only_shared_fs_fails_at_init() -> None:
+    # Root writes into read-only directories: as root, the check runs with the effective user
+    # `nobody` (in a directory nobody can reach), as a trial's unprivileged user would.
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="shipyard-ro-"))
+    ro = base / "ro"
+    base.chmod(0o755)
     ro.mkdir()
     ro.chmod(0o555)
+    as_root = os.geteuid() == 0
     try:
+        if as_root:
+            import pwd
+
+            os.seteuid(pwd.getpwnam("nobody").pw_uid)
         with pytest.raises(StorageNotWritable, match="is not writable"):
-            _init_with({"type": "shared_fs", "host_path": str(ro)}, tmp_path)
+            _init_with({"type": "shared_fs", "host_path": str(ro)}, base)
     finally:
+        if as_root:
+            os.seteuid(0)
         ro.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.integration
