@@ -9,9 +9,15 @@ microseconds, from the event loop alone (no thread, no database) — never a 30 
 grows with the pressure: about the time the lane needs to serve the requests queued ahead at the
 rate it has served them lately (`retry_after`, pure), between `retry_after_s` and a cap.
 
-Two lanes, each with its own slots and queue: the cluster's (agents and trials: heartbeats,
-events, logs, metrics, checkpoints; `is_cluster_request`) and the users' (everything else), so no
-amount of user load keeps an agent from heartbeating or a trial from reporting. Health (`/info`,
+Three lanes, each with its own slots and queue: the trials' reports (metrics, progress, task logs;
+`is_report_request`), the rest of the cluster's traffic (agents and trials: registration,
+heartbeats, events, task specs, model definitions, checkpoints, searcher; `is_cluster_request`) and
+the users' (everything else). No amount of user load keeps an agent from heartbeating or a trial
+from reporting, and a burst of trial start-ups (hundreds of task specs, events and model
+definitions at once, each a heavier transaction) queues in the cluster's lane without delaying the
+reports of the trials already running, small writes that arrive steadily. The cluster's lane
+queues longer (`cluster_queue_wait_s`, its clients wait 30 s for an answer) so that such a burst
+is worked off in order rather than refused and retried. Health (`/info`,
 `/health`) bypasses both: `AdmissionControl` is the application's front door (api/app.py's
 `ShipyardApp`), in front of every middleware and of routing, and answers health from memory itself.
 Long-polls and log follows hold no slot while they wait: the preemption poll gives its slot back
@@ -309,6 +315,16 @@ def is_cluster_request(method: str, path: str) -> bool:
     return method != "GET" and bool(_CLUSTER_WRITES.match(path))
 
 
+# The trials' reports: what a running trial sends steadily (harness/core's reporter, an agent's log
+# shipper), a subset of the cluster's requests with a lane of its own.
+_REPORTS = re.compile(
+    r"^/api/v1/(task/logs|trials/\d+/(metrics|metrics/batch|training_metrics|validation_metrics|progress))$")
+
+
+def is_report_request(method: str, path: str) -> bool:
+    return method == "POST" and bool(_REPORTS.match(path))
+
+
 class AdmissionControl:
     """The front door, a plain ASGI callable in front of the whole application (outside every
     middleware, routing included): health answered from memory, then a slot per request for
@@ -317,10 +333,12 @@ class AdmissionControl:
     application runs for it, and its answer is pre-built bytes."""
 
     def __init__(self, app: ASGIApp, admission: Admission, cluster: Admission, exempt: frozenset[str],
-                 threads: int, health: Mapping[str, Callable[[], Any]] | None = None) -> None:
+                 threads: int, health: Mapping[str, Callable[[], Any]] | None = None,
+                 reports: Admission | None = None) -> None:
         self.app = app
         self.admission = admission
         self.cluster = cluster
+        self.reports = reports or cluster
         self.exempt = exempt
         self.threads = threads
         # GET path -> what it answers (JSON), computed from memory on the event loop.
@@ -343,7 +361,7 @@ class AdmissionControl:
         limiter = anyio.to_thread.current_default_thread_limiter()
         if limiter.total_tokens != self.threads:
             limiter.total_tokens = self.threads
-        lane = self.cluster if is_cluster_request(scope["method"], path) else self.admission
+        lane = self.lane(scope["method"], path)
         t = Ticket(lane)
         if not is_self_admitted(scope["method"], path) and not await t.acquire():
             await self._reject(lane, receive, send)
@@ -353,6 +371,11 @@ class AdmissionControl:
             await self.app(scope, receive, send)
         finally:
             t.release()
+
+    def lane(self, method: str, path: str) -> Admission:
+        if is_report_request(method, path):
+            return self.reports
+        return self.cluster if is_cluster_request(method, path) else self.admission
 
     @staticmethod
     async def _reject(lane: Admission, receive: Receive, send: Send) -> None:
