@@ -112,7 +112,7 @@ class MasterConfig(_Strict):
     # Load: the connection pool, and how many requests that use the database run at once (default:
     # the pool minus what the background loops keep for themselves). Past that, up to
     # `request_queue` requests wait at most `request_queue_wait_s`; the rest get 503 + Retry-After.
-    db_pool_size: int = Field(14, ge=2, le=1000)
+    db_pool_size: int = Field(12, ge=2, le=1000)
     db_pool_timeout_s: float = Field(3.0, gt=0, le=60)
     max_concurrent_requests: int | None = Field(default=None, ge=1)
     # The cluster's own lane: agents (registration, command polls, events, log shipping) and trials
@@ -121,12 +121,9 @@ class MasterConfig(_Strict):
     cluster_concurrent_requests: int = Field(3, ge=1, le=1000)
     # A cluster request may queue longer than a user's (agents and the harness wait 30 s for an
     # answer): when hundreds of trials start at once, their start-up calls wait their turn instead
-    # of being refused and sent back, which would only add their retries to the burst.
+    # of being refused and sent back, which would only add their retries to the burst. The trials'
+    # reports (metrics, progress, task logs) go ahead of the rest of the lane's queue.
     cluster_queue_wait_s: float = Field(15.0, ge=0, le=30)
-    # The trials' reports (metrics, progress, task logs) have a lane of their own: small writes of
-    # bounded cost that arrive steadily, so they never queue behind a burst of trial start-ups
-    # (registration, task specs, events, model definitions) in the cluster's lane.
-    report_concurrent_requests: int = Field(2, ge=1, le=1000)
     # The queue holds what the lane can serve within request_queue_wait_s at its recent rate (and
     # never more than request_queue requests): a full master keeps working through its queue at
     # full speed while the clients it refuses wait out their Retry-After.
@@ -165,12 +162,10 @@ class MasterConfig(_Strict):
             raise ValueError(
                 f"default_resource_pool: {self.default_resource_pool!r} is not one of the pools {names}"
             )
-        if self.request_limit + self.cluster_concurrent_requests + self.report_concurrent_requests > \
-                self.db_pool_size - 1:
+        if self.request_limit + self.cluster_concurrent_requests > self.db_pool_size - 1:
             raise ValueError(
                 f"max_concurrent_requests: {self.request_limit} plus cluster_concurrent_requests "
-                f"({self.cluster_concurrent_requests}) plus report_concurrent_requests "
-                f"({self.report_concurrent_requests}) must stay below db_pool_size ({self.db_pool_size}), "
+                f"({self.cluster_concurrent_requests}) must stay below db_pool_size ({self.db_pool_size}), "
                 "or admitted requests would wait for a connection"
             )
         return self
@@ -181,8 +176,7 @@ class MasterConfig(_Strict):
         the background loops (LOOP_CONNECTIONS) keep their part of the pool."""
         if self.max_concurrent_requests is not None:
             return self.max_concurrent_requests
-        return max(1, self.db_pool_size - LOOP_CONNECTIONS - self.cluster_concurrent_requests
-                   - self.report_concurrent_requests)
+        return max(1, self.db_pool_size - LOOP_CONNECTIONS - self.cluster_concurrent_requests)
 
     @property
     def worker_processes(self) -> int:
@@ -239,7 +233,6 @@ _ENV_FIELDS = (
     "max_concurrent_requests",
     "cluster_concurrent_requests",
     "cluster_queue_wait_s",
-    "report_concurrent_requests",
     "request_queue",
     "request_queue_wait_s",
     "token_secret_file",

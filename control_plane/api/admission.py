@@ -9,15 +9,15 @@ microseconds, from the event loop alone (no thread, no database) — never a 30 
 grows with the pressure: about the time the lane needs to serve the requests queued ahead at the
 rate it has served them lately (`retry_after`, pure), between `retry_after_s` and a cap.
 
-Three lanes, each with its own slots and queue: the trials' reports (metrics, progress, task logs;
-`is_report_request`), the rest of the cluster's traffic (agents and trials: registration,
-heartbeats, events, task specs, model definitions, checkpoints, searcher; `is_cluster_request`) and
-the users' (everything else). No amount of user load keeps an agent from heartbeating or a trial
-from reporting, and a burst of trial start-ups (hundreds of task specs, events and model
-definitions at once, each a heavier transaction) queues in the cluster's lane without delaying the
-reports of the trials already running, small writes that arrive steadily. The cluster's lane
-queues longer (`cluster_queue_wait_s`, its clients wait 30 s for an answer) so that such a burst
-is worked off in order rather than refused and retried. Health (`/info`,
+Two lanes, each with its own slots and queue: the cluster's (agents and trials: registration,
+heartbeats, events, task specs, model definitions, logs, metrics, checkpoints, searcher;
+`is_cluster_request`) and the users' (everything else), so no amount of user load keeps an agent
+from heartbeating or a trial from reporting. In the cluster's lane the trials' reports (metrics,
+progress, task logs: small writes of bounded cost that arrive steadily; `is_report_request`) go
+ahead of the rest of the queue: a burst of trial start-ups (hundreds of task specs, events and
+model definitions at once, each a heavier transaction) is served after them, so the trials already
+running never wait behind it. That lane queues longer (`cluster_queue_wait_s`: its clients wait
+30 s for an answer), so such a burst is worked off in order rather than refused and retried. Health (`/info`,
 `/health`) bypasses both: `AdmissionControl` is the application's front door (api/app.py's
 `ShipyardApp`), in front of every middleware and of routing, and answers health from memory itself.
 Long-polls and log follows hold no slot while they wait: the preemption poll gives its slot back
@@ -134,6 +134,7 @@ class ServiceRate:
 class _Waiter:
     loop: asyncio.AbstractEventLoop
     fut: asyncio.Future[None]
+    urgent: bool = False
     granted: bool = False
 
 
@@ -141,8 +142,9 @@ class _Waiter:
 class Admission:
     """At most `limit` holders; up to `queue` more wait up to `wait_s` for a slot, first come first
     served (a released slot is handed to the oldest waiter, so a steady stream of new arrivals
-    cannot starve it). A request the queue could not serve within `wait_s` at the lane's recent
-    rate is refused at once (`queue_admits`)."""
+    cannot starve it), except that an `urgent` waiter goes before every other: the trials' reports
+    in the cluster's lane. A request the queue could not serve within `wait_s` at the lane's recent
+    rate is refused at once (`queue_admits`; an urgent one counts only the urgent ahead of it)."""
 
     limit: int
     queue: int
@@ -158,11 +160,12 @@ class Admission:
     # those refused are a queue too, only outside, and their returns are spread at the service rate.
     _return_cursor: float = 0.0
     _waiters: deque[_Waiter] = field(default_factory=deque)
+    _urgent: deque[_Waiter] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return len(self._waiters) + len(self._urgent)
 
     def retry_after(self) -> int:
         """The Retry-After for a request refused now: its place in the lane's return schedule
@@ -170,26 +173,27 @@ class Admission:
         with self._lock:
             now = self.clock()
             seconds, self._return_cursor = next_return(
-                self._return_cursor, now, len(self._waiters), self.served.per_s(now),
+                self._return_cursor, now, self.waiting, self.served.per_s(now),
                 floor_s=self.retry_after_s, cap_s=self.retry_after_max_s)
             return seconds
 
-    async def acquire(self, wait_s: float | None = None) -> bool:
+    async def acquire(self, wait_s: float | None = None, *, urgent: bool = False) -> bool:
         with self._lock:
-            if self.active < self.limit and not self._waiters:
+            if self.active < self.limit and not self.waiting:
                 self.active += 1
                 return True
-            if len(self._waiters) >= self.queue:
+            ahead = len(self._urgent) if urgent else self.waiting
+            if ahead >= self.queue:
                 telemetry.refused(self.name, "queue_full")
                 return False
             budget = self.wait_s if wait_s is None else wait_s
-            if not queue_admits(len(self._waiters), self.served.per_s(self.clock()), budget):
+            if not queue_admits(ahead, self.served.per_s(self.clock()), budget):
                 # it would time out in the queue: refuse now, with a Retry-After that says when
                 telemetry.refused(self.name, "over_wait")
                 return False
             loop = asyncio.get_running_loop()
-            w = _Waiter(loop, loop.create_future())
-            self._waiters.append(w)
+            w = _Waiter(loop, loop.create_future(), urgent)
+            (self._urgent if urgent else self._waiters).append(w)
         try:
             await asyncio.wait({w.fut}, timeout=self.wait_s if wait_s is None else wait_s)
         except BaseException:  # cancelled (client gone): give back a slot handed over meanwhile
@@ -206,14 +210,14 @@ class Admission:
         it leaves the queue."""
         with self._lock:
             if not w.granted:
-                self._waiters.remove(w)
+                (self._urgent if w.urgent else self._waiters).remove(w)
             return w.granted
 
     def release(self) -> None:
         with self._lock:
             self.served.record(self.clock())
-            if self._waiters:
-                w = self._waiters.popleft()
+            if self.waiting:
+                w = (self._urgent or self._waiters).popleft()
                 w.granted = True  # the slot passes over: `active` stays the same
                 w.loop.call_soon_threadsafe(_grant, w.fut)
             else:
@@ -231,8 +235,9 @@ class Ticket:
     front door saw the request (monotonic): a long-poll's timeout counts from there, so time spent
     queued for a slot or a thread is not added to the client's wait."""
 
-    def __init__(self, admission: Admission | None) -> None:
+    def __init__(self, admission: Admission | None, urgent: bool = False) -> None:
         self.admission = admission
+        self.urgent = urgent  # goes ahead of the lane's other waiters
         self.held = False
         self.arrived = time.monotonic()
 
@@ -240,7 +245,7 @@ class Ticket:
         if self.held or self.admission is None:
             self.held = True
             return True
-        self.held = await self.admission.acquire(wait_s)
+        self.held = await self.admission.acquire(wait_s, urgent=self.urgent)
         return self.held
 
     def release(self) -> None:
@@ -316,7 +321,7 @@ def is_cluster_request(method: str, path: str) -> bool:
 
 
 # The trials' reports: what a running trial sends steadily (harness/core's reporter, an agent's log
-# shipper), a subset of the cluster's requests with a lane of its own.
+# shipper), the cluster's requests that go ahead of the rest of its lane's queue.
 _REPORTS = re.compile(
     r"^/api/v1/(task/logs|trials/\d+/(metrics|metrics/batch|training_metrics|validation_metrics|progress))$")
 
@@ -333,12 +338,10 @@ class AdmissionControl:
     application runs for it, and its answer is pre-built bytes."""
 
     def __init__(self, app: ASGIApp, admission: Admission, cluster: Admission, exempt: frozenset[str],
-                 threads: int, health: Mapping[str, Callable[[], Any]] | None = None,
-                 reports: Admission | None = None) -> None:
+                 threads: int, health: Mapping[str, Callable[[], Any]] | None = None) -> None:
         self.app = app
         self.admission = admission
         self.cluster = cluster
-        self.reports = reports or cluster
         self.exempt = exempt
         self.threads = threads
         # GET path -> what it answers (JSON), computed from memory on the event loop.
@@ -361,9 +364,10 @@ class AdmissionControl:
         limiter = anyio.to_thread.current_default_thread_limiter()
         if limiter.total_tokens != self.threads:
             limiter.total_tokens = self.threads
-        lane = self.lane(scope["method"], path)
-        t = Ticket(lane)
-        if not is_self_admitted(scope["method"], path) and not await t.acquire():
+        method = scope["method"]
+        lane = self.cluster if is_cluster_request(method, path) else self.admission
+        t = Ticket(lane, urgent=is_report_request(method, path))
+        if not is_self_admitted(method, path) and not await t.acquire():
             await self._reject(lane, receive, send)
             return
         scope[TICKET_KEY] = t
@@ -371,11 +375,6 @@ class AdmissionControl:
             await self.app(scope, receive, send)
         finally:
             t.release()
-
-    def lane(self, method: str, path: str) -> Admission:
-        if is_report_request(method, path):
-            return self.reports
-        return self.cluster if is_cluster_request(method, path) else self.admission
 
     @staticmethod
     async def _reject(lane: Admission, receive: Receive, send: Send) -> None:

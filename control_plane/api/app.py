@@ -87,17 +87,13 @@ def _install_admission(app: FastAPI, master: Master) -> None:
     cfg = master.config
     admission = Admission(limit=cfg.request_limit, queue=cfg.request_queue, wait_s=cfg.request_queue_wait_s,
                           retry_after_s=cfg.retry_after_s, retry_after_max_s=cfg.retry_after_max_s)
-    # The cluster's lanes keep their Retry-After within half the heartbeat timeout (config.py).
+    # The cluster's lane keeps its Retry-After within half the heartbeat timeout (config.py).
     cluster_retry_max_s = min(cfg.retry_after_max_s, int(cfg.agent_heartbeat_timeout_s // 2))
     cluster = Admission(limit=cfg.cluster_concurrent_requests, queue=cfg.request_queue,
                         wait_s=cfg.cluster_queue_wait_s, retry_after_s=cfg.retry_after_s,
                         retry_after_max_s=cluster_retry_max_s, name="cluster")
-    reports = Admission(limit=cfg.report_concurrent_requests, queue=cfg.request_queue,
-                        wait_s=cfg.request_queue_wait_s, retry_after_s=cfg.retry_after_s,
-                        retry_after_max_s=cluster_retry_max_s, name="reports")
     app.state.admission = admission
     app.state.cluster_admission = cluster
-    app.state.report_admission = reports
 
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -118,8 +114,8 @@ def _install_admission(app: FastAPI, master: Master) -> None:
     # Behind admission: the hot report routes' fast paths straight from the front door (api/express.py).
     express = ExpressLane(app, partial(FastAPI.__call__, app), cfg)
     front = AdmissionControl(
-        express, admission=admission, cluster=cluster, reports=reports, exempt=HEALTH_PATHS,
-        threads=admission.limit + cluster.limit + reports.limit + THREAD_SLACK,
+        express, admission=admission, cluster=cluster, exempt=HEALTH_PATHS,
+        threads=admission.limit + cluster.limit + THREAD_SLACK,
         health={"/health": lambda: {"status": "ok"}, "/info": info, "/api/v1/master": info})
     # Around the front door: refusals and health count and log too (api/access_log.py).
     app.front = RequestTelemetry(front, fixed_paths=HEALTH_PATHS)  # type: ignore[attr-defined]

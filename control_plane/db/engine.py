@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +26,8 @@ def make_engine(url: str, *, pool_size: int = 12, pool_timeout_s: float = 3.0) -
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
             # 0600 before SQLite opens it (its -wal and -shm files copy the database file's mode).
-            private_files.ensure_private_file(Path(path), companions=("-wal", "-shm", "-journal"))
+            private_files.ensure_private_file(Path(path), companions=("-wal", "-shm", "-journal",
+                                                                      WRITER_LOCK_SUFFIX))
         file_db = bool(path) and path != ":memory:"  # an in-memory database has a single connection
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
                                **(pool_args if file_db else {}))
@@ -43,7 +46,7 @@ def make_engine(url: str, *, pool_size: int = 12, pool_timeout_s: float = 3.0) -
         # pysqlite's own transaction handling defers BEGIN; make writes take the lock up front
         # so concurrent writers queue on busy_timeout instead of failing on upgrade. Read-only
         # sessions (see `read_only`) begin deferred: in WAL mode they never wait for a writer.
-        gate = _WriterGate()
+        gate = _gate_for(path if file_db else None)
 
         @event.listens_for(engine, "begin")
         def _begin(conn) -> None:  # type: ignore[no-untyped-def]
@@ -105,6 +108,8 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 READ_ONLY = "shipyard_read_only"
+# Beside a SQLite database: the lock its writers queue on across the master's processes.
+WRITER_LOCK_SUFFIX = "-writer-lock"
 _GATE_HELD = "shipyard_writer_gate"
 # As long as SQLite's own busy_timeout: past it, a writer goes on to SQLite as before the gate.
 _GATE_TIMEOUT_S = 30.0
@@ -117,18 +122,58 @@ class _WriterGate:
     queue here instead, on a lock handed over the instant the previous transaction ends. Keyed by
     connection (a transaction may end on another thread than the one that began it); a writer
     that cannot get the gate in time (a second write transaction opened by a thread that already
-    holds one) proceeds to SQLite, which decides as it always did."""
+    holds one) proceeds to SQLite, which decides as it always did.
 
-    def __init__(self) -> None:
+    The master's processes (the control process and its API workers) write to one file: across
+    them the gate is an exclusive `flock` on a lock file beside the database (`lock_path`), taken
+    by the one thread of each process that holds the process's own lock. The kernel hands it to
+    the next process the moment it is let go, and releases it if its holder dies. Without it the
+    workers' writers met in SQLite's busy handler: with 200 clients on two workers, a third of the
+    reports' throughput was lost to its sleeps."""
+
+    def __init__(self, lock_path: Path | None = None) -> None:
         self._lock = threading.Lock()
+        self._lock_path = lock_path
+        self._fd: int | None = None  # the lock file, open while this process's writer holds the gate
 
     def enter(self, info: dict[str, object]) -> None:
-        if not info.get(_GATE_HELD):
-            info[_GATE_HELD] = self._lock.acquire(timeout=_GATE_TIMEOUT_S)
+        if info.get(_GATE_HELD):
+            return
+        held = self._lock.acquire(timeout=_GATE_TIMEOUT_S)
+        if held and self._lock_path is not None:
+            try:
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while another process writes
+            except BaseException:
+                self._lock.release()
+                raise
+            self._fd = fd
+        info[_GATE_HELD] = held
 
     def leave(self, info: dict[str, object]) -> None:
         if info.pop(_GATE_HELD, False):
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                os.close(fd)  # lets the lock go
             self._lock.release()
+
+
+_GATES: dict[str, _WriterGate] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def _gate_for(path: str | None) -> _WriterGate:
+    """One gate per database file in a process, whichever engines open it: a thread that holds it
+    and opens a second write transaction on another engine waits out the gate's timeout, as on one
+    engine, rather than for its own lock file."""
+    if path is None:
+        return _WriterGate()
+    key = os.path.realpath(path)
+    with _GATES_LOCK:
+        gate = _GATES.get(key)
+        if gate is None:
+            gate = _GATES[key] = _WriterGate(Path(key + WRITER_LOCK_SUFFIX))
+        return gate
 
 
 def read_only(engine: Engine) -> Engine:

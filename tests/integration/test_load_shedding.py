@@ -23,8 +23,7 @@ HAMMERS = 16
 
 def test_trials_finish_exactly_once_while_the_master_sheds_load(cluster_factory: Any) -> None:
     c = cluster_factory(agents=2, master_yaml={
-        "max_concurrent_requests": 1, "cluster_concurrent_requests": 1, "report_concurrent_requests": 1,
-        "db_pool_size": 4, "request_queue": 2,
+        "max_concurrent_requests": 1, "cluster_concurrent_requests": 1, "db_pool_size": 3, "request_queue": 2,
         "request_queue_wait_s": 0.2,
     })
     searcher = {"name": "random", "metric": "validation_loss", "max_length": {"batches": LENGTH}, "max_trials": 2,

@@ -92,10 +92,6 @@ class Served:
     def cluster_admission(self) -> Any:
         return self.server.config.app.state.cluster_admission  # type: ignore[attr-defined]
 
-    @property
-    def report_admission(self) -> Any:
-        return self.server.config.app.state.report_admission  # type: ignore[attr-defined]
-
 
 @pytest.fixture
 def serve(db_url: str, tmp_path: Path) -> Iterator[Any]:
@@ -164,7 +160,7 @@ def join(threads: list[threading.Thread]) -> None:
 
 
 def test_saturation_sheds_with_503_and_health_answers(serve: Any) -> None:
-    s = serve(max_concurrent_requests=2, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=5, request_queue=1,
+    s = serve(max_concurrent_requests=2, cluster_concurrent_requests=1, db_pool_size=4, request_queue=1,
               request_queue_wait_s=0.2)
     agent_headers, session = _agent(s, "busy-agent")
     slow, slow_results = in_threads(2, lambda _i: httpx.get(s.url + "/test/slow", timeout=WAIT))
@@ -206,7 +202,7 @@ def test_saturation_sheds_with_503_and_health_answers(serve: Any) -> None:
 
 
 def test_queued_request_gets_the_slot_when_one_frees(serve: Any) -> None:
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=4, request_queue=4,
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=4,
               request_queue_wait_s=WAIT)
     slow, slow_results = in_threads(1, lambda _i: httpx.get(s.url + "/test/slow", timeout=WAIT))
     s.gate.wait_entered(1)
@@ -226,13 +222,12 @@ def test_queued_request_gets_the_slot_when_one_frees(serve: Any) -> None:
 def test_a_cluster_request_queues_longer_than_a_users(serve: Any) -> None:
     # Its clients wait 30 s for an answer: a burst of trial start-ups is worked off in order, not
     # refused and retried. The users' lane, with the same queue, gives up after its own wait.
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1,
-              db_pool_size=4, request_queue=4, request_queue_wait_s=0.2, cluster_queue_wait_s=WAIT)
-    slow, slow_results = in_threads(2, lambda i: httpx.get(s.url + ("/api/v1/allocations/test-slow", "/test/slow")[i],
-                                                           timeout=WAIT))
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=4,
+              request_queue_wait_s=0.2, cluster_queue_wait_s=WAIT)
+    paths = ("/api/v1/allocations/test-slow", "/test/slow")  # the cluster's lane, the users'
+    slow, slow_results = in_threads(2, lambda i: httpx.get(s.url + paths[i], timeout=WAIT))
     s.gate.wait_entered(2)
-    queued, queued_results = in_threads(2, lambda i: httpx.get(
-        s.url + ("/api/v1/allocations/test-slow", "/test/slow")[i], timeout=WAIT))
+    queued, queued_results = in_threads(2, lambda i: httpx.get(s.url + paths[i], timeout=WAIT))
     assert settled(lambda: s.cluster_admission.waiting == 1)
     join(queued[1:])  # the user's: refused after its 0.2 s
     assert queued_results[1].status_code == 503 and "Retry-After" in queued_results[1].headers
@@ -243,26 +238,30 @@ def test_a_cluster_request_queues_longer_than_a_users(serve: Any) -> None:
     assert [r.status_code for r in slow_results + queued_results[:1]] == [200, 200, 200]
 
 
-def test_a_burst_in_the_cluster_lane_does_not_delay_reports(serve: Any) -> None:
-    # Trial start-ups fill the cluster's lane (its one slot held, its queue full); a running
-    # trial's metric report and progress are answered all the same, in their lane.
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1,
-              db_pool_size=4, request_queue=0)
+def test_a_report_goes_ahead_of_queued_start_ups(serve: Any) -> None:
+    # Trial start-ups fill the cluster's lane (its one slot held, its queue full: one more is
+    # refused); a running trial's metric report is queued all the same, ahead of them, and is
+    # stored as soon as the slot frees.
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=1,
+              cluster_queue_wait_s=WAIT)
     exp = create_ok(httpx.Client(base_url=s.url, timeout=WAIT), s.admin)
     trial = only_trial(s.master, exp["experiment"]["id"])
-    slow, _ = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
+    slow, slow_results = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
     s.gate.wait_entered(1)
+    start, start_results = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow",
+                                                              timeout=WAIT))
+    assert settled(lambda: s.cluster_admission.waiting == 1)
     refused = httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT)
-    assert refused.status_code == 503  # the cluster's lane is full
+    assert refused.status_code == 503  # the queue is full for another start-up
     report = {"group": "training", "metrics": {"trialId": trial.id, "trialRunId": 1, "stepsCompleted": 3,
                                                "metrics": {"avgMetrics": {"loss": 0.5}}}}
-    r = httpx.post(s.url + f"/api/v1/trials/{trial.id}/metrics", json=report, headers=s.admin, timeout=WAIT)
-    assert r.status_code == 200, r.text
-    r = httpx.post(s.url + f"/api/v1/trials/{trial.id}/progress", json={"progress": 0.5}, headers=s.admin,
-                   timeout=WAIT)
-    assert r.status_code == 200, r.text
+    reporter, reported = in_threads(1, lambda _i: httpx.post(s.url + f"/api/v1/trials/{trial.id}/metrics",
+                                                             json=report, headers=s.admin, timeout=WAIT))
+    assert settled(lambda: s.cluster_admission.waiting == 2)  # ...but not for a report
     s.gate.opened.set()
-    join(slow)
+    join(slow + start + reporter)
+    assert reported[0].status_code == 200, reported[0].text
+    assert [r.status_code for r in slow_results + start_results] == [200, 200]
     with s.master.sessions() as db:
         assert db.scalar(select(func.count()).select_from(Metric).where(Metric.trial_id == trial.id)) == 1
 
@@ -270,7 +269,7 @@ def test_a_burst_in_the_cluster_lane_does_not_delay_reports(serve: Any) -> None:
 def test_retry_after_grows_as_the_lane_slows(serve: Any) -> None:
     # The lane's clock is a fake one the test moves (the meter records slot releases against it),
     # so the rate the master measures is set by construction: 3 requests served at t=1000.
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=4, request_queue=2,
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=2,
               request_queue_wait_s=WAIT, retry_after_s=1, retry_after_max_s=5)
     now = [1000.0]
     s.admission.clock = lambda: now[0]
@@ -316,7 +315,7 @@ def _agent(s: Served, agent_id: str) -> tuple[dict[str, str], str]:
 def test_long_polls_hold_no_connection_or_slot_while_waiting(serve: Any) -> None:
     # One slot per lane: five long-polls and a GET could not all be served if a waiting poll held
     # its slot, a thread or a connection.
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=4, request_queue=8,
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=8,
               request_queue_wait_s=5)
     agents = [_agent(s, f"lp{i}") for i in range(5)]
 
@@ -353,7 +352,7 @@ def test_a_known_agent_is_heard_while_the_cluster_lane_is_full(serve: Any) -> No
     # slot: it waits on the poll hub, is answered, and counts as the agent's heartbeat. An agent the
     # process does not know yet is refused with 503 and Retry-After (its first poll needs the
     # database).
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=4, request_queue=0,
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=0,
               request_queue_wait_s=0)
     known, known_session = _agent(s, "known")
     other, other_session = _agent(s, "stranger")
@@ -391,7 +390,7 @@ def test_a_long_polls_timeout_counts_from_its_arrival_not_from_its_turn(serve: A
     # held: the poll queues for it, then waits for its 2 s. Its timeout counts from when the
     # front door saw it, so the client is answered about 2 s after asking, not 2 s after its
     # turn came (3.5 s): a harness whose read timeout is the poll's plus a margin is not cut off.
-    s = serve(max_concurrent_requests=2, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=5, request_queue=4,
+    s = serve(max_concurrent_requests=2, cluster_concurrent_requests=1, db_pool_size=4, request_queue=4,
               request_queue_wait_s=WAIT)
     allocation_id = _running(s.master, 1)[0]
     slow, _ = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
@@ -419,7 +418,7 @@ def test_a_poll_with_news_waits_for_a_slot_rather_than_coming_back_empty(serve: 
     # cannot run its full check at once. It keeps the poll open and asks for a slot again until
     # one frees, then answers the command; answered empty instead, its agent would come straight
     # back to the same news, a round trip each time, for as long as the lane stays full.
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=4, request_queue=0,
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=0,
               request_queue_wait_s=0)
     headers, session = _agent(s, "starter")
     r = httpx.get(f"{s.url}/api/v1/agents/starter/commands", headers=headers,
@@ -462,7 +461,7 @@ def test_a_poll_whose_agent_hangs_up_stops_counting_at_once(serve: Any) -> None:
 
 
 def test_log_follow_holds_no_slot_while_waiting(serve: Any) -> None:
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=4, request_queue=4,
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=4,
               request_queue_wait_s=5)
     exp = create_ok(httpx.Client(base_url=s.url, timeout=WAIT), s.admin)
     trial = only_trial(s.master, exp["experiment"]["id"])
@@ -477,15 +476,13 @@ def test_log_follow_holds_no_slot_while_waiting(serve: Any) -> None:
 
 
 def test_harness_report_retried_after_503_is_stored_once(serve: Any, caplog: pytest.LogCaptureFixture) -> None:
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=4, request_queue=0,
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=0,
               request_queue_wait_s=0)
     exp = create_ok(httpx.Client(base_url=s.url, timeout=WAIT), s.admin)
     trial = only_trial(s.master, exp["experiment"]["id"])
-    # The reports' lane is the one saturated (its one slot taken, as a report in flight would): a
-    # metric report is a trial's report. The other lanes are free and change nothing.
-    lane = s.report_admission
-    with lane._lock:
-        lane.active = lane.limit
+    # The trial's lane (the cluster's) is the one saturated: a report is a trial's request.
+    slow, _ = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
+    s.gate.wait_entered(1)
 
     harness = HarnessSession(s.url, s.admin["Authorization"].split()[1],
                              retry=RetryPolicy(max_attempts=50, max_delay_s=WAIT, wait_initial_s=0.05, wait_max_s=1))
@@ -499,8 +496,8 @@ def test_harness_report_retried_after_503_is_stored_once(serve: Any, caplog: pyt
         threading.Event().wait(0.05)
     retries = [rec.getMessage() for rec in caplog.records if "event=api_retry" in rec.getMessage()]
     assert retries and "503" in retries[0]  # the master shed it...
-    lane.release()
-    join(reporter)
+    s.gate.opened.set()
+    join(slow + reporter)
     assert not isinstance(results[0], Exception), results[0]  # ...and the retry went through
     harness.close()
     with s.master.sessions() as db:
@@ -511,7 +508,7 @@ def test_harness_report_retried_after_503_is_stored_once(serve: Any, caplog: pyt
 def test_pool_timeout_is_503_not_500(serve: Any) -> None:
     # Admission keeps requests below the pool, so this takes connections held outside the API
     # (as a runaway background job would): the request that cannot get one is told to retry.
-    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, report_concurrent_requests=1, db_pool_size=4, db_pool_timeout_s=0.2)
+    s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, db_pool_timeout_s=0.2)
     pool = s.master.engine.pool
     held = [s.master.engine.connect() for _ in range(pool.size() + pool._max_overflow)]  # type: ignore[attr-defined]
     try:
@@ -576,9 +573,9 @@ def test_lanes(method: str, path: str, cluster: bool) -> None:
     ("POST", "/api/v1/trials/x/progress", False),
     ("POST", "/api/v1/trials/7/progress/more", False),
 ])
-def test_reports_have_their_own_lane(method: str, path: str, report: bool) -> None:
+def test_reports_go_ahead_in_the_cluster_lane(method: str, path: str, report: bool) -> None:
     from control_plane.api.admission import is_cluster_request, is_report_request
 
     assert is_report_request(method, path) is report
-    if report:  # a subset of the cluster's traffic: logged and treated as the cluster's
+    if report:  # the cluster's traffic: its lane, its log level
         assert is_cluster_request(method, path)

@@ -132,3 +132,53 @@ def test_clients_told_to_wait_count_as_a_queue_outside() -> None:
     now[0] += 120  # long after: those refusals have come and gone
     lane.served.record(now[0])
     assert lane.retry_after() == 1
+
+
+def test_an_urgent_waiter_goes_before_the_queue_and_counts_only_the_urgent_ahead() -> None:
+    # The cluster's lane: the trials' reports (urgent) go ahead of queued start-ups, and a full
+    # queue of start-ups does not refuse a report.
+    import asyncio
+
+    lane = Admission(limit=1, queue=2, wait_s=5.0, retry_after_s=1, retry_after_max_s=30, name="cluster")
+
+    async def scenario() -> tuple[list[str], bool, int]:
+        assert await lane.acquire()  # the one slot
+        order: list[str] = []
+
+        async def waiter(name: str, urgent: bool) -> None:
+            if await lane.acquire(urgent=urgent):
+                order.append(name)
+                await asyncio.sleep(0)
+                lane.release()
+
+        tasks = [asyncio.ensure_future(waiter("start-1", False)), asyncio.ensure_future(waiter("start-2", False))]
+        await asyncio.sleep(0)
+        refused_start = await lane.acquire()  # two start-ups queued: the queue is full for a third
+        tasks += [asyncio.ensure_future(waiter("report-1", True)), asyncio.ensure_future(waiter("report-2", True))]
+        await asyncio.sleep(0)
+        queued = lane.waiting
+        lane.release()  # the slot goes to the reports first, then the start-ups in their order
+        await asyncio.gather(*tasks)
+        return order, refused_start, queued
+
+    order, refused_start, queued = asyncio.run(scenario())
+    assert refused_start is False
+    assert queued == 4
+    assert order == ["report-1", "report-2", "start-1", "start-2"]
+    assert lane.active == 0 and lane.waiting == 0
+
+
+def test_an_urgent_waiter_that_times_out_leaves_its_own_queue() -> None:
+    import asyncio
+
+    lane = Admission(limit=1, queue=4, wait_s=0.05, retry_after_s=1, retry_after_max_s=30)
+
+    async def scenario() -> tuple[bool, int]:
+        assert await lane.acquire()
+        got = await lane.acquire(urgent=True)
+        return got, lane.waiting
+
+    got, waiting = asyncio.run(scenario())
+    assert got is False and waiting == 0
+    lane.release()
+    assert lane.active == 0
