@@ -72,6 +72,27 @@ def test_a_writer_waits_for_another_process_on_the_lock_file(tmp_path: Path) -> 
         engine.dispose()
 
 
+def test_a_writer_does_not_wait_forever_for_a_stuck_process(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A process that keeps the gate (stuck inside a transaction) delays the others' writers by the
+    # gate's timeout at most; then SQLite decides, as it did before the gate.
+    monkeypatch.setattr(engine_mod, "_GATE_TIMEOUT_S", 0.3)
+    db = tmp_path / "shipyard.db"
+    engine = engine_mod.make_engine(f"sqlite:///{db}", pool_size=2)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(db) + engine_mod.WRITER_LOCK_SUFFIX],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with engine.begin() as conn:  # the holder has no SQLite lock: the write goes through
+            conn.execute(text("CREATE TABLE t (v INTEGER)"))
+        _write(engine, 1)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM t")).scalar_one() == 1
+    finally:
+        holder.kill()
+        holder.wait()
+        engine.dispose()
+
+
 def test_writers_of_two_engines_on_one_file_share_the_gate(tmp_path: Path) -> None:
     # One gate per file in a process: a second engine's writer waits on the same in-process lock
     # (never on its own process's lock file, which would wait forever).
