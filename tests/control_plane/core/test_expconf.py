@@ -1567,6 +1567,15 @@ def test_from_stored_is_cached_by_content() -> None:
     assert ExperimentConfig.from_stored(changed).max_restarts == 9
 
 
+def test_from_stored_reads_a_config_its_fast_key_cannot_write() -> None:
+    # An integer beyond 64 bits (a const hyperparameter may hold one): the cache key falls back
+    # to the standard library's JSON, and the config reads back whole, from the cache as well.
+    cfg, _ = parse(with_(MINIMAL, hyperparameters={"big": 2**70}))
+    stored = json.loads(json.dumps(config_to_dict(cfg)))
+    assert ExperimentConfig.from_stored(stored) == cfg
+    assert ExperimentConfig.from_stored(stored) is ExperimentConfig.from_stored(dict(reversed(list(stored.items()))))
+
+
 def test_from_stored_refuses_a_row_that_no_longer_validates() -> None:
     with pytest.raises(ConfigInvalid) as e:
         ExperimentConfig.from_stored({"entrypoint": "x", "searcher": {"name": "single", "metric": "loss"},
