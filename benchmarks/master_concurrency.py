@@ -8,6 +8,8 @@ The load, for each level of `--clients` (default 10, 40, 200, 1000), for `--seco
 one real master per database (`python -m control_plane`: a control process and one API worker
 per core, as shipped):
 - every client is an asyncio task sending one request at a time; one client in ten plays an agent
+  (an agent of its own, registered without slots so that the queued experiments stay queued: a
+  cluster's agents each keep one poll open; many polls of one agent would displace one another)
   and long-polls `GET /api/v1/agents/{id}/commands` (2 s) in a loop, the others send a mix of
   `GET /api/v1/experiments` (admin token) and metric reports `POST /api/v1/trials/{id}/metrics`
   for a running trial with its allocation token, half and half (unique steps per client, so every
@@ -116,6 +118,8 @@ class Setup:
     session_id: str
     trial_id: int
     alloc_token: str
+    pool_token: str
+    pollers: list[tuple[str, str, str]] = field(default_factory=list)  # (agent id, credential, session)
 
 
 @dataclass
@@ -133,6 +137,25 @@ class Level:
 
 
 # ---- set-up: an agent, a running trial and its allocation token ---------------------------------
+def register_pollers(s: Setup, count: int) -> None:
+    """Agents without slots (nothing is placed on them), one per polling client, up to `count`;
+    registered as a level needs them, so that none is idle long enough to be declared lost."""
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        s.pollers += _registered(c, s.pool_token, range(len(s.pollers), count))
+
+
+def _registered(c: httpx.Client, pool_token: str, numbers: range) -> list[tuple[str, str, str]]:
+    out = []
+    for k in numbers:
+        agent_id = f"bench-poller-{k:04d}"
+        r = c.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {pool_token}"},
+                   json={"agentId": agent_id, "resourcePool": "default", "slots": []})
+        r.raise_for_status()
+        reg = r.json()
+        out.append((agent_id, reg.get("agentCredential") or pool_token, reg["sessionId"]))
+    return out
+
+
 def set_up(url: str, token: str, experiments: int) -> Setup:
     from examples.demo import files_of
 
@@ -140,7 +163,7 @@ def set_up(url: str, token: str, experiments: int) -> Setup:
     c = httpx.Client(base_url=url, headers=h, timeout=60)
     r = c.post("/api/v1/agents/tokens", json={"resourcePool": "default"})
     r.raise_for_status()
-    agent_token = r.json()["token"]
+    agent_token = pool_token = r.json()["token"]
     r = c.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {agent_token}"},
                json={"agentId": AGENT_ID, "resourcePool": "default", "slots": [{"id": "0", "type": "cpu"}]})
     r.raise_for_status()
@@ -165,7 +188,7 @@ def set_up(url: str, token: str, experiments: int) -> Setup:
                 events = [{"allocationId": cmd["allocationId"], "type": t} for t in ("starting", "running")]
                 c.post(f"/api/v1/agents/{AGENT_ID}/events", headers=ah,
                        json={"sessionId": session_id, "events": events}).raise_for_status()
-                return Setup(url, token, agent_token, session_id, int(spec["trialId"]), spec["token"])
+                return Setup(url, token, agent_token, session_id, int(spec["trialId"]), spec["token"], pool_token)
     raise RuntimeError("the agent was never given the trial")
 
 
@@ -187,7 +210,6 @@ def stored_reports(db_url: str, trial_id: int) -> int:
 async def run_level(s: Setup, lv: Level, step_base: int) -> None:
     admin_h = {"Authorization": f"Bearer {s.admin}"}
     alloc_h = {"Authorization": f"Bearer {s.alloc_token}"}
-    agent_h = {"Authorization": f"Bearer {s.agent_token}"}
     # One client (one keep-alive connection) per simulated client, as separate processes would
     # have; benchmarks/_leanhttp.py's, whose CPU per request is a tenth of httpx's: on this machine
     # the generator's CPU is taken from the master it measures.
@@ -207,8 +229,10 @@ async def run_level(s: Setup, lv: Level, step_base: int) -> None:
                 t0 = time.monotonic()
                 try:
                     if poll:
-                        r = await http.request("GET", f"/api/v1/agents/{AGENT_ID}/commands", headers=agent_h,
-                                               params={"sessionId": s.session_id, "timeoutSeconds": POLL_S},
+                        poller_id, credential, session_id = s.pollers[idx // 10]
+                        r = await http.request("GET", f"/api/v1/agents/{poller_id}/commands",
+                                               headers={"Authorization": f"Bearer {credential}"},
+                                               params={"sessionId": session_id, "timeoutSeconds": POLL_S},
                                                timeout=CLIENT_TIMEOUT_S + POLL_S)
                     elif report:
                         step += 1
@@ -269,6 +293,7 @@ def bench_db(db: str, db_url: str, levels: list[int], seconds: float, experiment
         acked = 0
         for n, clients in enumerate(levels):
             lv = Level(clients, seconds)
+            register_pollers(s, clients // 10 + 1)
             t0, cpu0, own0 = time.monotonic(), tree_cpu_seconds(master.proc.pid), time.process_time()
             asyncio.run(run_level(s, lv, step_base=n * 10_000_000_000))
             wall = time.monotonic() - t0

@@ -126,9 +126,12 @@ class MasterConfig(_Strict):
     cluster_queue_wait_s: float = Field(15.0, ge=0, le=30)
     # The queue holds what the lane can serve within request_queue_wait_s at its recent rate (and
     # never more than request_queue requests): a full master keeps working through its queue at
-    # full speed while the clients it refuses wait out their Retry-After.
+    # full speed while the clients it refuses wait out their Retry-After. 10 s rather than less: a
+    # refused client backs off (the harness and the CLI exponentially), and with 1,000 clients on
+    # PostgreSQL the refusals of a 5 s queue left the master idle while they waited (249 answers/s
+    # against 296 with 10 s, benchmarks/master_concurrency.py).
     request_queue: int = Field(1024, ge=0, le=100_000)
-    request_queue_wait_s: float = Field(5.0, ge=0, le=30)
+    request_queue_wait_s: float = Field(10.0, ge=0, le=30)
     retry_after_s: int = Field(1, ge=1, le=60)
     # Retry-After grows with the pressure (the queue ahead at the recent service rate) from
     # retry_after_s up to this; the cluster's lane stays within half agent_heartbeat_timeout_s so

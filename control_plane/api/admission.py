@@ -91,6 +91,8 @@ def queue_admits(ahead: int, served_per_s: float, wait_s: float) -> bool:
 
 
 MIN_MEASURED_S = 1.0
+# Urgent waiters served in a row, at most, while another waits (Admission.release).
+URGENT_RUN = 3
 
 
 @dataclass
@@ -142,8 +144,9 @@ class _Waiter:
 class Admission:
     """At most `limit` holders; up to `queue` more wait up to `wait_s` for a slot, first come first
     served (a released slot is handed to the oldest waiter, so a steady stream of new arrivals
-    cannot starve it), except that an `urgent` waiter goes before every other: the trials' reports
-    in the cluster's lane. A request the queue could not serve within `wait_s` at the lane's recent
+    cannot starve it), except that an `urgent` waiter goes before the others (the trials' reports
+    in the cluster's lane), up to `URGENT_RUN` in a row while another waits, so that none starves.
+    A request the queue could not serve within `wait_s` at the lane's recent
     rate is refused at once (`queue_admits`; an urgent one counts only the urgent ahead of it)."""
 
     limit: int
@@ -161,6 +164,7 @@ class Admission:
     _return_cursor: float = 0.0
     _waiters: deque[_Waiter] = field(default_factory=deque)
     _urgent: deque[_Waiter] = field(default_factory=deque)
+    _urgent_run: int = 0  # urgent waiters served in a row while others waited
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -217,7 +221,15 @@ class Admission:
         with self._lock:
             self.served.record(self.clock())
             if self.waiting:
-                w = (self._urgent or self._waiters).popleft()
+                # Urgent first, but never more than URGENT_RUN in a row while another waits: a lane
+                # flooded with reports still serves its other requests (an agent's first poll, a
+                # trial's start), at a quarter of its pace, rather than none.
+                if self._urgent and (not self._waiters or self._urgent_run < URGENT_RUN):
+                    w = self._urgent.popleft()
+                    self._urgent_run += 1
+                else:
+                    w = self._waiters.popleft()
+                    self._urgent_run = 0
                 w.granted = True  # the slot passes over: `active` stays the same
                 w.loop.call_soon_threadsafe(_grant, w.fut)
             else:

@@ -105,15 +105,19 @@ class AgentPolls:
 
     async def wait(self, p: Principal, agent_id: str, session_id: str, timeout: float, *,
                    unchecked: bool = False, gone: Awaitable[object] | None = None) -> bool:
-        """True when the agent has news (a command or a refusal), False at the timeout or as soon
-        as `gone` completes (the client closed the connection: a dead agent's poll stops counting
-        as its heartbeat at once). An `unchecked` poll (one that skipped the full check on arrival)
+        """True when the agent has news (a command or a refusal), False at the timeout, as soon as
+        `gone` completes (the client closed the connection: a dead agent's poll stops counting as
+        its heartbeat at once) or when another poll for the same agent takes its place. An `unchecked` poll (one that skipped the full check on arrival)
         is checked with the next batch of arrivals."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         previous = self.waiting.get(agent_id)
         if previous is not None and not previous.fut.done():
-            previous.fut.set_result(True)  # a second poll for one agent: the first answers now
+            # A second poll for one agent: the first answers now, with nothing (the newer poll is
+            # the agent's; its arrival is checked as any). Not as news: the first would take a
+            # full check, come back, displace the second, and the two would take turns in full
+            # checks, each a write transaction on the agent's row, until their timeouts.
+            previous.fut.set_result(False)
         self.waiting[agent_id] = _Poll(p, session_id, fut)
         self.saw(agent_id, session_id)
         self._ensure_checker(loop)

@@ -182,3 +182,33 @@ def test_an_urgent_waiter_that_times_out_leaves_its_own_queue() -> None:
     assert got is False and waiting == 0
     lane.release()
     assert lane.active == 0
+
+
+def test_urgent_waiters_do_not_starve_the_others() -> None:
+    # A lane flooded with reports still serves its other requests: one in URGENT_RUN + 1 grants.
+    import asyncio
+
+    from control_plane.api.admission import URGENT_RUN
+
+    lane = Admission(limit=1, queue=100, wait_s=5.0, retry_after_s=1, retry_after_max_s=30, name="cluster")
+
+    async def scenario() -> list[str]:
+        assert await lane.acquire()
+        order: list[str] = []
+
+        async def waiter(name: str, urgent: bool) -> None:
+            if await lane.acquire(urgent=urgent):
+                order.append(name)
+                await asyncio.sleep(0)
+                lane.release()
+
+        tasks = [asyncio.ensure_future(waiter("start", False))]
+        tasks += [asyncio.ensure_future(waiter(f"report-{i}", True)) for i in range(2 * URGENT_RUN)]
+        await asyncio.sleep(0)
+        lane.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    order = asyncio.run(scenario())
+    assert order.index("start") == URGENT_RUN  # after URGENT_RUN reports, not after all of them
+    assert len(order) == 2 * URGENT_RUN + 1

@@ -122,3 +122,28 @@ def test_waiting_polls_are_the_heartbeat_written_together(master) -> None:  # ty
     assert seen["h5"] == long_ago
     assert len([q for q in statements if q.lstrip().upper().startswith("UPDATE")]) == 1  # one statement for all
     assert hub.flushes == 1
+
+
+def test_a_second_poll_for_one_agent_answers_the_first_with_nothing(master) -> None:  # type: ignore[no-untyped-def]
+    # The first poll answers at once, as "nothing yet" (the agent polls again), not as news: news
+    # would send it to a full check and back to the hub, where it would displace the second, and
+    # the two would take turns in full checks (write transactions on one row) until their timeouts.
+    resp = register(master, agent_principal(master), agent_id="d1")
+    p = credential(master, resp)
+    hub = AgentPolls(master)
+
+    async def scenario() -> tuple[bool, float, bool, int]:
+        loop = asyncio.get_running_loop()
+        first = asyncio.create_task(hub.wait(p, "d1", resp.session_id, timeout=10))
+        await asyncio.sleep(0.1)
+        started = loop.time()
+        second = asyncio.create_task(hub.wait(p, "d1", resp.session_id, timeout=0.5))
+        answer = await asyncio.wait_for(first, 5)
+        took = loop.time() - started
+        waiting = len(hub.waiting)
+        return answer, took, await second, waiting
+
+    answer, took, second, waiting = asyncio.run(scenario())
+    assert answer is False and took < 5  # answered when the second came, not at its own timeout
+    assert waiting == 1  # the hub holds the second one only
+    assert second is False  # which waits out its own timeout: the agent has no news
