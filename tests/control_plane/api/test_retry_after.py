@@ -134,6 +134,16 @@ def test_clients_told_to_wait_count_as_a_queue_outside() -> None:
     assert lane.retry_after() == 1
 
 
+async def _served(lane: Admission, order: list[str], name: str, urgent: bool) -> None:
+    """Waits for a slot of `lane`, notes its turn in `order`, and gives the slot back."""
+    import asyncio
+
+    if await lane.acquire(urgent=urgent):
+        order.append(name)
+        await asyncio.sleep(0)
+        lane.release()
+
+
 def test_an_urgent_waiter_goes_before_the_queue_and_counts_only_the_urgent_ahead() -> None:
     # The cluster's lane: the trials' reports (urgent) go ahead of queued start-ups, and a full
     # queue of start-ups does not refuse a report.
@@ -145,16 +155,10 @@ def test_an_urgent_waiter_goes_before_the_queue_and_counts_only_the_urgent_ahead
         assert await lane.acquire()  # the one slot
         order: list[str] = []
 
-        async def waiter(name: str, urgent: bool) -> None:
-            if await lane.acquire(urgent=urgent):
-                order.append(name)
-                await asyncio.sleep(0)
-                lane.release()
-
-        tasks = [asyncio.ensure_future(waiter("start-1", False)), asyncio.ensure_future(waiter("start-2", False))]
+        tasks = [asyncio.ensure_future(_served(lane, order, "start-1", False)), asyncio.ensure_future(_served(lane, order, "start-2", False))]
         await asyncio.sleep(0)
         refused_start = await lane.acquire()  # two start-ups queued: the queue is full for a third
-        tasks += [asyncio.ensure_future(waiter("report-1", True)), asyncio.ensure_future(waiter("report-2", True))]
+        tasks += [asyncio.ensure_future(_served(lane, order, "report-1", True)), asyncio.ensure_future(_served(lane, order, "report-2", True))]
         await asyncio.sleep(0)
         queued = lane.waiting
         lane.release()  # the slot goes to the reports first, then the start-ups in their order
@@ -196,14 +200,8 @@ def test_urgent_waiters_do_not_starve_the_others() -> None:
         assert await lane.acquire()
         order: list[str] = []
 
-        async def waiter(name: str, urgent: bool) -> None:
-            if await lane.acquire(urgent=urgent):
-                order.append(name)
-                await asyncio.sleep(0)
-                lane.release()
-
-        tasks = [asyncio.ensure_future(waiter("start", False))]
-        tasks += [asyncio.ensure_future(waiter(f"report-{i}", True)) for i in range(2 * URGENT_RUN)]
+        tasks = [asyncio.ensure_future(_served(lane, order, "start", False))]
+        tasks += [asyncio.ensure_future(_served(lane, order, f"report-{i}", True)) for i in range(2 * URGENT_RUN)]
         await asyncio.sleep(0)
         lane.release()
         await asyncio.gather(*tasks)
