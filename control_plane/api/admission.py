@@ -91,8 +91,8 @@ def queue_admits(ahead: int, served_per_s: float, wait_s: float) -> bool:
 
 
 MIN_MEASURED_S = 1.0
-# Urgent waiters served in a row, at most, while another waits (Admission.release).
-URGENT_RUN = 3
+# How long a waiter lets urgent ones go ahead of it before they take turns (Admission.release).
+URGENT_AGE_S = 5.0
 
 
 @dataclass
@@ -137,6 +137,7 @@ class _Waiter:
     loop: asyncio.AbstractEventLoop
     fut: asyncio.Future[None]
     urgent: bool = False
+    since: float = 0.0  # when it began to wait (the lane's clock)
     granted: bool = False
 
 
@@ -145,7 +146,8 @@ class Admission:
     """At most `limit` holders; up to `queue` more wait up to `wait_s` for a slot, first come first
     served (a released slot is handed to the oldest waiter, so a steady stream of new arrivals
     cannot starve it), except that an `urgent` waiter goes before the others (the trials' reports
-    in the cluster's lane), up to `URGENT_RUN` in a row while another waits, so that none starves.
+    in the cluster's lane) until the oldest of them has waited `URGENT_AGE_S`; then the two take
+    turns, so that none starves.
     A request the queue could not serve within `wait_s` at the lane's recent
     rate is refused at once (`queue_admits`; an urgent one counts only the urgent ahead of it)."""
 
@@ -164,7 +166,7 @@ class Admission:
     _return_cursor: float = 0.0
     _waiters: deque[_Waiter] = field(default_factory=deque)
     _urgent: deque[_Waiter] = field(default_factory=deque)
-    _urgent_run: int = 0  # urgent waiters served in a row while others waited
+    _last_urgent: bool = False  # whether the last slot handed over went to an urgent waiter
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -196,7 +198,7 @@ class Admission:
                 telemetry.refused(self.name, "over_wait")
                 return False
             loop = asyncio.get_running_loop()
-            w = _Waiter(loop, loop.create_future(), urgent)
+            w = _Waiter(loop, loop.create_future(), urgent, self.clock())
             (self._urgent if urgent else self._waiters).append(w)
         try:
             await asyncio.wait({w.fut}, timeout=self.wait_s if wait_s is None else wait_s)
@@ -221,15 +223,14 @@ class Admission:
         with self._lock:
             self.served.record(self.clock())
             if self.waiting:
-                # Urgent first, but never more than URGENT_RUN in a row while another waits: a lane
-                # flooded with reports still serves its other requests (an agent's first poll, a
-                # trial's start), at a quarter of its pace, rather than none.
-                if self._urgent and (not self._waiters or self._urgent_run < URGENT_RUN):
-                    w = self._urgent.popleft()
-                    self._urgent_run += 1
-                else:
-                    w = self._waiters.popleft()
-                    self._urgent_run = 0
+                # Urgent first; but once the oldest other waiter has waited URGENT_AGE_S, the two
+                # take turns, so that a lane flooded with reports still serves its other requests
+                # (an agent's first poll, a trial's start) at half its pace rather than never.
+                urgent = bool(self._urgent) and not (
+                    self._waiters and self._last_urgent
+                    and self.clock() - self._waiters[0].since >= URGENT_AGE_S)
+                w = (self._urgent if urgent else self._waiters).popleft()
+                self._last_urgent = urgent
                 w.granted = True  # the slot passes over: `active` stays the same
                 w.loop.call_soon_threadsafe(_grant, w.fut)
             else:

@@ -189,24 +189,30 @@ def test_an_urgent_waiter_that_times_out_leaves_its_own_queue() -> None:
 
 
 def test_urgent_waiters_do_not_starve_the_others() -> None:
-    # A lane flooded with reports still serves its other requests: one in URGENT_RUN + 1 grants.
+    # A lane flooded with reports still serves its other requests: once the oldest of them has
+    # waited URGENT_AGE_S, it and the reports take turns.
     import asyncio
 
-    from control_plane.api.admission import URGENT_RUN
+    from control_plane.api.admission import URGENT_AGE_S
 
-    lane = Admission(limit=1, queue=100, wait_s=5.0, retry_after_s=1, retry_after_max_s=30, name="cluster")
+    now = [100.0]
+    lane = Admission(limit=1, queue=100, wait_s=5.0, retry_after_s=1, retry_after_max_s=30, name="cluster",
+                     clock=lambda: now[0])
 
-    async def scenario() -> list[str]:
+    async def scenario(age: float) -> list[str]:
         assert await lane.acquire()
         order: list[str] = []
-
-        tasks = [asyncio.ensure_future(_served(lane, order, "start", False))]
-        tasks += [asyncio.ensure_future(_served(lane, order, f"report-{i}", True)) for i in range(2 * URGENT_RUN)]
+        tasks = [asyncio.ensure_future(_served(lane, order, f"start-{i}", False)) for i in range(2)]
+        tasks += [asyncio.ensure_future(_served(lane, order, f"report-{i}", True)) for i in range(4)]
         await asyncio.sleep(0)
+        now[0] += age
         lane.release()
         await asyncio.gather(*tasks)
         return order
 
-    order = asyncio.run(scenario())
-    assert order.index("start") == URGENT_RUN  # after URGENT_RUN reports, not after all of them
-    assert len(order) == 2 * URGENT_RUN + 1
+    # Young: the reports go first.
+    assert asyncio.run(scenario(0.0)) == ["report-0", "report-1", "report-2", "report-3", "start-0", "start-1"]
+    # Waited long enough: they take turns.
+    assert asyncio.run(scenario(URGENT_AGE_S)) == ["report-0", "start-0", "report-1", "start-1", "report-2",
+                                                   "report-3"]
+    assert lane.active == 0 and lane.waiting == 0
