@@ -137,17 +137,18 @@ class Level:
 
 
 # ---- set-up: an agent, a running trial and its allocation token ---------------------------------
-def register_pollers(s: Setup, count: int) -> None:
-    """Agents without slots (nothing is placed on them), one per polling client, up to `count`;
-    registered as a level needs them, so that none is idle long enough to be declared lost."""
+def register_pollers(s: Setup, count: int, level: int) -> None:
+    """`count` agents without slots (nothing is placed on them), one per polling client, new for
+    each level: between levels they are silent for longer than the heartbeat timeout (the level's
+    last answers are awaited), and a master rightly declares such agents lost."""
     with httpx.Client(base_url=s.url, timeout=60) as c:
-        s.pollers += _registered(c, s.pool_token, range(len(s.pollers), count))
+        s.pollers = _registered(c, s.pool_token, level, count)
 
 
-def _registered(c: httpx.Client, pool_token: str, numbers: range) -> list[tuple[str, str, str]]:
+def _registered(c: httpx.Client, pool_token: str, level: int, count: int) -> list[tuple[str, str, str]]:
     out = []
-    for k in numbers:
-        agent_id = f"bench-poller-{k:04d}"
+    for k in range(count):
+        agent_id = f"bench-poller-{level}-{k:04d}"
         r = c.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {pool_token}"},
                    json={"agentId": agent_id, "resourcePool": "default", "slots": []})
         r.raise_for_status()
@@ -293,7 +294,7 @@ def bench_db(db: str, db_url: str, levels: list[int], seconds: float, experiment
         acked = 0
         for n, clients in enumerate(levels):
             lv = Level(clients, seconds)
-            register_pollers(s, clients // 10 + 1)
+            register_pollers(s, clients // 10 + 1, n)
             t0, cpu0, own0 = time.monotonic(), tree_cpu_seconds(master.proc.pid), time.process_time()
             asyncio.run(run_level(s, lv, step_base=n * 10_000_000_000))
             wall = time.monotonic() - t0
