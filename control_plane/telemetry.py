@@ -48,7 +48,8 @@ ADMISSION_REFUSALS = Counter("shipyard_admission_refusals",
                              "Slots an admission lane refused (a request's 503; or a waiting agent poll's "
                              "full check, which asks again), by lane (users, cluster) and why: "
                              "queue_full (request_queue waiting), over_wait (the lane could not serve it within "
-                             "request_queue_wait_s at its recent rate), timed_out (it waited that long).",
+                             "its queue wait (request_queue_wait_s; the cluster's cluster_queue_wait_s) at its "
+                             "recent rate), timed_out (it waited that long).",
                              ("lane", "reason"))
 # Each process reports itself; with several processes the live ones' values are combined (max).
 LEADER = Gauge("shipyard_leader", "1 if this master process holds the leadership (runs the loops), else 0.",

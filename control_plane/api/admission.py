@@ -16,9 +16,10 @@ from heartbeating or a trial from reporting. In the cluster's lane the trials' r
 progress, task logs: small writes of bounded cost that arrive steadily; `is_report_request`) go
 ahead of the rest of the queue: a burst of trial start-ups (hundreds of task specs, events and
 model definitions at once, each a heavier transaction) is served after them, so the trials already
-running never wait behind it. That lane queues longer (`cluster_queue_wait_s`: its clients wait
-30 s for an answer), so such a burst is worked off in order rather than refused and retried. Health (`/info`,
-`/health`) bypasses both: `AdmissionControl` is the application's front door (api/app.py's
+running never wait behind it (until another has waited `URGENT_AGE_S`: then they take turns).
+That lane queues longer (`cluster_queue_wait_s`: its clients wait 30 s for an answer), so such a
+burst is worked off in order rather than refused and retried. Health (`/info`, `/health`)
+bypasses both: `AdmissionControl` is the application's front door (api/app.py's
 `ShipyardApp`), in front of every middleware and of routing, and answers health from memory itself.
 Long-polls and log follows hold no slot while they wait: the preemption poll gives its slot back
 (`Ticket.release`), a log follow takes one for each short read (`Ticket.take_turn`), and the
@@ -147,9 +148,9 @@ class Admission:
     served (a released slot is handed to the oldest waiter, so a steady stream of new arrivals
     cannot starve it), except that an `urgent` waiter goes before the others (the trials' reports
     in the cluster's lane) until the oldest of them has waited `URGENT_AGE_S`; then the two take
-    turns, so that none starves.
-    A request the queue could not serve within `wait_s` at the lane's recent
-    rate is refused at once (`queue_admits`; an urgent one counts only the urgent ahead of it)."""
+    turns, so that none starves. A request the queue could not serve within `wait_s` at the lane's
+    recent rate is refused at once (`queue_admits`; an urgent one counts only the urgent ahead of
+    it)."""
 
     limit: int
     queue: int

@@ -107,8 +107,9 @@ class AgentPolls:
                    unchecked: bool = False, gone: Awaitable[object] | None = None) -> bool:
         """True when the agent has news (a command or a refusal), False at the timeout, as soon as
         `gone` completes (the client closed the connection: a dead agent's poll stops counting as
-        its heartbeat at once) or when another poll for the same agent takes its place. An `unchecked` poll (one that skipped the full check on arrival)
-        is checked with the next batch of arrivals."""
+        its heartbeat at once) or when another poll for the same agent takes its place. An
+        `unchecked` poll (one that skipped the full check on arrival) is checked with the next
+        batch of arrivals."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         previous = self.waiting.get(agent_id)
