@@ -226,6 +226,17 @@ def _connect_once(host: StaticHost, timeout: float) -> paramiko.SSHClient:
     return client
 
 
+# What a session that broke midway raises: the connection dropped (EOF, reset), the server closed a
+# channel or refused a new one, or a read timed out. Anything else (an SFTP permission error, say)
+# is the host's answer, not the link's.
+_SESSION_ERRORS = (paramiko.SSHException, EOFError, ConnectionError, TimeoutError)
+
+
+def _session_error(host: StaticHost, e: BaseException) -> SshBootstrapError:
+    return SshBootstrapError("unreachable", f"the SSH session to {host.address}:{host.port} broke: "
+                                            f"{type(e).__name__}: {e}")
+
+
 def _agent_config(master_url: str, pool: str, base: str, agent_options: dict[str, Any]) -> bytes:
     cfg: dict[str, Any] = {
         "master_url": master_url.rstrip("/"),
@@ -439,6 +450,9 @@ def bootstrap_host(
             raise steps.fail("verify_agent", "failed", f"the agent is not running; last log lines:\n{tail.strip()}")
         steps.add("verify_agent", "ok", "agent process running")
         return steps.results
+    except _SESSION_ERRORS as e:
+        err = _session_error(host, e)
+        raise steps.fail("session", err.kind, str(err)) from None
     finally:
         client.close()
 
@@ -506,12 +520,27 @@ def stop_agent(host: StaticHost, *, connect_timeout: float = 20.0, forget: bool 
         if forget:
             r.run(f"rm -f {shlex.quote(base)}/agent-token {shlex.quote(base)}/instance.json")
         return steps.results
+    except _SESSION_ERRORS as e:
+        err = _session_error(host, e)
+        raise steps.fail("session", err.kind, str(err)) from None
     finally:
         client.close()
 
 
 def read_instance_record(host: StaticHost, *, connect_timeout: float = 10.0) -> tuple[dict[str, Any] | None, bool]:
-    """(<remote_dir>/instance.json or None, agent running?) of one host."""
+    """(<remote_dir>/instance.json or None, agent running?) of one host. It only reads, so a session
+    that breaks midway is tried once more on a new connection before the host counts as unreachable."""
+    try:
+        return _read_instance_record(host, connect_timeout)
+    except _SESSION_ERRORS as e:
+        log.info("event=ssh_probe_retry host=%s error=%s: %s", host.address, type(e).__name__, e)
+    try:
+        return _read_instance_record(host, connect_timeout)
+    except _SESSION_ERRORS as e:
+        raise _session_error(host, e) from None
+
+
+def _read_instance_record(host: StaticHost, connect_timeout: float) -> tuple[dict[str, Any] | None, bool]:
     client = connect(host, timeout=connect_timeout)
     try:
         r = _Remote(client, client.open_sftp(), timeout=max(connect_timeout, 30.0))

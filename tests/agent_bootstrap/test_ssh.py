@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from agent_bootstrap.ssh import SshBootstrapError, StaticHost, StepResult, bootstrap_host, stop_agent
-from provisioners.base import CloudState, ErrorKind, LaunchSpec
+from provisioners.base import CloudState, ErrorKind, LaunchSpec, ProviderError
 from provisioners.static import StaticPoolConfig, StaticProvider
 from tests.conftest import LiveMaster
 from tests.e2e.boot import MARKER_ENV, processes_of
@@ -154,6 +154,9 @@ class _ServerInterface(paramiko.ServerInterface):
         return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        if self.ssh.refuse_execs > 0:  # a session that breaks: the client's exec_command raises
+            self.ssh.refuse_execs -= 1
+            return False
         self.ssh.commands.append(command.decode())
         threading.Thread(target=self.ssh.execute, args=(channel, command.decode()), daemon=True).start()
         return True
@@ -167,6 +170,7 @@ class InProcessSshd:
     client_key: paramiko.RSAKey = field(default_factory=lambda: paramiko.RSAKey.generate(2048))
     commands: list[str] = field(default_factory=list)
     port: int = 0
+    refuse_execs: int = 0  # refuse this many exec requests from now on
 
     def __post_init__(self) -> None:
         self.authorized_key = self.client_key
@@ -197,6 +201,14 @@ class InProcessSshd:
             channel.sendall(out)
             channel.sendall_stderr(err)
             channel.send_exit_status(proc.returncode)
+            # EOF, then wait for the client to close its end, as OpenSSH does. This thread runs
+            # while the transport's thread is still about to answer the exec request; a CLOSE sent
+            # before that answer makes the client's exec_command fail with "Channel closed".
+            channel.shutdown_write()
+            channel.settimeout(30)
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                while channel.recv(4096):
+                    pass
         finally:
             channel.close()
 
@@ -469,6 +481,30 @@ def test_static_provider_launch_list_terminate(sshd: InProcessSshd, key_file: Pa
     assert provider.list() == []
     wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
              .rsplit(")", 1)[-1][:3], 30, "the agent stopped")
+
+
+@pytest.mark.integration
+def test_a_session_that_breaks_is_a_provider_error_and_a_probe_tries_once_more(
+        sshd: InProcessSshd, key_file: Path) -> None:
+    host_cfg = {"address": "127.0.0.1", "port": sshd.port, "user": sshd.user, "key_file": str(key_file),
+                "host_key": sshd.host_key_line, "python": sys.executable, "agent_id": "broken-session-host"}
+    provider = StaticProvider(StaticPoolConfig.from_dict({"type": "static", "hosts": [host_cfg]}),
+                              cluster_id="c-static", pool=POOL, master_url="http://127.0.0.1:1")
+    # One refused command: the probe reads again on a new connection and gets its answer.
+    sshd.refuse_execs = 1
+    assert provider.list() == [] and sshd.refuse_execs == 0 and sshd.commands
+    # Every command refused: the provider's kind of error, naming the host, never paramiko's own.
+    sshd.refuse_execs = 100
+    with pytest.raises(ProviderError) as e:
+        provider.list()
+    assert e.value.code == "ssh_unreachable" and e.value.location == "broken-session-host"
+    assert "session" in str(e.value) and "broke" in str(e.value)
+    with pytest.raises(ProviderError) as e:
+        provider.terminate(["broken-session-host"])
+    assert e.value.code == "ssh_unreachable"
+    with pytest.raises(SshBootstrapError) as e2:
+        stop_agent(sshd.host(key_file))
+    assert e2.value.kind == "unreachable" and e2.value.results[-1].step == "session"
 
 
 # ---- a real OpenSSH server -------------------------------------------------------------------------
