@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -54,6 +54,7 @@ class Gate:
     opened: threading.Event = field(default_factory=threading.Event)
     entered: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
+    on_enter: Callable[[int], None] | None = None  # called with the entry's number, in the handler
 
     def wait_entered(self, n: int) -> None:
         with self.cond:
@@ -71,6 +72,9 @@ def slow_router(gate: Gate) -> APIRouter:
         with gate.cond:
             gate.entered += 1
             gate.cond.notify_all()
+            number = gate.entered
+        if gate.on_enter is not None:
+            gate.on_enter(number)
         gate.opened.wait(WAIT)
         return {"slow": True}
 
@@ -241,11 +245,19 @@ def test_a_cluster_request_queues_longer_than_a_users(serve: Any) -> None:
 def test_a_report_goes_ahead_of_queued_start_ups(serve: Any) -> None:
     # Trial start-ups fill the cluster's lane (its one slot held, its queue full: one more is
     # refused); a running trial's metric report is queued all the same, ahead of them, and is
-    # stored as soon as the slot frees.
+    # stored as soon as the slot frees: before the start-up queued earlier gets the slot.
+    stored_when_entered: dict[int, int] = {}
     s = serve(max_concurrent_requests=1, cluster_concurrent_requests=1, db_pool_size=3, request_queue=1,
               cluster_queue_wait_s=WAIT)
     exp = create_ok(httpx.Client(base_url=s.url, timeout=WAIT), s.admin)
     trial = only_trial(s.master, exp["experiment"]["id"])
+
+    def count_stored(number: int) -> None:
+        with s.master.sessions() as db:
+            stored_when_entered[number] = db.scalar(
+                select(func.count()).select_from(Metric).where(Metric.trial_id == trial.id)) or 0
+
+    s.gate.on_enter = count_stored
     slow, slow_results = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow", timeout=WAIT))
     s.gate.wait_entered(1)
     start, start_results = in_threads(1, lambda _i: httpx.get(s.url + "/api/v1/allocations/test-slow",
@@ -262,8 +274,8 @@ def test_a_report_goes_ahead_of_queued_start_ups(serve: Any) -> None:
     join(slow + start + reporter)
     assert reported[0].status_code == 200, reported[0].text
     assert [r.status_code for r in slow_results + start_results] == [200, 200]
-    with s.master.sessions() as db:
-        assert db.scalar(select(func.count()).select_from(Metric).where(Metric.trial_id == trial.id)) == 1
+    # The start-up (the second to enter) found the report stored: the report went first.
+    assert stored_when_entered == {1: 0, 2: 1}
 
 
 def test_retry_after_grows_as_the_lane_slows(serve: Any) -> None:
