@@ -20,7 +20,7 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane.api import deps, fastjson, serializers
+from control_plane.api import admission, deps, fastjson, metric_batches, serializers
 from control_plane.api.streams import STREAM_BATCH, STREAM_MEDIA_TYPE, ndjson, stream_error
 from control_plane.api.wire import INT32_MAX, Count32, Count64, Id, Int32, Int64, StrictWire, ts
 from control_plane.auth import Principal
@@ -82,13 +82,20 @@ def _store(master: Master, trial_id: int, caller: Callable[[Session], Principal]
     """`caller` resolves who asks in the first transaction (services/metrics.py `report`). Runs in
     one worker thread: each transaction begins and ends there, never across an await."""
 
+    return trial_metrics.report(master, trial_id, _checked_caller(caller, trial_id), _builder(items))
+
+
+def _checked_caller(caller: Callable[[Session], Principal], trial_id: int) -> Callable[[Session], Principal]:
     def who(s: Session) -> Principal:
         p = caller(s)
         deps.require_trial_access(p, trial_id)
         return p
 
-    return trial_metrics.report(master, trial_id, who,
-                                lambda: [_report(group, body, where) for group, body, where in items])
+    return who
+
+
+def _builder(items: Items) -> Callable[[], list[MetricReport]]:
+    return lambda: [_report(group, body, where) for group, body, where in items]
 
 
 def _batch_answer(stored: int, sent: int) -> dict[str, Any]:
@@ -99,7 +106,9 @@ def _batch_answer(stored: int, sent: int) -> dict[str, Any]:
 # the reports handled in one worker thread, the answer encoded by orjson. FastAPI's own handling
 # (the endpoints below, same logic) answers whatever the fast path declines.
 def _fast(model: type[StrictWire], items: Callable[[Any], Items],
-          answer: Callable[[int, int], dict[str, Any]]) -> fastjson.FastHandler:
+          answer: Callable[[int, int], dict[str, Any]], *, grouped: bool = False) -> fastjson.FastHandler:
+    """`grouped`: a route of single reports, written together with others (api/metric_batches.py)."""
+
     async def handler(request: Request) -> Response | None:
         got = await deps.trial_report(request, model)
         if got is None:
@@ -107,6 +116,15 @@ def _fast(model: type[StrictWire], items: Callable[[Any], Items],
         trial_id, body, master = got
         batch = items(body)
         caller = deps.caller_in(request, master)
+        if grouped and batch[0][0] != trial_metrics.VALIDATION:
+            # A single training (or custom-group) report: written with the others that arrive
+            # meanwhile (api/metric_batches.py), its admission slot given back while it waits.
+            # A validation report moves the best validation and the searcher: on its own.
+            writer = metric_batches.of(master)
+            if writer.has_room():
+                admission.ticket(request.scope).release()
+            await writer.post((trial_id, _checked_caller(caller, trial_id), _builder(batch)))
+            return fastjson.json_response({})
 
         def work() -> dict[str, Any]:
             return answer(_store(master, trial_id, caller, batch), len(batch))
@@ -131,7 +149,7 @@ def _empty(_stored: int, _sent: int) -> dict[str, Any]:
 
 
 @router.post("/api/v1/trials/{trialId}/metrics")
-@fastjson.fast_path(_fast(ReportMetricsRequest, _one(None), _empty))
+@fastjson.fast_path(_fast(ReportMetricsRequest, _one(None), _empty, grouped=True))
 def report_metrics(
     trialId: Id,
     body: ReportMetricsRequest,
@@ -156,7 +174,7 @@ def report_metrics_batch(
 
 
 def _legacy(group: str) -> Callable[..., dict[str, Any]]:
-    @fastjson.fast_path(_fast(TrialMetricsBody, _one(group), _empty))
+    @fastjson.fast_path(_fast(TrialMetricsBody, _one(group), _empty, grouped=True))
     def handler(
         trialId: Id,
         body: TrialMetricsBody,

@@ -35,7 +35,7 @@ from control_plane.core import metrics as metric_values
 from control_plane.core.expconf import ExperimentConfig
 from control_plane.db.engine import transaction
 from control_plane.db.models import Experiment, Metric, Trial
-from control_plane.errors import bad_request, not_found
+from control_plane.errors import DomainError, bad_request, not_found
 from control_plane.master import Master
 from control_plane.services import access, lifecycle
 from shipyard_common.wire import rfc3339
@@ -201,6 +201,81 @@ def report(master: Master, trial_id: int, caller: Callable[[Session], Principal]
         authorize_reporter(s, p, trial_id)
         reports = build()
         return _store_batch(s, master, p, trial_id, reports, _prepare(master, trial_id, reports))
+
+
+# One request's reports: the trial of its path, who asks (resolved in the writer's session), how
+# to build the reports (their 400s).
+Report = tuple[int, Callable[[Session], Principal], Callable[[], list[MetricReport]]]
+
+
+def report_many(master: Master, items: list[Report]) -> list[DomainError | None]:
+    """Several requests' reports, stored with one commit (api/metric_batches.py). Each request is
+    checked on its own, in `report`'s order (its caller, its right to report for the trial, its
+    reports); a refusal (its DomainError, in the request's place in the answer) leaves the others
+    be. The reports of one trial that share no (group, step) are stored by one upsert. A failure
+    of the database fails them all (raised): nothing of any is stored. On SQLite the checks run in
+    a read transaction, so the write lock is held only for the writes."""
+    answers: list[DomainError | None] = [None] * len(items)
+
+    def checked(s: Session) -> list[tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]]:
+        accepted: list[tuple[int, Principal, int, list[MetricReport], list[_Accepted] | None]] = []
+        for i, (trial_id, caller, build) in enumerate(items):
+            try:
+                p = caller(s)
+                authorize_reporter(s, p, trial_id)
+                reports = build()
+                accepted.append((i, p, trial_id, reports, _prepare(master, trial_id, reports)))
+            except DomainError as e:
+                answers[i] = e
+        return _merged(accepted)
+
+    def write(s: Session, writes: list[tuple[list[int], Principal, int, list[MetricReport],
+                                             list[_Accepted] | None]]) -> None:
+        for indexes, p, trial_id, reports, prepared in writes:
+            try:
+                _store_batch(s, master, p, trial_id, reports, prepared)
+            except DomainError as e:
+                for i in indexes:
+                    answers[i] = e
+
+    if master.engine.dialect.name == "sqlite":
+        with master.read_sessions() as s:
+            writes = checked(s)
+        if writes:
+            with transaction(master.sessions) as s:
+                write(s, writes)
+        return answers
+    with transaction(master.sessions) as s:
+        write(s, checked(s))
+    return answers
+
+
+def _merged(accepted: list[tuple[int, Principal, int, list[MetricReport], list[_Accepted] | None]]
+            ) -> list[tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]]:
+    """The short-path requests of one trial as one write when no two of their reports share a
+    (group, step) (one upsert cannot touch a row twice); the others (the general path, a step sent
+    twice) each on their own. A merged write's principal is its first request's: the short path
+    does not use it (each request's right was checked on its own)."""
+    out: list[tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]] = []
+    open_by_trial: dict[int, tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]] = {}
+    keys_by_trial: dict[int, set[tuple[str, int]]] = {}
+    for i, p, trial_id, reports, prepared in accepted:
+        if prepared is None:
+            out.append(([i], p, trial_id, reports, None))
+            continue
+        keys = {(r.group, r.steps_completed) for r in reports}
+        merged = open_by_trial.get(trial_id)
+        if merged is not None and not keys & keys_by_trial[trial_id]:
+            merged[0].append(i)
+            merged[3].extend(reports)
+            assert merged[4] is not None
+            merged[4].extend(prepared)
+            keys_by_trial[trial_id] |= keys
+            continue
+        write = ([i], p, trial_id, list(reports), list(prepared))
+        out.append(write)
+        open_by_trial[trial_id], keys_by_trial[trial_id] = write, set(keys)
+    return out
 
 
 def report_progress(master: Master, trial_id: int, caller: Callable[[Session], Principal], progress: float) -> None:

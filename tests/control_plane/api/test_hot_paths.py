@@ -290,6 +290,100 @@ def test_a_shipment_the_database_refuses_fails_alone(client, admin_headers, mast
         assert sorted(s.scalars(select(TaskLog.log).where(TaskLog.task_id == trial.task_id))) == ["a", "b", "c"]
 
 
+def test_single_reports_that_arrive_together_are_committed_together(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    """api/metric_batches.py: single reports queued while a batch is written go in the next one, a
+    trial's reports by one upsert; each request is checked on its own (a stranger, another trial's
+    token, a body naming another trial, an unknown trial answer only themselves); a step sent twice
+    is stored once; each request returns only once its report is committed."""
+    from control_plane.api import metric_batches
+    from control_plane.auth import Principal, TokenKind
+    from control_plane.errors import Invalid, NotFound, PermissionDenied
+    from control_plane.services.metrics import MetricReport as Report
+
+    a = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    b = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    own_a = Principal(kind=TokenKind.ALLOCATION, token_id=0, allocation_id=f"{a.task_id}.1", trial_id=a.id)
+    own_b = Principal(kind=TokenKind.ALLOCATION, token_id=0, allocation_id=f"{b.task_id}.1", trial_id=b.id)
+    stranger = Principal(kind=TokenKind.USER, token_id=0, user_id=99, username="mallory")
+    admin = Principal(kind=TokenKind.USER, token_id=0, user_id=1, username="admin", admin=True)
+    writer = metric_batches.MetricBatches(master)
+
+    def report(who: Principal, path_trial: int, step: int, body_trial: int | None = None) -> metrics.Report:
+        def caller(_s: Any) -> Principal:
+            return who
+
+        return (path_trial, caller, lambda: [Report("training", body_trial or path_trial, 1, step, {"loss": 1.0 / step},
+                                                    None, T0 + timedelta(seconds=step))])
+
+    async def scenario() -> list[Any]:
+        posts = [writer.post(report(own_a if k % 2 else own_b, a.id if k % 2 else b.id, k)) for k in range(1, 41)]
+        posts.insert(3, writer.post(report(stranger, a.id, 100)))  # no right to a
+        posts.insert(7, writer.post(report(own_b, a.id, 101)))  # b's token for a
+        posts.insert(11, writer.post(report(own_a, a.id, 102, body_trial=b.id)))  # the body names b
+        posts.insert(15, writer.post(report(admin, 999999, 1)))  # no such trial
+        posts.append(writer.post(report(own_a, a.id, 39)))  # step 39 again
+        return await asyncio.gather(*posts, return_exceptions=True)
+
+    answers = asyncio.run(scenario())
+    assert isinstance(answers[3], PermissionDenied) and isinstance(answers[7], PermissionDenied)
+    assert isinstance(answers[11], Invalid) and isinstance(answers[15], NotFound)
+    assert [x for k, x in enumerate(answers) if k not in (3, 7, 11, 15)] == [None] * 41
+    assert 1 <= writer.batches <= 3  # the first alone (the writer was idle), the rest together
+    assert [m[1] for m in stored(master, a.id)] == list(range(1, 41, 2))
+    assert [m[1] for m in stored(master, b.id)] == list(range(2, 41, 2))
+    assert steps_of(master, a.id) == 39 and steps_of(master, b.id) == 40
+
+
+def test_a_report_the_database_refuses_fails_alone(client, admin_headers, master, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from control_plane.api import metric_batches
+    from control_plane.auth import Principal, TokenKind
+    from control_plane.services.metrics import MetricReport as Report
+
+    trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    admin = Principal(kind=TokenKind.USER, token_id=0, user_id=1, username="admin", admin=True)
+    real_upsert = metrics._upsert
+
+    def picky_upsert(conn, trial_id, docs):  # type: ignore[no-untyped-def]
+        if any(d.report.steps_completed == 13 for d in docs):
+            raise RuntimeError("the database refuses this batch")
+        return real_upsert(conn, trial_id, docs)
+
+    monkeypatch.setattr(metrics, "_upsert", picky_upsert)
+    writer = metric_batches.MetricBatches(master)
+
+    def report(step: int) -> metrics.Report:
+        return (trial.id, lambda _s: admin, lambda: [Report("training", trial.id, 1, step, {"loss": 0.5}, None, T0)])
+
+    async def scenario() -> list[Any]:
+        return await asyncio.gather(*(writer.post(report(k)) for k in (1, 2, 13, 4)), return_exceptions=True)
+
+    answers = asyncio.run(scenario())
+    assert answers[0] is None and answers[1] is None and answers[3] is None
+    assert isinstance(answers[2], RuntimeError)
+    assert [m[1] for m in stored(master, trial.id)] == [1, 2, 4]
+
+
+def test_a_single_report_over_http_is_committed_when_answered_and_a_validation_goes_on_its_own(  # type: ignore[no-untyped-def]
+        client, admin_headers, master) -> None:
+    from control_plane.api import metric_batches
+
+    trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    headers = allocation_headers(master, trial)
+    writer = metric_batches.of(master)
+    before = writer.batches
+    r = client.post(f"/api/v1/trials/{trial.id}/metrics", headers=headers, json=wire(trial.id, 5))
+    assert r.status_code == 200 and r.json() == {}
+    assert writer.batches == before + 1 and [m[1] for m in stored(master, trial.id)] == [5]
+    r = client.post(f"/api/v1/trials/{trial.id}/metrics", headers=headers,
+                    json={"group": "validation", "metrics": {"trialId": trial.id, "trialRunId": 1, "stepsCompleted": 5,
+                                                             "metrics": {"avgMetrics": {"loss": 0.25}}}})
+    assert r.status_code == 200 and writer.batches == before + 1  # not through the writer
+    assert [(m[0], m[1]) for m in stored(master, trial.id)] == [("training", 5), ("validation", 5)]
+    # a refusal through the writer is the usual HTTP answer
+    r = client.post(f"/api/v1/trials/{trial.id}/metrics", headers=headers, json=wire(trial.id + 1, 6))
+    assert r.status_code == 400 and "trialId" in r.text
+
+
 def test_a_report_that_does_not_move_the_step_count_does_not_wait_for_the_trials_row(  # type: ignore[no-untyped-def]
         client, admin_headers, master, db_url) -> None:
     """PostgreSQL: while another transaction holds the trial's row (its progress being written),
