@@ -206,6 +206,10 @@ def report(master: Master, trial_id: int, caller: Callable[[Session], Principal]
 # One request's reports: the trial of its path, who asks (resolved in the writer's session), how
 # to build the reports (their 400s).
 Report = tuple[int, Callable[[Session], Principal], Callable[[], list[MetricReport]]]
+# A request checked: its place, who asked, the trial, its reports, their documents (None: the
+# general path). A write: the same, for the requests whose reports one upsert stores.
+_Checked = tuple[int, Principal, int, list[MetricReport], list[_Accepted] | None]
+_Write = tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]
 
 
 def report_many(master: Master, items: list[Report]) -> list[DomainError | None]:
@@ -217,8 +221,8 @@ def report_many(master: Master, items: list[Report]) -> list[DomainError | None]
     a read transaction, so the write lock is held only for the writes."""
     answers: list[DomainError | None] = [None] * len(items)
 
-    def checked(s: Session) -> list[tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]]:
-        accepted: list[tuple[int, Principal, int, list[MetricReport], list[_Accepted] | None]] = []
+    def checked(s: Session) -> list[_Write]:
+        accepted: list[_Checked] = []
         for i, (trial_id, caller, build) in enumerate(items):
             try:
                 p = caller(s)
@@ -229,8 +233,7 @@ def report_many(master: Master, items: list[Report]) -> list[DomainError | None]
                 answers[i] = e
         return _merged(accepted)
 
-    def write(s: Session, writes: list[tuple[list[int], Principal, int, list[MetricReport],
-                                             list[_Accepted] | None]]) -> None:
+    def write(s: Session, writes: list[_Write]) -> None:
         for indexes, p, trial_id, reports, prepared in writes:
             try:
                 _store_batch(s, master, p, trial_id, reports, prepared)
@@ -250,14 +253,13 @@ def report_many(master: Master, items: list[Report]) -> list[DomainError | None]
     return answers
 
 
-def _merged(accepted: list[tuple[int, Principal, int, list[MetricReport], list[_Accepted] | None]]
-            ) -> list[tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]]:
+def _merged(accepted: list[_Checked]) -> list[_Write]:
     """The short-path requests of one trial as one write when no two of their reports share a
     (group, step) (one upsert cannot touch a row twice); the others (the general path, a step sent
     twice) each on their own. A merged write's principal is its first request's: the short path
     does not use it (each request's right was checked on its own)."""
-    out: list[tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]] = []
-    open_by_trial: dict[int, tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]] = {}
+    out: list[_Write] = []
+    open_by_trial: dict[int, _Write] = {}
     keys_by_trial: dict[int, set[tuple[str, int]]] = {}
     for i, p, trial_id, reports, prepared in accepted:
         if prepared is None:
@@ -272,9 +274,9 @@ def _merged(accepted: list[tuple[int, Principal, int, list[MetricReport], list[_
             merged[4].extend(prepared)
             keys_by_trial[trial_id] |= keys
             continue
-        write = ([i], p, trial_id, list(reports), list(prepared))
-        out.append(write)
-        open_by_trial[trial_id], keys_by_trial[trial_id] = write, set(keys)
+        new: _Write = ([i], p, trial_id, list(reports), list(prepared))
+        out.append(new)
+        open_by_trial[trial_id], keys_by_trial[trial_id] = new, set(keys)
     return out
 
 
