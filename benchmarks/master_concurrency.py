@@ -25,9 +25,10 @@ loop, gets its start command (with the allocation token) and reports it running.
 
 Each level runs `--rounds` times (default 2): the levels in the given order, then reversed, so
 that what drifts over a run (growing tables, the machine's other load) weighs on every level
-alike. On this shared 2-core machine one 15 s level of one run differs from the next by up to
-about 8 % (measured: PostgreSQL at 40 clients gave 290 and 284 ok/s, at 200 clients 310 and 283,
-in one run of 40, 200, 40, 200); one round per level would read that noise as a trend.
+alike. On this shared 2-core machine one 15 s level differs from one round to the next by 8 %
+and more (measured: PostgreSQL at 40 clients gave 290 and 284 ok/s, at 200 clients 310 and 283,
+in one run of 40, 200, 40, 200; at 40 clients 333 and 275 in the two rounds of another run); one
+round per level would read that noise as a trend.
 
 Columns: ok/s = 2xx answers to reads and reports per second, the median round's (each round's
 in "ok/s by round"); the other columns take every round together; p50/p99 = their latency (answered
