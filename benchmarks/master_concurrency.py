@@ -155,20 +155,15 @@ def register_pollers(s: Setup, count: int, level: int) -> None:
     """`count` agents without slots (nothing is placed on them), one per polling client, new for
     each level: between levels they are silent for longer than the heartbeat timeout (the level's
     last answers are awaited), and a master rightly declares such agents lost."""
+    s.pollers = []
     with httpx.Client(base_url=s.url, timeout=60) as c:
-        s.pollers = _registered(c, s.pool_token, level, count)
-
-
-def _registered(c: httpx.Client, pool_token: str, level: int, count: int) -> list[tuple[str, str, str]]:
-    out = []
-    for k in range(count):
-        agent_id = f"bench-poller-{level}-{k:04d}"
-        r = c.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {pool_token}"},
-                   json={"agentId": agent_id, "resourcePool": "default", "slots": []})
-        r.raise_for_status()
-        reg = r.json()
-        out.append((agent_id, reg.get("agentCredential") or pool_token, reg["sessionId"]))
-    return out
+        for k in range(count):
+            agent_id = f"bench-poller-{level}-{k:04d}"
+            r = c.post("/api/v1/agents/register", headers={"Authorization": f"Bearer {s.pool_token}"},
+                       json={"agentId": agent_id, "resourcePool": "default", "slots": []})
+            r.raise_for_status()
+            reg = r.json()
+            s.pollers.append((agent_id, reg.get("agentCredential") or s.pool_token, reg["sessionId"]))
 
 
 def set_up(url: str, token: str, experiments: int) -> Setup:

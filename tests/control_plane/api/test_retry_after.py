@@ -155,10 +155,10 @@ def test_an_urgent_waiter_goes_before_the_queue_and_counts_only_the_urgent_ahead
         assert await lane.acquire()  # the one slot
         order: list[str] = []
 
-        tasks = [asyncio.ensure_future(_served(lane, order, "start-1", False)), asyncio.ensure_future(_served(lane, order, "start-2", False))]
+        tasks = [asyncio.ensure_future(_served(lane, order, f"start-{i}", False)) for i in (1, 2)]
         await asyncio.sleep(0)
         refused_start = await lane.acquire()  # two start-ups queued: the queue is full for a third
-        tasks += [asyncio.ensure_future(_served(lane, order, "report-1", True)), asyncio.ensure_future(_served(lane, order, "report-2", True))]
+        tasks += [asyncio.ensure_future(_served(lane, order, f"report-{i}", True)) for i in (1, 2)]
         await asyncio.sleep(0)
         queued = lane.waiting
         lane.release()  # the slot goes to the reports first, then the start-ups in their order
