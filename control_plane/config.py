@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from control_plane.core import scheduling
+from provisioners.factory import PoolSettings, resolve
 
 ENV_PREFIX = "SHIPYARD_"
 DEFAULT_POOL = "default"
@@ -58,6 +59,13 @@ class ResourcePoolConfig(_Strict):
     # How the pool's cloud agents run trials: `docker` makes cloud-init install Docker (and NVIDIA's
     # container toolkit on GPU instances) and start the agents with `runtime: docker`.
     container_runtime: Literal["process", "docker"] = "process"
+
+    def settings(self) -> PoolSettings | None:
+        """The pool's effective elastic settings, the only reading of its `provider:` section
+        (provisioners.factory.resolve): what the autoscaler acts on is what the API, the CLI and
+        the web UI show. None for a pool whose agents join by themselves; PoolConfigError (naming
+        every problem) for an unusable section."""
+        return resolve(self.provider) if self.provider is not None else None
 
 
 AUTO_WORKERS_MAX = 8

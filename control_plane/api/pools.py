@@ -15,7 +15,7 @@ from control_plane.core import states as st
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
 from control_plane.errors import bad_request, not_found
 from control_plane.master import Master
-from provisioners.factory import PoolConfigError, parse_duration
+from control_plane.services.pool_settings import EffectivePool, effective_pool, seconds
 
 router = APIRouter()
 
@@ -28,12 +28,12 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
     instances = list(s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != st.InstanceState.TERMINATED)))
     slots_total = sum(len(a.slots) for a in connected)
     slots_used = sum(a.slots_needed for a in allocs if a.state in st.ALLOC_ON_AGENT)
-    provider = (cfg.provider if cfg else None) or {}
+    ep = effective_pool(cfg) if cfg is not None else None
     return {
         "name": row.name,
         "description": row.description,
         # Determined's enum has no "local": such pools say UNSPECIFIED (`provider` names them).
-        "type": _POOL_TYPES.get(str(provider.get("type") or "static"), "RESOURCE_POOL_TYPE_UNSPECIFIED"),
+        "type": _POOL_TYPES.get((ep.provider if ep else None) or "static", "RESOURCE_POOL_TYPE_UNSPECIFIED"),
         "defaultComputePool": row.name == master.config.default_resource_pool,
         "defaultAuxPool": row.name == master.config.default_resource_pool,
         "numAgents": len(connected),
@@ -42,9 +42,12 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         "slotType": "TYPE_CUDA" if any(sl.get("type") == "cuda" for a in connected for sl in a.slots) else "TYPE_CPU",
         "schedulerType": "SCHEDULER_TYPE_" + (cfg.scheduler.type.upper() if cfg else "PRIORITY"),
         "preemptible": bool(cfg and cfg.scheduler.preemption),
-        "minAgents": provider.get("min_instances", 0),
-        "maxAgents": provider.get("max_instances", 0),
-        "provider": provider.get("type"),
+        "minAgents": ep.min_instances if ep else 0,
+        "maxAgents": ep.max_instances if ep else 0,
+        "provider": ep.provider if ep else None,
+        # Every effective elastic setting (durations in seconds), as the autoscaler acts on them;
+        # null for a pool without a provider or with an unusable one (then `error` says why).
+        "settings": _settings_json(ep),
         "queuedAllocations": sum(1 for a in allocs if a.state == st.ALLOC_PENDING),
         "runningAllocations": sum(1 for a in allocs if a.state in st.ALLOC_ON_AGENT),
         "state": row.state,
@@ -54,7 +57,7 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         "lastDecisionAt": ts(row.last_decision_at),
         # Subnets/zones skipped after capacity errors, as the autoscaler last recorded them.
         "capacityCooldowns": _cooldowns(row.last_decision),
-        **_determined_pool_fields(master, provider, cfg, slots_total, len(connected), allocs),
+        **_determined_pool_fields(master, ep, slots_total, len(connected), allocs),
         "instances": [
             {"launchId": i.launch_id, "instanceId": i.instance_id, "state": i.state, "agentId": i.agent_id,
              "location": i.location, "instanceType": i.instance_type, "launchedAt": ts(i.launched_at or i.requested_at),
@@ -68,26 +71,26 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
 _POOL_TYPES = {"static": "RESOURCE_POOL_TYPE_STATIC", "aws": "RESOURCE_POOL_TYPE_AWS", "gcp": "RESOURCE_POOL_TYPE_GCP"}
 
 
-def _seconds(value: Any) -> float:
-    """A pool duration setting ("5m", 300) in seconds, as Determined's wire has it; 0 when unset
-    (or unusable: the pool itself then shows the config error)."""
-    if value in (None, ""):
-        return 0.0
-    try:
-        return parse_duration(value, "duration").total_seconds()
-    except PoolConfigError:
-        return 0.0
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
 
 
-def _determined_pool_fields(master: Master, provider: dict[str, Any], cfg: Any, slots_total: int, agents: int,
+def _settings_json(ep: EffectivePool | None) -> dict[str, Any] | None:
+    if ep is None or ep.elastic is None:
+        return None
+    return {_camel(name): seconds(value) for name, value in ep.shown_settings()}
+
+
+def _determined_pool_fields(master: Master, ep: EffectivePool | None, slots_total: int, agents: int,
                             allocs: list[Allocation]) -> dict[str, Any]:
     """The rest of Determined's v1ResourcePool, which its client (0.38.1) requires: what Shipyard
     has no notion of (Docker images for agents, aux containers) is empty or zero."""
     return {
-        "schedulerFittingPolicy": "FITTING_POLICY_" + (cfg.scheduler.fitting_policy.upper() if cfg else "BEST"),
-        "location": str(provider.get("region") or provider.get("zone") or ""),
-        "imageId": str(provider.get("image_id") or provider.get("image") or ""),
-        "instanceType": str(provider.get("instance_type") or provider.get("machine_type") or ""),
+        "schedulerFittingPolicy": "FITTING_POLICY_" + (ep.config.scheduler.fitting_policy.upper() if ep else "BEST"),
+        "location": ep.location if ep else "",
+        "imageId": ep.image if ep else "",
+        "instanceType": ep.instance_type if ep else "",
         "masterUrl": master.config.advertised_url,
         "masterCertName": "",
         "startupScript": "",
@@ -96,8 +99,8 @@ def _determined_pool_fields(master: Master, provider: dict[str, Any], cfg: Any, 
         "agentDockerRuntime": "",
         "agentDockerImage": "",
         "agentFluentImage": "",
-        "maxIdleAgentPeriod": _seconds(provider.get("max_idle_agent_period")),
-        "maxAgentStartingPeriod": _seconds(provider.get("max_agent_starting_period")),
+        "maxIdleAgentPeriod": seconds(ep.elastic.max_idle_agent_period) if ep and ep.elastic else 0.0,
+        "maxAgentStartingPeriod": seconds(ep.elastic.max_agent_starting_period) if ep and ep.elastic else 0.0,
         "details": {},
         "slotsPerAgent": slots_total // agents if agents else 0,
         "auxContainerCapacity": 0,

@@ -9,8 +9,6 @@ the largest connected agent. A manually joined bigger agent counts too. Unknown:
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -18,17 +16,7 @@ from control_plane.core import states as st
 from control_plane.core.scheduling.fit import PoolCapacity, cannot_host
 from control_plane.db.models import Agent, Allocation, ResourcePool
 from control_plane.master import Master
-from provisioners.factory import PoolConfigError, elastic_settings
-
-_SLOT_KEYS = ("instance_slots", "slots_per_instance", "slots_per_host", "gpu_num")
-
-
-def _configured_slots(provider: dict[str, Any]) -> int | None:
-    for key in _SLOT_KEYS:
-        value = provider.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+from control_plane.services.pool_settings import effective_pool
 
 
 def pool_capacity(s: Session, master: Master, pool: str) -> PoolCapacity | None:
@@ -41,19 +29,17 @@ def pool_capacity(s: Session, master: Master, pool: str) -> PoolCapacity | None:
     sizes: dict[int, int] = {}
     for n in agents:
         sizes[n] = sizes.get(n, 0) + 1
+    ep = effective_pool(cfg)
     per_instance: int | None = None
     if cfg.provider:
-        per_instance = _configured_slots(cfg.provider)
+        per_instance = ep.configured_slots
         if per_instance is None:
             row = s.get(ResourcePool, pool)
             recorded = (row.last_decision or {}).get("slots_per_instance") if row is not None else None
             per_instance = recorded if isinstance(recorded, int) and recorded > 0 else None
     if per_instance is not None and (largest_agent is None or per_instance >= largest_agent):
         # A gang across instances takes whole instances, at most max_instances of them.
-        try:
-            total: int | None = per_instance * elastic_settings(cfg.provider).max_instances if cfg.provider else None
-        except PoolConfigError:
-            total = None
+        total = per_instance * ep.max_instances if ep.elastic is not None else None
         return PoolCapacity(pool, per_instance, "its instances", total_slots=total)
     if largest_agent is not None:
         return PoolCapacity(pool, largest_agent, "its largest connected agent",

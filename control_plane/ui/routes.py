@@ -29,7 +29,16 @@ from control_plane.core import states as st
 from control_plane.db.models import Experiment
 from control_plane.errors import DomainError, bad_request, http_status, not_found
 from control_plane.master import Master
-from control_plane.services import access, dashboard, experiments, lifecycle, logs, trials, users
+from control_plane.services import (
+    access,
+    dashboard,
+    experiments,
+    lifecycle,
+    logs,
+    pool_settings,
+    trials,
+    users,
+)
 from control_plane.ui import session as sess
 
 log = logging.getLogger("shipyard.ui")
@@ -90,8 +99,14 @@ def _state(value: str | None) -> str:
     return (value or "").removeprefix("STATE_").replace("_", " ").lower()
 
 
+def _setting(value: Any) -> str:
+    """A pool setting as the API gives it (services/pool_settings.seconds): durations in seconds."""
+    value = pool_settings.seconds(value)
+    return "unset" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 templates.env.filters.update(duration=_duration, bytes=_bytes, metric=_metric, time=_time, state=_state,
-                             searcher_length=_length)
+                             searcher_length=_length, setting=_setting)
 
 
 # No other site may frame these pages (a framed kill button is a click away from a click-jacking).

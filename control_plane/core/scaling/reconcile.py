@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from control_plane.core.states import InstanceState
+from shipyard_common.pool_settings import DEFAULT_LIST_MISS_GRACE  # noqa: F401 (its one home; re-exported)
 
-DEFAULT_LIST_MISS_GRACE = timedelta(minutes=3)
 # The first retry of a terminate comes soon (a throttled call often passes a few seconds later), the
 # later ones every few minutes at most: bounded, so an instance is never left alone for long.
 TERMINATE_RETRY_BASE = timedelta(seconds=10)
