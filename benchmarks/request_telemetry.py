@@ -1,4 +1,4 @@
-"""What the request telemetry (control_plane/api/access_log.py: Prometheus counters, latency
+"""What the request telemetry (control_plane/frontdoor/access_log.py: Prometheus counters, latency
 histogram, access log line) costs per request, measured on the ASGI call alone (no server, no
 network): a trivial application called with and without the wrapper, the difference per request.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from control_plane.api.access_log import RequestTelemetry  # noqa: E402
+from control_plane.frontdoor.access_log import RequestTelemetry  # noqa: E402
 from control_plane.logs import setup_logging  # noqa: E402
 
 

@@ -14,14 +14,15 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from control_plane.api import agent_polls, deps
-from control_plane.api.admission import Ticket, busy_response
+from control_plane.api import deps
 from control_plane.api.wire import StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation
 from control_plane.errors import bad_request
+from control_plane.frontdoor import agent_polls
+from control_plane.frontdoor.admission import Ticket, busy_response
 from control_plane.master import Master
 from control_plane.services import agents as service
 from shipyard_common.agent_protocol import (
@@ -111,7 +112,7 @@ async def commands(
     master: Master = Depends(deps.get_master),
     slot: Ticket = Depends(deps.ticket),
 ) -> dict[str, Any]:
-    # The long-poll is HTTP's business (api/agent_polls.py). A poll whose credential this process
+    # The long-poll is HTTP's business (frontdoor/agent_polls.py). A poll whose credential this process
     # has verified before goes straight to the process's poll hub: no thread, no connection, no
     # admission slot. The hub checks arrivals and waiting polls in batches, re-verifying their
     # credential and session, and writes the heartbeats of every waiting agent together. Only a

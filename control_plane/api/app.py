@@ -1,4 +1,4 @@
-"""The FastAPI application: routers, error shape, and request-size limits (api/limits.py)."""
+"""The FastAPI application: routers, error shape, and request-size limits (frontdoor/limits.py)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ from control_plane.api import (
     trials,
     users,
 )
-from control_plane.api.access_log import RequestTelemetry
-from control_plane.api.admission import Admission, AdmissionControl
-from control_plane.api.errors import error_body, install_error_handlers
-from control_plane.api.express import ExpressLane
-from control_plane.api.limits import BodyLimits
+from control_plane.api.errors import install_error_handlers
 from control_plane.api.users import master_info
+from control_plane.frontdoor.access_log import RequestTelemetry
+from control_plane.frontdoor.admission import Admission, AdmissionControl
+from control_plane.frontdoor.error_shape import error_body
+from control_plane.frontdoor.express import ExpressLane
+from control_plane.frontdoor.limits import BodyLimits
 from control_plane.master import Master
 from control_plane.ui import install as install_ui
 
@@ -39,7 +40,7 @@ log = logging.getLogger("shipyard.api")
 
 
 class ShipyardApp(FastAPI):
-    """FastAPI behind a front door (api/admission.py's AdmissionControl): every request meets
+    """FastAPI behind a front door (frontdoor/admission.py's AdmissionControl): every request meets
     admission control first, before any middleware or routing runs."""
 
     front: Any = None
@@ -55,7 +56,7 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
         description="Elastic control plane for deep-learning training; Determined-compatible /api/v1.",
         docs_url="/docs",
         # Determined's client (0.38.1) posts JSON bodies without a Content-Type: read them as JSON.
-        # Admission (the front door, ShipyardApp) and body limits (api/limits.py) still run first.
+        # Admission (the front door, ShipyardApp) and body limits (frontdoor/limits.py) still run first.
         strict_content_type=False,
     )
     app.state.master = master
@@ -111,11 +112,11 @@ def _install_admission(app: FastAPI, master: Master) -> None:
     app.add_exception_handler(PoolTimeout, _pool_timeout)
     # Outermost: a request over the limit is refused before its body is read or anything runs.
     info = partial(master_info, master)
-    # Behind admission: the hot report routes' fast paths straight from the front door (api/express.py).
+    # Behind admission: the hot report routes' fast paths straight from the front door (frontdoor/express.py).
     express = ExpressLane(app, partial(FastAPI.__call__, app), cfg)
     front = AdmissionControl(
         express, admission=admission, cluster=cluster, exempt=HEALTH_PATHS,
         threads=admission.limit + cluster.limit + THREAD_SLACK,
         health={"/health": lambda: {"status": "ok"}, "/info": info, "/api/v1/master": info})
-    # Around the front door: refusals and health count and log too (api/access_log.py).
+    # Around the front door: refusals and health count and log too (frontdoor/access_log.py).
     app.front = RequestTelemetry(front, fixed_paths=HEALTH_PATHS)  # type: ignore[attr-defined]

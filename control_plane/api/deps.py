@@ -9,12 +9,12 @@ from fastapi import Depends, Request
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from control_plane.api import fastjson
-from control_plane.api.admission import Ticket
-from control_plane.api.admission import ticket as admission_ticket
 from control_plane.api.wire import INT32_MAX
 from control_plane.auth import Principal, TokenKind, resolve_token
 from control_plane.errors import forbidden, unauthenticated
+from control_plane.frontdoor import fastjson
+from control_plane.frontdoor.admission import Ticket
+from control_plane.frontdoor.admission import ticket as admission_ticket
 from control_plane.master import Master
 
 M = TypeVar("M", bound=BaseModel)
@@ -27,7 +27,7 @@ async def get_master(request: Request) -> Master:
 
 
 async def ticket(request: Request) -> Ticket:
-    """The request's admission slot (api/admission.py): long-polls give it back while they wait."""
+    """The request's admission slot (frontdoor/admission.py): long-polls give it back while they wait."""
     return admission_ticket(request.scope)
 
 
@@ -72,7 +72,7 @@ def principal_in(s: Session, request: Request, master: Master) -> Principal:
 
 
 def caller_in(request: Request, master: Master) -> Callable[[Session], Principal]:
-    """`user_or_allocation` as a function of a session: a hot path (api/fastjson.py) resolves its
+    """`user_or_allocation` as a function of a session: a hot path (frontdoor/fastjson.py) resolves its
     caller inside the service's own transaction, in the one worker thread it uses."""
 
     def caller(s: Session) -> Principal:

@@ -1,10 +1,9 @@
-"""One error shape for every 4xx/5xx, readable by Determined's client (`error.error`) and by
-people (`message`, plus `details` naming each bad field)."""
+"""Every error of the routes answered in the one error shape (frontdoor/error_shape.py): domain
+errors by their status (`control_plane.errors.http_status`), FastAPI's validation errors as 400s
+naming each bad field, HTTP errors by their status, anything else a logged 500."""
 
 from __future__ import annotations
 
-import logging
-from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,21 +12,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control_plane.api.openapi import install_openapi
-from control_plane.errors import DomainError, FieldProblem, TooManyRequests, http_status
-
-log = logging.getLogger("shipyard.api")
-
-
-
-
-def error_body(status: int, message: str, details: list[FieldProblem]) -> dict[str, Any]:
-    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
-    return {
-        "error": {"code": status, "reason": reason, "error": message},
-        "code": status,
-        "message": message,
-        "details": [{"field": d.field, "reason": d.reason} for d in details],
-    }
+from control_plane.errors import DomainError, FieldProblem
+from control_plane.frontdoor.error_shape import domain_error_response, error_body, unexpected_error_response
 
 
 def _loc_to_path(loc: tuple[Any, ...]) -> str:
@@ -36,18 +22,6 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
     for p in parts:
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
     return out or "(body)"
-
-
-def domain_error_response(exc: DomainError) -> JSONResponse:
-    status = http_status(exc)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, TooManyRequests) else None
-    return JSONResponse(error_body(status, exc.message, exc.details), status_code=status, headers=headers)
-
-
-def unexpected_error_response(path: str) -> JSONResponse:
-    """A bug: logged with its traceback (call it in the except block), answered as a bare 500."""
-    log.exception("event=unhandled_error path=%s", path)
-    return JSONResponse(error_body(500, "internal error", []), status_code=500)
 
 
 def install_error_handlers(app: FastAPI) -> None:

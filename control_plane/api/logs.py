@@ -15,13 +15,14 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 from starlette.background import BackgroundTask
 
-from control_plane.api import admission, deps, fastjson, log_batches, serializers
-from control_plane.api.admission import Ticket
+from control_plane.api import deps, serializers
 from control_plane.api.streams import STREAM_BATCH, STREAM_MEDIA_TYPE, ndjson, stream_error
 from control_plane.api.wire import INT32_MAX, Id, Int32, Int64, StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.db.models import TaskLog
 from control_plane.errors import bad_request
+from control_plane.frontdoor import fastjson, log_batches
+from control_plane.frontdoor.admission import Ticket
 from control_plane.master import Master
 from control_plane.services import access
 from control_plane.services import logs as log_records
@@ -70,11 +71,12 @@ def _shipment(body: PostTaskLogsRequest) -> tuple[list[log_records.LogTarget], C
 
 
 async def _post_fast(request: Request) -> Response | None:
-    """The fast path (api/fastjson.py): the body parsed from bytes, the shipment queued for this
-    process's log writer (api/log_batches.py), which stores it with the others that came meanwhile
-    in one transaction and answers when it is committed; the answer by orjson. While it waits the
-    request gives its admission slot back (unless the writer's queue is full). FastAPI's handling
-    (`post_task_logs`) answers what it declines."""
+    """The fast path (frontdoor/fastjson.py): the body parsed from bytes, the shipment queued for
+    this process's log writer (frontdoor/log_batches.py), which stores it with the others that came
+    meanwhile in one transaction (`services/logs.post_many`, as FastAPI's handling does alone) and
+    answers when it is committed; the answer by orjson. While it waits the request gives its
+    admission slot back (unless the writer's queue is full). FastAPI's handling (`post_task_logs`)
+    answers what it declines."""
     if not deps.bearer_token(request):
         return None
     body = await fastjson.parse_body(request, PostTaskLogsRequest)
@@ -85,10 +87,7 @@ async def _post_fast(request: Request) -> Response | None:
     def caller(s: Session) -> Principal:  # deps.principal, in the writer's session
         return deps.principal_in(s, request, master)
 
-    writer = log_batches.of(master)
-    if writer.has_room():
-        admission.ticket(request.scope).release()
-    await writer.post((caller, *_shipment(body)))
+    await log_batches.of(master).submit(request.scope, (caller, *_shipment(body)))
     return fastjson.json_response({})
 
 
@@ -151,8 +150,8 @@ def _log_stream(
     """Pages through a task's logs by id. With follow, polls for new lines until the task is over
     and one more poll after that found nothing (lines shipped just before the end still arrive).
 
-    The stream holds an admission slot (api/admission.py) only while it reads a page: not while
-    it waits between polls, nor while a slow client takes its lines."""
+    The stream holds an admission slot (frontdoor/admission.py) only while it reads a page: not
+    while it waits between polls, nor while a slow client takes its lines."""
 
     async def gen() -> AsyncIterator[bytes]:
         slot.release()

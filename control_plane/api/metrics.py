@@ -1,8 +1,9 @@
 """Metric reports and queries of trials.
 
 - Reports: `POST /api/v1/trials/{id}/metrics` (Determined), the legacy `training_metrics` /
-  `validation_metrics`, and Shipyard's `…/metrics/batch` (services/metrics.py stores them:
-  idempotent per trial, group and step).
+  `validation_metrics`, and Shipyard's `…/metrics/batch`. FastAPI's handling, the fast path and
+  the express lane (frontdoor/) all end in `services/metrics.report_many` (idempotent per trial,
+  group and step).
 - Queries: Determined's streaming `GET /api/v1/trials/metrics/trial_metrics` (and its training /
   validation forms) and Shipyard's paged `GET /api/v1/trials/{id}/metrics`.
 """
@@ -20,12 +21,13 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane.api import admission, deps, fastjson, metric_batches, serializers
+from control_plane.api import deps, serializers
 from control_plane.api.streams import STREAM_BATCH, STREAM_MEDIA_TYPE, ndjson, stream_error
 from control_plane.api.wire import INT32_MAX, Count32, Count64, Id, Int32, Int64, StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.db.models import Metric, Trial
 from control_plane.errors import bad_request, not_found
+from control_plane.frontdoor import fastjson, metric_batches
 from control_plane.master import Master
 from control_plane.services import access
 from control_plane.services import metrics as trial_metrics
@@ -78,11 +80,18 @@ def _report(group: str, body: TrialMetricsBody, where: str) -> MetricReport:
 Items = list[tuple[str, TrialMetricsBody, str]]  # (group, report, its path in the request)
 
 
-def _store(master: Master, trial_id: int, caller: Callable[[Session], Principal], items: Items) -> int:
-    """`caller` resolves who asks in the first transaction (services/metrics.py `report`). Runs in
-    one worker thread: each transaction begins and ends there, never across an await."""
+# Every report route, whichever lane it came by, ends in one service operation,
+# `services/metrics.report_many`: alone (`_store`, through `report`) or with the single reports
+# that arrive meanwhile (the front door's metric writer, frontdoor/metric_batches.py).
+def _request(trial_id: int, caller: Callable[[Session], Principal], items: Items) -> trial_metrics.Report:
+    """One request's reports as the service takes them: `caller` resolves who asks in the
+    service's own transaction, then their right to the trial, then the reports are built."""
+    return trial_id, _checked_caller(caller, trial_id), _builder(items)
 
-    return trial_metrics.report(master, trial_id, _checked_caller(caller, trial_id), _builder(items))
+
+def _store(master: Master, trial_id: int, caller: Callable[[Session], Principal], items: Items) -> int:
+    """Runs in one worker thread: each transaction begins and ends there, never across an await."""
+    return trial_metrics.report(master, *_request(trial_id, caller, items))
 
 
 def _checked_caller(caller: Callable[[Session], Principal], trial_id: int) -> Callable[[Session], Principal]:
@@ -102,12 +111,13 @@ def _batch_answer(stored: int, sent: int) -> dict[str, Any]:
     return {"stored": stored, "duplicates": sent - stored}
 
 
-# The fast path (api/fastjson.py) of each report route: the body parsed from bytes, the caller and
-# the reports handled in one worker thread, the answer encoded by orjson. FastAPI's own handling
+# The fast path (frontdoor/fastjson.py) of each report route: the body parsed from bytes, the
+# caller and the reports handled in one worker thread, the answer encoded by orjson. FastAPI's own handling
 # (the endpoints below, same logic) answers whatever the fast path declines.
 def _fast(model: type[StrictWire], items: Callable[[Any], Items],
           answer: Callable[[int, int], dict[str, Any]], *, grouped: bool = False) -> fastjson.FastHandler:
-    """`grouped`: a route of single reports, written together with others (api/metric_batches.py)."""
+    """`grouped`: a route of single reports, written together with others
+    (frontdoor/metric_batches.py)."""
 
     async def handler(request: Request) -> Response | None:
         got = await deps.trial_report(request, model)
@@ -118,12 +128,9 @@ def _fast(model: type[StrictWire], items: Callable[[Any], Items],
         caller = deps.caller_in(request, master)
         if grouped and batch[0][0] != trial_metrics.VALIDATION:
             # A single training (or custom-group) report: written with the others that arrive
-            # meanwhile (api/metric_batches.py), its admission slot given back while it waits.
+            # meanwhile (frontdoor/metric_batches.py), its admission slot given back while it waits.
             # A validation report moves the best validation and the searcher: on its own.
-            writer = metric_batches.of(master)
-            if writer.has_room():
-                admission.ticket(request.scope).release()
-            await writer.post((trial_id, _checked_caller(caller, trial_id), _builder(batch)))
+            await metric_batches.of(master).submit(request.scope, _request(trial_id, caller, batch))
             return fastjson.json_response({})
 
         def work() -> dict[str, Any]:

@@ -19,6 +19,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
+from control_plane.api import deps
 from control_plane.api import responses as r
 from control_plane.api.streams import STREAM_MEDIA_TYPE
 from shipyard_common.agent_protocol import COMMANDS_PATH, CommandsResponse, RegisterResponse
@@ -157,9 +158,6 @@ def _depends_on(dependant: Dependant, call: Any) -> bool:
 
 
 def _error_statuses(route: APIRoute, method: str) -> list[int]:
-    # deps imports admission, which imports errors, which imports this module: import it late.
-    from control_plane.api import deps
-
     dependant = route.dependant
     has_input = bool(dependant.path_params or dependant.query_params or dependant.header_params
                      or dependant.cookie_params or route.body_field is not None)

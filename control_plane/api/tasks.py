@@ -14,14 +14,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
-from control_plane.api import deps, fastjson, preempt_polls
-from control_plane.api.admission import Ticket
+from control_plane.api import deps
 from control_plane.api.wire import Count64, Id, StrictWire, Wire, ts
 from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.core.searcher import ExitedReason
 from control_plane.db.models import Allocation, Trial
 from control_plane.errors import bad_request, forbidden, not_found
+from control_plane.frontdoor import fastjson, preempt_polls
+from control_plane.frontdoor.admission import Ticket
 from control_plane.master import Master
 from control_plane.services import access, experiments, gangs, lifecycle, trials
 from control_plane.services import metrics as trial_metrics
@@ -116,7 +117,7 @@ class ProgressRequest(StrictWire):
 
 
 async def _progress_fast(request: Request) -> Response | None:
-    """The fast path (api/fastjson.py): a trial reports its progress with every training report,
+    """The fast path (frontdoor/fastjson.py): a trial reports its progress with every training report,
     so it is handled in one worker thread with one query for the caller, one for the right and one
     update; FastAPI's handling (`progress`) answers what it declines."""
     got = await deps.trial_report(request, ProgressRequest)
@@ -170,8 +171,8 @@ async def preemption_signal(
     remaining = deadline - time.monotonic()
     if preempt or remaining <= 0 or master.stopping.is_set():
         return {"preempt": preempt}
-    # The wait holds no thread, connection or admission slot (api/admission.py): the process's
-    # preemption poll hub (api/preempt_polls.py) checks every waiting poll in one query per
+    # The wait holds no thread, connection or admission slot (frontdoor/admission.py): the process's
+    # preemption poll hub (frontdoor/preempt_polls.py) checks every waiting poll in one query per
     # wake-up and every 2 s, and answers this one when its allocation must stop.
     slot.release()
     return {"preempt": await preempt_polls.of(master).wait(allocationId, remaining)}

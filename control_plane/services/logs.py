@@ -154,7 +154,8 @@ def post(master: Master, caller: Callable[[Session], Principal], targets: list[L
 
 def post_many(master: Master, shipments: list[Shipment]) -> list[DomainError | None]:
     """Several shipments of lines (a caller, the targets, how to build the lines), stored with one
-    commit. Each is checked on its own, in this order: `caller(s)` resolves who is shipping (its
+    commit: the one way task log lines reach the database, whether a shipment came alone (`post`)
+    or with others (frontdoor/log_batches.py). Each is checked on its own, in this order: `caller(s)` resolves who is shipping (its
     401/403), `require_log_writer` checks their right to every target, `build()` makes the lines
     (their 400s). A refusal (its DomainError, in the shipment's place in the answer) leaves the
     others be; the lines of every shipment allowed are inserted together. A failure of the
@@ -183,11 +184,6 @@ def post_many(master: Master, shipments: list[Shipment]) -> list[DomainError | N
     with transaction(master.sessions) as s:
         _insert(s.connection(), checked(s))
     return answers
-
-
-def ingest(s: Session, master: Master, lines: list[LogLine]) -> int:
-    """Store the lines (already authorised with `require_log_writer`); returns how many."""
-    return _insert(s.connection(), _rows(master, lines))
 
 
 _LOG_COLUMNS = ("task_id", "allocation_id", "agent_id", "rank", "timestamp", "level", "stdtype", "source", "log")

@@ -6,11 +6,12 @@ trialRunId replaces the stored row (a restarted trial re-reporting a step), a lo
 ignored. Validation reports move `Trial.latest_validation` / `Trial.best_validation`; a
 replacement rebuilds both from the stored rows, so a report can never leave them stale.
 
-The hot path (`report`): a batch of training (or custom-group) reports, the bulk of what trials
-send, is one short write transaction of two statements (the trial's step count, then one
-multi-row upsert written as plain SQL and prepared once per batch size), with the documents
-encoded by orjson before the transaction begins and the caller's rights checked in a read
-transaction before it: on SQLite the database-wide write lock is held for as little as possible.
+One path for every report, however it came (`report_many`; `report` is one request of it): a
+batch of training (or custom-group) reports, the bulk of what trials send, is one short write
+transaction of two statements (the trial's step count, then one multi-row upsert written as
+plain SQL and prepared once per batch size), with the documents encoded by orjson before the
+transaction begins and the caller's rights checked in a read transaction before it: on SQLite
+the database-wide write lock is held for as little as possible.
 A batch with a validation report (which moves the best validation and the searcher) takes the
 general path: the experiment and trial rows locked and loaded, `store_reports`.
 """
@@ -179,30 +180,6 @@ def authorize_reporter(s: Session, p: Principal, trial_id: int) -> None:
     access.require_trial_writer_of(p, trial_id, row.experiment_id, row.owner_id)
 
 
-def report(master: Master, trial_id: int, caller: Callable[[Session], Principal],
-           build: Callable[[], list[MetricReport]]) -> int:
-    """Store a batch of one trial's reports, all or nothing; returns how many changed anything.
-
-    In this order: `caller(s)` resolves who is asking (its 401/403), then their right to report for
-    the trial is checked (a foreign token gets its 403 whatever it sent), then `build()` makes the
-    reports (their 400s), then they are stored. On SQLite the checks run in a read transaction, so
-    the database-wide write lock is held only for the writes; on PostgreSQL, where readers and
-    writers do not block each other, everything is one transaction on one connection."""
-    if master.engine.dialect.name == "sqlite":
-        with master.read_sessions() as s:
-            p = caller(s)
-            authorize_reporter(s, p, trial_id)
-        reports = build()
-        prepared = _prepare(master, trial_id, reports)
-        with transaction(master.sessions) as s:
-            return _store_batch(s, master, p, trial_id, reports, prepared)
-    with transaction(master.sessions) as s:
-        p = caller(s)
-        authorize_reporter(s, p, trial_id)
-        reports = build()
-        return _store_batch(s, master, p, trial_id, reports, _prepare(master, trial_id, reports))
-
-
 # One request's reports: the trial of its path, who asks (resolved in the writer's session), how
 # to build the reports (their 400s).
 Report = tuple[int, Callable[[Session], Principal], Callable[[], list[MetricReport]]]
@@ -212,14 +189,33 @@ _Checked = tuple[int, Principal, int, list[MetricReport], list[_Accepted] | None
 _Write = tuple[list[int], Principal, int, list[MetricReport], list[_Accepted] | None]
 
 
-def report_many(master: Master, items: list[Report]) -> list[DomainError | None]:
-    """Several requests' reports, stored with one commit (api/metric_batches.py). Each request is
-    checked on its own, in `report`'s order (its caller, its right to report for the trial, its
-    reports); a refusal (its DomainError, in the request's place in the answer) leaves the others
-    be. The reports of one trial that share no (group, step) are stored by one upsert. A failure
-    of the database fails them all (raised): nothing of any is stored. On SQLite the checks run in
-    a read transaction, so the write lock is held only for the writes."""
-    answers: list[DomainError | None] = [None] * len(items)
+def report(master: Master, trial_id: int, caller: Callable[[Session], Principal],
+           build: Callable[[], list[MetricReport]]) -> int:
+    """One request's reports of one trial (`report_many` of one), all or nothing: how many changed
+    anything; its refusal is raised."""
+    (answer,) = report_many(master, [(trial_id, caller, build)])
+    if isinstance(answer, DomainError):
+        raise answer
+    return answer
+
+
+def report_many(master: Master, items: list[Report]) -> list[int | DomainError]:
+    """Store requests' reports with one commit: the one way a metric report reaches the database,
+    whether its request came alone (`report`) or with others (frontdoor/metric_batches.py).
+
+    Each request is checked on its own, in this order: `caller(s)` resolves who is asking (its
+    401/403), then their right to report for the trial (a foreign token gets its 403 whatever it
+    sent), then `build()` makes the reports (their 400s). A refusal (its DomainError, in the
+    request's place in the answer) leaves the others be; a request stored answers how many of its
+    reports changed anything (requests merged into one upsert: the count of the whole upsert is
+    the first one's, the others 0). The reports of one trial that share no (group, step) are
+    stored by one upsert. A request written alone is all or nothing; a failure of the database
+    fails them all (raised): nothing of any is stored. On SQLite the checks run in a read
+    transaction, so the database-wide write lock is held only for the writes; on PostgreSQL,
+    where readers and writers do not block each other, it is all one transaction on one
+    connection."""
+    answers: list[int | DomainError] = [0] * len(items)
+    writes: list[_Write] = []
 
     def checked(s: Session) -> list[_Write]:
         accepted: list[_Checked] = []
@@ -233,23 +229,32 @@ def report_many(master: Master, items: list[Report]) -> list[DomainError | None]
                 answers[i] = e
         return _merged(accepted)
 
-    def write(s: Session, writes: list[_Write]) -> None:
+    def write(s: Session) -> None:
         for indexes, p, trial_id, reports, prepared in writes:
             try:
-                _store_batch(s, master, p, trial_id, reports, prepared)
+                answers[indexes[0]] = _store_batch(s, master, p, trial_id, reports, prepared)
             except DomainError as e:
+                if len(writes) == 1:
+                    raise  # alone in its transaction: rolled back, so nothing of it stays
                 for i in indexes:
                     answers[i] = e
 
-    if master.engine.dialect.name == "sqlite":
-        with master.read_sessions() as s:
-            writes = checked(s)
-        if writes:
+    try:
+        if master.engine.dialect.name == "sqlite":
+            with master.read_sessions() as s:
+                writes = checked(s)
+            if writes:
+                with transaction(master.sessions) as s:
+                    write(s)
+        else:
             with transaction(master.sessions) as s:
-                write(s, writes)
-        return answers
-    with transaction(master.sessions) as s:
-        write(s, checked(s))
+                writes = checked(s)
+                write(s)
+    except DomainError as e:
+        if len(writes) != 1:
+            raise
+        for i in writes[0][0]:
+            answers[i] = e
     return answers
 
 

@@ -1,4 +1,4 @@
-"""The express lane (api/express.py): the hot report routes answered by their fast path from the
+"""The express lane (frontdoor/express.py): the hot report routes answered by their fast path from the
 front door; whatever the fast path declines goes to the whole application with its body intact.
 SQLite and PostgreSQL."""
 
@@ -11,8 +11,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from control_plane.api.express import ExpressLane, replay_body
 from control_plane.db.models import Metric
+from control_plane.frontdoor.express import ExpressLane, replay_body
 from tests.control_plane.api.test_experiments import allocation_headers, create_ok, only_trial
 
 

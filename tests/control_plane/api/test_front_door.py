@@ -1,4 +1,4 @@
-"""The front door (api/admission.py's AdmissionControl) as a plain ASGI callable, with an
+"""The front door (frontdoor/admission.py's AdmissionControl) as a plain ASGI callable, with an
 application behind it that records what reaches it: health is answered from memory while the lanes
 are full, a refusal is a complete 503 (Retry-After, Content-Length, the error body) of which nothing
 reaches the application, and what is admitted passes through and gives its slot back. No server,
@@ -10,7 +10,7 @@ import asyncio
 import json
 from typing import Any
 
-from control_plane.api.admission import TICKET_KEY, Admission, AdmissionControl
+from control_plane.frontdoor.admission import TICKET_KEY, Admission, AdmissionControl
 
 HEALTH = frozenset({"/health", "/info"})
 

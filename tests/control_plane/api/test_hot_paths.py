@@ -1,5 +1,5 @@
 """The hot paths (issue 13): metric reports and log batches through their fast path
-(api/fastjson.py: body parsed from bytes, one worker thread, one short write, plain SQL), the
+(frontdoor/fastjson.py: body parsed from bytes, one worker thread, one short write, plain SQL), the
 agent command long-poll's read-only re-check and the preemption check. SQLite and PostgreSQL.
 
 What they store must be what the general path stores, bodies the fast path declines must get
@@ -15,11 +15,11 @@ from typing import Any
 from sqlalchemy import select
 from starlette.requests import Request
 
-from control_plane.api import fastjson
 from control_plane.api.metrics import BatchReportRequest
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Allocation, Metric, TaskLog, Trial
+from control_plane.frontdoor import fastjson
 from control_plane.services import agents as agent_service
 from control_plane.services import metrics, trials
 from control_plane.services.metrics import MetricReport
@@ -225,12 +225,12 @@ def test_long_poll_checks(master) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_log_shipments_that_arrive_together_are_committed_together(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
-    """api/log_batches.py: shipments queued while a batch is written go in the next one; each is
+    """frontdoor/log_batches.py: shipments queued while a batch is written go in the next one; each is
     checked on its own, so a refused one (a stranger's task, a bad level) answers only itself and
     the others are stored; each request returns only once its lines are committed."""
-    from control_plane.api import log_batches
     from control_plane.auth import Principal, TokenKind
     from control_plane.errors import Invalid, PermissionDenied
+    from control_plane.frontdoor import log_batches
     from control_plane.services import logs as log_records
 
     trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
@@ -259,8 +259,8 @@ def test_log_shipments_that_arrive_together_are_committed_together(client, admin
 
 
 def test_a_shipment_the_database_refuses_fails_alone(client, admin_headers, master, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from control_plane.api import log_batches
     from control_plane.auth import Principal, TokenKind
+    from control_plane.frontdoor import log_batches
     from control_plane.services import logs as log_records
 
     trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
@@ -291,13 +291,13 @@ def test_a_shipment_the_database_refuses_fails_alone(client, admin_headers, mast
 
 
 def test_single_reports_that_arrive_together_are_committed_together(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
-    """api/metric_batches.py: single reports queued while a batch is written go in the next one, a
+    """frontdoor/metric_batches.py: single reports queued while a batch is written go in the next one, a
     trial's reports by one upsert; each request is checked on its own (a stranger, another trial's
     token, a body naming another trial, an unknown trial answer only themselves); a step sent twice
     is stored once; each request returns only once its report is committed."""
-    from control_plane.api import metric_batches
     from control_plane.auth import Principal, TokenKind
     from control_plane.errors import Invalid, NotFound, PermissionDenied
+    from control_plane.frontdoor import metric_batches
     from control_plane.services.metrics import MetricReport as Report
 
     a = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
@@ -335,8 +335,8 @@ def test_single_reports_that_arrive_together_are_committed_together(client, admi
 
 
 def test_a_report_the_database_refuses_fails_alone(client, admin_headers, master, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from control_plane.api import metric_batches
     from control_plane.auth import Principal, TokenKind
+    from control_plane.frontdoor import metric_batches
     from control_plane.services.metrics import MetricReport as Report
 
     trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
@@ -365,7 +365,7 @@ def test_a_report_the_database_refuses_fails_alone(client, admin_headers, master
 
 def test_a_single_report_over_http_is_committed_when_answered_and_a_validation_goes_on_its_own(  # type: ignore[no-untyped-def]
         client, admin_headers, master) -> None:
-    from control_plane.api import metric_batches
+    from control_plane.frontdoor import metric_batches
 
     trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
     headers = allocation_headers(master, trial)

@@ -25,13 +25,14 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from control_plane.api import agent_polls, deps
-from control_plane.api.admission import ServiceRate
+from control_plane.api import deps
 from control_plane.api.app import create_app
 from control_plane.api.users import master_info
 from control_plane.config import load_config
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Metric
+from control_plane.frontdoor import agent_polls
+from control_plane.frontdoor.admission import ServiceRate
 from control_plane.loops import placement
 from control_plane.master import Master
 from harness.core._session import RetryPolicy
@@ -268,7 +269,7 @@ def test_a_report_goes_ahead_of_queued_start_ups(serve: Any) -> None:
     report = {"group": "training", "metrics": {"trialId": trial.id, "trialRunId": 1, "stepsCompleted": 3,
                                                "metrics": {"avgMetrics": {"loss": 0.5}}}}
     # A batch of reports holds its slot until it is stored (a single report gives it back while it
-    # waits for its metric writer, api/metric_batches.py, so the start-up could pass it there).
+    # waits for its metric writer, frontdoor/metric_batches.py, so the start-up could pass it there).
     reporter, reported = in_threads(1, lambda _i: httpx.post(s.url + f"/api/v1/trials/{trial.id}/metrics/batch",
                                                              json={"reports": [report]}, headers=s.admin,
                                                              timeout=WAIT))
@@ -569,7 +570,7 @@ def test_limits_are_checked_against_the_pool(tmp_path: Path) -> None:
     ("POST", "/api/v1/experiments", False),
 ])
 def test_lanes(method: str, path: str, cluster: bool) -> None:
-    from control_plane.api.admission import is_cluster_request
+    from control_plane.frontdoor.admission import is_cluster_request
 
     assert is_cluster_request(method, path) is cluster
 
@@ -589,7 +590,7 @@ def test_lanes(method: str, path: str, cluster: bool) -> None:
     ("POST", "/api/v1/trials/7/progress/more", False),
 ])
 def test_reports_go_ahead_in_the_cluster_lane(method: str, path: str, report: bool) -> None:
-    from control_plane.api.admission import is_cluster_request, is_report_request
+    from control_plane.frontdoor.admission import is_cluster_request, is_report_request
 
     assert is_report_request(method, path) is report
     if report:  # the cluster's traffic: its lane, its log level

@@ -117,7 +117,7 @@ def refusals(samples: Samples, lane: str, reason: str) -> float:
 
 
 def test_admission_refusals_count_by_lane_and_why(client: TestClient) -> None:
-    from control_plane.api.admission import ServiceRate
+    from control_plane.frontdoor.admission import ServiceRate
 
     lane = client.app.state.admission  # type: ignore[attr-defined]
     saved = (lane.active, lane.queue, lane.wait_s, lane.served)

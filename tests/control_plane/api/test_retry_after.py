@@ -1,4 +1,4 @@
-"""Retry-After grows with the pressure on a lane (control_plane/api/admission.py): the pure
+"""Retry-After grows with the pressure on a lane (control_plane/frontdoor/admission.py): the pure
 estimate and the service-rate meter, with time passed in. Through the HTTP app:
 tests/control_plane/api/test_load_shedding.py::test_retry_after_grows_as_the_lane_slows."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.api.admission import Admission, ServiceRate, next_return, queue_admits
+from control_plane.frontdoor.admission import Admission, ServiceRate, next_return, queue_admits
 
 
 def retry_after(backlog: int, rate: float, *, floor_s: int, cap_s: int) -> int:
@@ -193,7 +193,7 @@ def test_urgent_waiters_do_not_starve_the_others() -> None:
     # waited URGENT_AGE_S, it and the reports take turns.
     import asyncio
 
-    from control_plane.api.admission import URGENT_AGE_S
+    from control_plane.frontdoor.admission import URGENT_AGE_S
 
     now = [100.0]
     lane = Admission(limit=1, queue=100, wait_s=5.0, retry_after_s=1, retry_after_max_s=30, name="cluster",

@@ -1,5 +1,5 @@
 """Many waiting command long-polls checked at once (services.agents.agents_with_news, used by
-api/agent_polls.py): the same answer as `has_news` for each agent, in three queries; the hub's
+frontdoor/agent_polls.py): the same answer as `has_news` for each agent, in three queries; the hub's
 batch checks, arrivals and heartbeats."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from datetime import timedelta
 from sqlalchemy import event
 
 from control_plane import auth
-from control_plane.api.agent_polls import AgentPolls
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent
+from control_plane.frontdoor.agent_polls import AgentPolls
 from control_plane.loops import placement
 from control_plane.services import agents as service
 from tests.control_plane.services.test_agents import agent_principal, credential, register, submit

@@ -54,14 +54,16 @@ def test_lines_are_stored_clean_and_read_back_by_filter(master) -> None:  # type
         task = s.scalar(select(Trial.task_id).where(Trial.experiment_id == exp_id))
     t0 = master.clock()
     long_line = "é" * (logs.MAX_LOG_LINE_BYTES // 2 + 10) + "\n"
-    with transaction(master.sessions) as s:
-        assert logs.ingest(s, master, [
-            LogLine(task, "hello\x00world\n", level="warn", timestamp=t0),
-            LogLine(task, long_line, level="LOG_LEVEL_ERROR", rank=1, timestamp=t0 + timedelta(seconds=1)),
-            LogLine(task, "Epoch 3 done\n", stdtype="stderr", timestamp=t0 + timedelta(seconds=2)),
-        ]) == 3
-    with pytest.raises(Invalid) as err, transaction(master.sessions) as s:
-        logs.ingest(s, master, [LogLine(task, "x"), LogLine(task, "y", level="LOUD")])
+    who = admin(master)
+
+    def ship(*lines: LogLine) -> None:
+        logs.post(master, lambda _s: who, [LogTarget(line.task_id) for line in lines], lambda: list(lines))
+
+    ship(LogLine(task, "hello\x00world\n", level="warn", timestamp=t0),
+         LogLine(task, long_line, level="LOG_LEVEL_ERROR", rank=1, timestamp=t0 + timedelta(seconds=1)),
+         LogLine(task, "Epoch 3 done\n", stdtype="stderr", timestamp=t0 + timedelta(seconds=2)))
+    with pytest.raises(Invalid) as err:  # all or nothing: "x" is not stored either
+        ship(LogLine(task, "x"), LogLine(task, "y", level="LOUD"))
     assert err.value.details[0].field == "logs[1].level"
 
     with master.read_sessions() as s:

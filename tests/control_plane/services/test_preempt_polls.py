@@ -1,13 +1,13 @@
-"""The preemption long-polls waiting in a process, checked together (api/preempt_polls.py,
+"""The preemption long-polls waiting in a process, checked together (frontdoor/preempt_polls.py,
 services.trials.stopping_among): on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
 
-from control_plane.api.preempt_polls import PreemptionPolls
 from control_plane.db.engine import transaction
 from control_plane.db.models import Allocation
+from control_plane.frontdoor.preempt_polls import PreemptionPolls
 from control_plane.loops import placement
 from control_plane.services import lifecycle, trials
 from tests.control_plane.services.test_agents import agent_principal, register, submit

@@ -1,6 +1,6 @@
 """Requests written together: one transaction for those that arrive while the previous one is
-being written (group commit). api/log_batches.py (log shipments) and api/metric_batches.py (single
-metric reports) are its two writers.
+being written (group commit). frontdoor/log_batches.py (log shipments) and
+frontdoor/metric_batches.py (single metric reports) are its two writers.
 
 The most frequent requests a cluster sends are its trials' log shipments and metric reports, a
 few each per trial every couple of seconds. Written one by one, each costs a worker thread
@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Scope
 
 from control_plane.errors import DomainError
+from control_plane.frontdoor import admission
 from control_plane.master import Master
 
 log = logging.getLogger("shipyard.api.group_commit")
@@ -36,9 +38,10 @@ MAX_QUEUED = 256  # items waiting without a slot, per writer
 MAX_BATCH = 200  # items per transaction
 
 T = TypeVar("T")
-# (master, items) -> one answer per item, in order: None (stored) or its refusal. Raises when the
-# database refuses the batch: then nothing of it is stored.
-StoreMany = Callable[[Master, list[T]], list[DomainError | None]]
+# (master, items) -> one answer per item, in order: its refusal, or anything else (stored; the
+# writer answers only stored or refused). Raises when the database refuses the batch: then
+# nothing of it is stored.
+StoreMany = Callable[[Master, list[T]], Sequence[DomainError | int | None]]
 
 
 class GroupWriter(Generic[T]):
@@ -53,6 +56,13 @@ class GroupWriter(Generic[T]):
 
     def has_room(self) -> bool:
         return len(self.queued) < MAX_QUEUED
+
+    async def submit(self, scope: Scope, item: T) -> None:
+        """`post` for a request: its admission slot is given back while it waits, unless the queue
+        is full (then it keeps it, and the front door's lane throttles what comes next)."""
+        if self.has_room():
+            admission.ticket(scope).release()
+        await self.post(item)
 
     async def post(self, item: T) -> None:
         """Stored (committed) when this returns; a refusal raises its DomainError."""
@@ -99,10 +109,12 @@ def _retrieved(fut: asyncio.Future[DomainError | None]) -> None:
         fut.exception()
 
 
-def _answer(fut: asyncio.Future[DomainError | None], answer: DomainError | Exception | None) -> None:
+def _answer(fut: asyncio.Future[DomainError | None], answer: DomainError | Exception | int | None) -> None:
     if fut.done():
         return
-    if answer is None or isinstance(answer, DomainError):
+    if isinstance(answer, DomainError):
         fut.set_result(answer)
-    else:
+    elif isinstance(answer, Exception):
         fut.set_exception(answer)
+    else:
+        fut.set_result(None)

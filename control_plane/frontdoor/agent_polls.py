@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
-from control_plane.api.per_master import per_master
 from control_plane.auth import Principal, TokenKind, token_digest
 from control_plane.db.engine import transaction
+from control_plane.frontdoor.per_master import per_master
 from control_plane.master import Master
 from control_plane.services import agents as service
 

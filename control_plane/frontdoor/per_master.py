@@ -1,4 +1,5 @@
-"""One object per master (per process): the long-poll hubs (api/agent_polls.py, api/preempt_polls.py)."""
+"""One object per master (per process): the long-poll hubs (frontdoor/agent_polls.py,
+frontdoor/preempt_polls.py) and the group writers (frontdoor/group_commit.py)."""
 
 from __future__ import annotations
 

@@ -17,15 +17,14 @@ JSON); every other request gets the much smaller `max_body_bytes`.
 
 from __future__ import annotations
 
-import json
 import logging
 from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from control_plane.api.errors import error_body
 from control_plane.config import MasterConfig
 from control_plane.errors import FieldProblem
+from control_plane.frontdoor.error_shape import error_json
 
 log = logging.getLogger("shipyard.api.limits")
 
@@ -126,7 +125,7 @@ async def _reject(send: Send, limit: int) -> None:
 
 async def _send_error(send: Send, status: int, message: str, field: str | None, *, close: bool = False) -> None:
     details = [FieldProblem(field, "must not contain NUL characters")] if field else []
-    body = json.dumps(error_body(status, message, details)).encode()
+    body = error_json(status, message, details)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:  # the rest of an over-long body is not read: the connection cannot be reused
         headers.append((b"connection", b"close"))

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane import telemetry
-from control_plane.api.admission import is_cluster_request
+from control_plane.frontdoor.admission import is_cluster_request
 
 log = logging.getLogger("shipyard.access")
 

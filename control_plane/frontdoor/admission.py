@@ -47,7 +47,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane import telemetry
-from control_plane.api.errors import error_body
+from control_plane.frontdoor.error_shape import error_json
 
 TICKET_KEY = "shipyard.admission"
 # A rejected request's body is read and dropped (up to this much) so the connection stays usable
@@ -281,7 +281,7 @@ def ticket(scope: Scope) -> Ticket:
 
 
 def saturated_body(message: str = "the master is busy; retry later") -> bytes:
-    return json.dumps(error_body(503, message, [])).encode()
+    return error_json(503, message, [])
 
 
 # A refusal is answered from bytes built once (per Retry-After value): no JSON encoding, no
@@ -312,7 +312,7 @@ _CLUSTER_WRITES = re.compile(r"^/api/v1/(trials/\d+/.+|checkpoints)$")
 
 # Routes that take their slot themselves, only for what needs the database: the agents' command
 # long-poll waits on the process's poll hub and, for an agent the process knows, needs no slot at
-# all (api/agent_polls.py), so a saturated master still hears every polling agent.
+# all (frontdoor/agent_polls.py), so a saturated master still hears every polling agent.
 _SELF_ADMITTED = re.compile(r"^/api/v1/agents/[^/]+/commands$")
 
 

@@ -4,8 +4,8 @@ door, past FastAPI's middleware stack and router.
 A trial's metric report, progress and log batch go, after admission, through eight ASGI layers
 (error and exception middleware, body limits, FastAPI's exit stack, its telemetry wrapper) and a
 router that tries a hundred and fifty routes one regular expression at a time; with the fast path
-itself (api/fastjson.py) that stack had become a sixth of an API worker's CPU under a cluster's
-load. Here the front door (api/admission.py) hands a POST whose path matches one of the routes
+itself (frontdoor/fastjson.py) that stack had become a sixth of an API worker's CPU under a cluster's
+load. Here the front door (frontdoor/admission.py) hands a POST whose path matches one of the routes
 that have a fast path to that route's handler directly, with what those layers would have given
 it: the route and its path parameters in the scope (the access log and /metrics label it by its
 template), the body limit (only a request that declares a Content-Length within
@@ -26,11 +26,11 @@ from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from control_plane.api import fastjson
-from control_plane.api.errors import domain_error_response, unexpected_error_response
-from control_plane.api.limits import body_limit, content_length
 from control_plane.config import MasterConfig
 from control_plane.errors import DomainError
+from control_plane.frontdoor import fastjson
+from control_plane.frontdoor.error_shape import domain_error_response, unexpected_error_response
+from control_plane.frontdoor.limits import body_limit, content_length
 
 log = logging.getLogger("shipyard.api")
 

@@ -45,7 +45,7 @@ def fast_path(handler: FastHandler) -> Callable[[E], E]:
 
 
 def fast_handler(route: APIRoute) -> FastHandler | None:
-    """The route's fast path, if it has one (api/express.py serves it from the front door)."""
+    """The route's fast path, if it has one (frontdoor/express.py serves it from the front door)."""
     return getattr(route.endpoint, _FAST_ATTR, None) if isinstance(route, FastRoute) else None
 
 
@@ -87,7 +87,7 @@ async def parse_body(request: Request, model: type[M]) -> M | None:
         return None
     try:
         body = await request.body()
-    except Exception:  # over the body limit: FastAPI's path reports it (api/limits.py)
+    except Exception:  # over the body limit: FastAPI's path reports it (frontdoor/limits.py)
         return None
     if not body:
         return None

@@ -17,7 +17,7 @@ import time
 
 from starlette.concurrency import run_in_threadpool
 
-from control_plane.api.per_master import per_master
+from control_plane.frontdoor.per_master import per_master
 from control_plane.master import Master
 from control_plane.services import trials
 
