@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cli import session
 from cli.errors import CliError
 from shipyard_common import private_files
 from shipyard_common.processes import pid_alive, start_session, stop_process_group
+
+# httpx is imported where a request is made, as in cli.session: ~100 ms that `det deploy local status`
+# need not pay.
 
 
 def default_state_dir() -> Path:
@@ -94,8 +98,6 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
     cluster.write(data)
     try:
         _wait_http(url, timeout, master_pid, master_log)
-        from cli import session
-
         token = session.login(url, "admin", password)
         s = session.Session(url, token)
         # `down` disabled the elastic pools so that nothing launched while the cluster stopped; a

@@ -1,19 +1,22 @@
 """`det`: the Shipyard CLI. Building the parser imports nothing heavy, so `det --help` and
-`det --version` are instant; each command imports what it needs when it runs."""
+`det --version` are instant: the command modules import the CLI's own modules at their top, and a
+heavy library (httpx, rich, the cloud SDKs, Pulumi) only where it is used."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from cli.errors import CliError
+from control_plane import __version__
 
 COMMAND_MODULES = ("user", "master", "experiment", "trial", "checkpoint", "agent", "resource_pool",
                    "model", "deploy", "job")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from control_plane import __version__
-
     p = argparse.ArgumentParser(prog="det", description="Shipyard: elastic training control plane")
     p.add_argument("-m", "--master", help="master URL (default: $DET_MASTER or http://localhost:8080)")
     p.add_argument("-u", "--user", help="act as this user (default: the last one logged in)")
@@ -38,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         # `det experiment` with no verb: show that group's help.
         (getattr(args, "group_parser", None) or parser).print_help()
         return 2
-    from cli.errors import CliError
-
     try:
         result = func(args)
     except CliError as e:
@@ -51,20 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:  # never a traceback for the user; SHIPYARD_DEBUG=1 shows it
-        import os
-
         if os.environ.get("SHIPYARD_DEBUG"):
             raise
         print(f"det: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return int(result or 0)
-
-
-def group(sub: argparse._SubParsersAction, name: str, help: str, aliases: tuple[str, ...] = ()) -> argparse._SubParsersAction:
-    """A command group (`det experiment ...`) and its verbs' subparsers."""
-    gp = sub.add_parser(name, help=help, aliases=list(aliases))
-    gp.set_defaults(group_parser=gp, func=None)
-    return gp.add_subparsers(dest="verb", metavar="VERB")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from cli.errors import CliError
 from shipyard_common import private_files
 
 DEFAULT_MASTER = "http://localhost:8080"
+# httpx is imported where a request is made: ~100 ms that `det --help` and a parse error need not pay.
 
 
 def master_url(arg: str | None) -> str:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+from urllib.parse import quote
+
+from cli.commands import group
+from cli.formatting import fmt_time
+from cli.output import print_json, table
+from cli.session import authed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "agent", "the agents of the cluster", aliases=("a",))
     p = g.add_parser("list", help="list agents")
     p.add_argument("--json", action="store_true")
@@ -33,8 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _agents(args: Any) -> list[dict[str, Any]]:
-    from cli.session import authed
-
     return authed(args).get("/api/v1/agents")["agents"]
 
 
@@ -45,9 +47,6 @@ def _slot_list(agent: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def list_agents(args: Any) -> int:
-    from cli.commands.experiment import fmt_time
-    from cli.output import print_json, table
-
     agents = _agents(args)
     if args.json:
         print_json(agents)
@@ -65,16 +64,12 @@ def list_agents(args: Any) -> int:
 
 
 def enable_agent(args: Any) -> int:
-    from cli.session import authed
-
     authed(args).post(f"/api/v1/agents/{_quoted(args.agent_id)}/enable")
     print(f"Enabled agent {args.agent_id}")
     return 0
 
 
 def disable_agent(args: Any) -> int:
-    from cli.session import authed
-
     agent = authed(args).post(f"/api/v1/agents/{_quoted(args.agent_id)}/disable",
                               {"drain": True} if args.drain else {}).get("agent") or {}
     busy = sorted({str((sl.get("container") or {}).get("id")) for sl in _slot_list(agent) if sl.get("container")})
@@ -90,14 +85,10 @@ def disable_agent(args: Any) -> int:
 
 
 def _quoted(agent_id: str) -> str:
-    from urllib.parse import quote
-
     return quote(agent_id, safe="")
 
 
 def reset_enrolment(args: Any) -> int:
-    from cli.session import authed
-
     revoked = authed(args).delete(f"/api/v1/agents/{args.agent_id}/enrolment").get("revokedCredentials", 0)
     print(f"Reset the enrolment of agent {args.agent_id} ({revoked} credential(s) revoked); "
           "it can register with an enrolment token again")
@@ -105,8 +96,6 @@ def reset_enrolment(args: Any) -> int:
 
 
 def list_slots(args: Any) -> int:
-    from cli.output import print_json, table
-
     slots = []
     for a in _agents(args):
         for sl in _slot_list(a):

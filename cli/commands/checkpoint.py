@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli.commands import group
 from cli.errors import CliError
+from cli.formatting import fmt_json, fmt_metric, fmt_size, fmt_time, short_state
+from cli.output import confirm, kv, print_json, table
+from cli.session import authed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "checkpoint", "inspect and delete checkpoints", aliases=("c",))
     p = g.add_parser("list", help="the checkpoints of an experiment")
     p.add_argument("experiment_id", type=int)
@@ -31,9 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def rows(ckpts: list[dict[str, Any]]) -> list[list[Any]]:
-    from cli.commands.experiment import fmt_metric, fmt_size
-    from cli.output import short_state
-
     out = []
     for c in ckpts:
         training = c.get("training") or {}
@@ -56,9 +55,6 @@ def _size(c: dict[str, Any]) -> int:
 
 
 def list_checkpoints(args: Any) -> int:
-    from cli.output import print_json, table
-    from cli.session import authed
-
     params: dict[str, Any] = {}
     if args.best is not None:
         if args.best < 1:
@@ -76,10 +72,6 @@ def list_checkpoints(args: Any) -> int:
 
 
 def describe(args: Any) -> int:
-    from cli.commands.experiment import fmt_json, fmt_metric, fmt_size, fmt_time
-    from cli.output import kv, print_json, short_state, table
-    from cli.session import authed
-
     c = authed(args).get(f"/api/v1/checkpoints/{args.uuid}")["checkpoint"]
     if args.json:
         print_json(c)
@@ -109,9 +101,6 @@ def describe(args: Any) -> int:
 
 
 def delete(args: Any) -> int:
-    from cli.commands.experiment import confirm
-    from cli.session import authed
-
     s = authed(args)
     uuids = list(dict.fromkeys(args.uuids))
     if not confirm(f"Delete {len(uuids)} checkpoint(s)? Their files will be removed.", args.yes):

@@ -7,10 +7,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from cli.commands import group
+from cli.errors import CliError
+from cli.output import print_json
+
+# cli.deploy_local, cli.deploy_cloud and infra.render are imported by the verbs that use them: ~90 ms that
+# every other `det` command, `--help` included, would pay at start-up.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "deploy", "stand up a cluster")
     lp = g.add_parser("local", help="master and agents as local processes")
     lsub = lp.add_subparsers(dest="action", metavar="ACTION")
@@ -41,7 +46,6 @@ def _dir(args: Any) -> Path:
 
 def up(args: Any) -> int:
     from cli import deploy_local
-    from cli.errors import CliError
 
     if args.agents < 0:
         raise CliError("--agents must be >= 0")
@@ -59,7 +63,6 @@ def up(args: Any) -> int:
 
 def status(args: Any) -> int:
     from cli import deploy_local
-    from cli.output import print_json
 
     data = deploy_local.status(_dir(args))
     if args.json:
@@ -184,7 +187,6 @@ def cloud_down(args: Any) -> int:
 
 def cloud_list(args: Any) -> int:
     from cli import deploy_cloud as dc
-    from cli.output import print_json
 
     stacks = dc.list_stacks(args.cloud, dc.Backend.from_args(args))
     if args.json:

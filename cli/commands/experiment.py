@@ -6,16 +6,19 @@ from __future__ import annotations
 import argparse
 import base64
 import fnmatch
-import json
 import os
 import stat
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from cli.commands import group
 from cli.errors import CliError
+from cli.formatting import fmt_metric, fmt_size, fmt_time, short_state
+from cli.logs import print_logs
+from cli.output import confirm, kv, print_json, table, trials_table
+from cli.session import authed
 
 # The master's default `model_def_max_bytes`; checked here so a too-big directory fails before upload.
 MAX_MODEL_DEF_BYTES = 96 * 1024 * 1024
@@ -28,8 +31,6 @@ TERMINAL_STATES = ("STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR", "STATE_DE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "experiment", "create and manage experiments", aliases=("e",))
     p = g.add_parser("create", help="create an experiment from a config file and a model directory")
     p.add_argument("config_file", help="experiment config (YAML)")
@@ -88,62 +89,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=logs)
 
 
-# -- shared formatting (trial, checkpoint, model use these too) -------------------------------------
-def fmt_time(value: str | None) -> str:
-    """RFC 3339 from the master → `2026-01-02 03:04:05Z` (UTC, to the second)."""
-    if not value:
-        return ""
-    return value.replace("T", " ")[:19] + "Z"
-
-
-def fmt_metric(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
-def fmt_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str) if value else ""
-
-
-def fmt_size(n: Any) -> str:
-    try:
-        size = float(n)
-    except (TypeError, ValueError):
-        return ""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return ""
-
-
-def confirm(question: str, yes: bool) -> bool:
-    if yes:
-        return True
-    if not sys.stdin or not sys.stdin.isatty():
-        raise CliError(f"{question} (not asking: stdin is not a terminal; pass --yes)")
-    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
-
-
 # -- model directory → Determined v1File list ------------------------------------------------------
-@dataclass
-class _Rule:
+# NamedTuple and a plain class, not dataclasses: importing dataclasses (it imports inspect) would add
+# ~8 ms to every `det` start-up, `det --help` included.
+class _Rule(NamedTuple):
     glob: str
     negated: bool
     dir_only: bool
     anchored: bool
 
 
-@dataclass
 class Ignore:
     """gitignore-ish globs: `#` comments, `!` negation, a trailing `/` matches directories only, a
     pattern with a `/` is relative to the model directory, others match a name at any depth; the
     last matching rule wins. An ignored directory is not walked."""
 
-    rules: list[_Rule] = field(default_factory=list)
+    def __init__(self, rules: list[_Rule] | None = None) -> None:
+        self.rules = rules or []
 
     @classmethod
     def parse(cls, lines: list[str]) -> Ignore:
@@ -273,8 +235,6 @@ def _read_config(path: str) -> str:
 
 # -- create ----------------------------------------------------------------------------------------
 def create(args: Any) -> int:
-    from cli.session import authed
-
     config = _read_config(args.config_file)
     files = pack_model_dir(Path(args.model_dir))
     s = authed(args)
@@ -309,8 +269,6 @@ def _first_trial(s: Any, exp_id: int) -> tuple[int | None, str]:
 
 
 def follow_experiment(s: Any, exp_id: int) -> int:
-    from cli.commands.trial import print_logs
-
     print("Waiting for the first trial to begin...")
     trial_id, state = _first_trial(s, exp_id)
     if trial_id is not None:
@@ -330,9 +288,6 @@ def follow_experiment(s: Any, exp_id: int) -> int:
 
 # -- read ------------------------------------------------------------------------------------------
 def list_experiments(args: Any) -> int:
-    from cli.output import print_json, short_state, table
-    from cli.session import authed
-
     s = authed(args)
     params: dict[str, Any] = {"limit": -1}
     if args.archived:
@@ -362,24 +317,7 @@ def list_experiments(args: Any) -> int:
     return 0
 
 
-def trials_table(trials: list[dict[str, Any]], title: str | None = None) -> None:
-    """Trials as a table. The rung column only when some trial has left rung 0 (ASHA), so that the
-    checkpoint UUID is not folded in a 100-column table."""
-    from cli.output import short_state, table
-
-    with_rung = any(t.get("rung") for t in trials)
-    headers = ["ID", "State", "H-Params", *(["Rung"] if with_rung else []), "Steps", "Best", "Restarts", "Checkpoint"]
-    rows = [[t["id"], short_state(t.get("state")), fmt_json(t.get("hparams")),
-             *([t.get("rung")] if with_rung else []), t.get("totalBatchesProcessed"),
-             fmt_metric(t.get("searcherMetricValue")), t.get("restarts"),
-             t.get("latestCheckpointUuid") or (t.get("bestCheckpoint") or {}).get("uuid") or ""] for t in trials]
-    table(headers, rows, title=title)
-
-
 def describe(args: Any) -> int:
-    from cli.output import kv, print_json, short_state
-    from cli.session import authed
-
     s = authed(args)
     resp = s.get(f"/api/v1/experiments/{args.experiment_id}")
     trials = s.get(f"/api/v1/experiments/{args.experiment_id}/trials")["trials"]
@@ -425,16 +363,12 @@ def describe(args: Any) -> int:
 
 # -- changes ---------------------------------------------------------------------------------------
 def state_action(args: Any) -> int:
-    from cli.session import authed
-
     authed(args).post(f"/api/v1/experiments/{args.experiment_id}/{args.action}")
     print(f"{args.past} experiment {args.experiment_id}")
     return 0
 
 
 def label(args: Any) -> int:
-    from cli.session import authed
-
     s = authed(args)
     labels = list(s.get(f"/api/v1/experiments/{args.experiment_id}")["experiment"].get("labels") or [])
     if args.label_action == "add":
@@ -449,8 +383,6 @@ def label(args: Any) -> int:
 
 
 def delete(args: Any) -> int:
-    from cli.session import authed
-
     s = authed(args)
     question = (f"Delete experiment {args.experiment_id} with its trials, metrics, logs and checkpoints? "
                 "This cannot be undone (see `det experiment archive`).")
@@ -463,8 +395,6 @@ def delete(args: Any) -> int:
 
 
 def gc(args: Any) -> int:
-    from cli.session import authed
-
     doomed = authed(args).post(f"/api/v1/experiments/{args.experiment_id}/gc").get("deleting") or []
     if doomed:
         print(f"Deleting {len(doomed)} checkpoint(s) of experiment {args.experiment_id}: {', '.join(map(str, doomed))}")
@@ -474,8 +404,6 @@ def gc(args: Any) -> int:
 
 
 def download_model_def(args: Any) -> int:
-    from cli.session import authed
-
     data = authed(args).get(f"/api/v1/experiments/{args.experiment_id}/model_def")
     out = args.output_dir / f"experiment_{args.experiment_id}_model_def.tgz"
     try:
@@ -488,9 +416,6 @@ def download_model_def(args: Any) -> int:
 
 
 def logs(args: Any) -> int:
-    from cli.commands.trial import print_logs
-    from cli.session import authed
-
     s = authed(args)
     trials = s.get(f"/api/v1/experiments/{args.experiment_id}/trials")["trials"]
     if not trials:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli.commands import group
 from cli.errors import CliError
+from cli.formatting import fmt_time, short_state
+from cli.output import print_json, table
+from cli.session import authed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "job", "the job queue: what runs and waits in each resource pool", aliases=("j",))
     p = g.add_parser("list", aliases=["ls"], help="list the queue, in the order jobs are scheduled")
     p.add_argument("-p", "--resource-pool", help="only this pool's queue (default: every pool)")
@@ -31,10 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def list_jobs(args: Any) -> int:
-    from cli.commands.experiment import fmt_time
-    from cli.output import print_json, short_state, table
-    from cli.session import authed
-
     if args.limit < 0 or args.offset < 0:
         raise CliError("--limit and --offset must not be negative")
     params: dict[str, Any] = {"offset": args.offset, "limit": args.limit,
@@ -60,8 +58,6 @@ def list_jobs(args: Any) -> int:
 
 
 def update_job(args: Any) -> int:
-    from cli.session import authed
-
     update: dict[str, Any] = {"jobId": args.job_id}
     for key, value in (("priority", args.priority), ("weight", args.weight), ("resourcePool", args.resource_pool),
                        ("aheadOf", args.ahead_of), ("behindOf", args.behind_of)):

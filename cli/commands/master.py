@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli.commands import group
+from cli.output import kv, print_json
+from cli.session import Session, master_url
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "master", "the master")
     p = g.add_parser("info", help="show the master's version and cluster id")
     p.add_argument("--json", action="store_true")
@@ -16,9 +18,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def info(args: Any) -> int:
-    from cli.output import kv, print_json
-    from cli.session import Session, master_url
-
     data = Session(master_url(args.master)).get("/api/v1/master", auth=False)
     if args.json:
         print_json(data)

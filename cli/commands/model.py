@@ -6,10 +6,13 @@ import argparse
 from typing import Any
 from urllib.parse import quote
 
+from cli.commands import group
+from cli.formatting import fmt_json, fmt_time
+from cli.output import kv, print_json, table
+from cli.session import authed
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "model", "the model registry", aliases=("m",))
     p = g.add_parser("create", help="create a model")
     p.add_argument("name")
@@ -38,8 +41,6 @@ def _path(name: str) -> str:
 
 
 def _model_pairs(m: dict[str, Any]) -> list[tuple[str, Any]]:
-    from cli.commands.experiment import fmt_json, fmt_time
-
     return [
         ("ID", m.get("id")),
         ("Name", m.get("name")),
@@ -55,8 +56,6 @@ def _model_pairs(m: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _version_rows(versions: list[dict[str, Any]]) -> list[list[Any]]:
-    from cli.commands.experiment import fmt_json, fmt_time
-
     rows = []
     for v in versions:
         ckpt = v.get("checkpoint") or {}
@@ -71,9 +70,6 @@ VERSION_HEADERS = ["Version", "Trial ID", "Steps", "Checkpoint UUID", "Validatio
 
 
 def create(args: Any) -> int:
-    from cli.output import kv, print_json
-    from cli.session import authed
-
     body: dict[str, Any] = {"name": args.name}
     if args.description is not None:
         body["description"] = args.description
@@ -87,10 +83,6 @@ def create(args: Any) -> int:
 
 
 def list_models(args: Any) -> int:
-    from cli.commands.experiment import fmt_time
-    from cli.output import print_json, table
-    from cli.session import authed
-
     models = authed(args).get("/api/v1/models", params={"limit": 0})["models"]
     if args.json:
         print_json(models)
@@ -103,9 +95,6 @@ def list_models(args: Any) -> int:
 
 
 def describe(args: Any) -> int:
-    from cli.output import kv, print_json, table
-    from cli.session import authed
-
     s = authed(args)
     resp = s.get(f"{_path(args.name)}/versions", params={"limit": 0})
     model = resp.get("model") or s.get(_path(args.name))["model"]
@@ -120,9 +109,6 @@ def describe(args: Any) -> int:
 
 
 def register_version(args: Any) -> int:
-    from cli.output import print_json, table
-    from cli.session import authed
-
     v = authed(args).post(f"{_path(args.name)}/versions",
                           {"modelName": args.name, "checkpointUuid": args.checkpoint_uuid})["modelVersion"]
     if args.json:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli.commands import group
+from cli.formatting import fmt_time
+from cli.output import kv, print_json, table
+from cli.session import authed
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "resource-pool", "resource pools: capacity, queue and autoscaling", aliases=("rp",))
     p = g.add_parser("list", help="list resource pools")
     p.add_argument("--json", action="store_true")
@@ -25,8 +28,6 @@ def _kind(pool: dict[str, Any]) -> str:
 
 
 def _state(pool: dict[str, Any]) -> str:
-    from cli.commands.experiment import fmt_time
-
     state = pool.get("state") or ""
     if pool.get("backoffUntil"):
         state += f" (backoff until {fmt_time(pool['backoffUntil'])})"
@@ -34,9 +35,6 @@ def _state(pool: dict[str, Any]) -> str:
 
 
 def list_pools(args: Any) -> int:
-    from cli.output import print_json, table
-    from cli.session import authed
-
     pools = authed(args).get("/api/v1/resource-pools")["resourcePools"]
     if args.json:
         print_json(pools)
@@ -77,10 +75,6 @@ def decision_lines(decision: Any) -> list[str]:
 
 
 def describe(args: Any) -> int:
-    from cli.commands.experiment import fmt_time
-    from cli.output import kv, print_json, table
-    from cli.session import authed
-
     p = authed(args).get(f"/api/v1/resource-pools/{args.name}")["resourcePool"]
     if args.json:
         print_json(p)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Iterator
 from typing import Any
 
-from cli.errors import CliError
+from cli.commands import group
+from cli.formatting import fmt_json, fmt_metric, fmt_size, fmt_time, short_state
+from cli.logs import print_logs
+from cli.output import kv, print_json, table, trials_table
+from cli.session import authed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cli.main import group
-
     g = group(sub, "trial", "inspect trials", aliases=("t",))
     p = g.add_parser("list", help="the trials of an experiment")
     p.add_argument("experiment_id", type=int)
@@ -32,74 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=logs)
 
 
-# -- streaming -------------------------------------------------------------------------------------
-def stream_results(s: Any, path: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The `result` objects of one of the master's NDJSON streams, as they arrive."""
-    import httpx
-
-    try:
-        with s.request("GET", path, params=params, stream=True) as r:
-            if r.status_code >= 400:
-                r.read()
-                s.check(r)
-            for line in r.iter_lines():
-                if not line.strip():
-                    continue
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    raise CliError(f"the master sent a malformed stream line: {line[:200]!r}") from None
-                if "error" in msg and "result" not in msg:
-                    err = msg["error"] or {}
-                    raise CliError(f"the master ended the stream: {err.get('message') or err}")
-                yield msg.get("result") or {}
-    except httpx.ConnectError:
-        raise CliError(f"cannot reach the master at {s.master} (is it running? set -m or DET_MASTER)") from None
-    except httpx.HTTPError as e:
-        raise CliError(f"the stream from {s.master} broke: {type(e).__name__}: {e}") from None
-
-
-def _line(entry: dict[str, Any]) -> str:
-    return str(entry.get("message") or entry.get("log") or "").rstrip("\n")
-
-
-def print_logs(s: Any, trial_id: int, *, follow: bool, tail: int | None = None) -> None:
-    """With `tail`, the last N lines first (newest-first query, printed oldest first); following then
-    skips every line up to the newest one already printed."""
-    path = f"/api/v1/trials/{trial_id}/logs"
-    last_id = -1
-    if tail is not None:
-        if tail < 0:
-            raise CliError("--tail must be >= 0")
-        lines = list(stream_results(s, path, {"orderBy": "ORDER_BY_DESC", "limit": tail})) if tail else []
-        for entry in reversed(lines):
-            print(_line(entry), flush=True)
-        if lines:
-            last_id = int(lines[0]["id"])
-        elif not follow:
-            return
-        if not follow:
-            return
-        if not lines:
-            # Nothing printed yet, but the tail request must not turn into the whole history.
-            last_id = _newest_id(s, path)
-    for entry in stream_results(s, path, {"follow": "true"} if follow else {}):
-        if last_id >= 0 and int(entry.get("id") or 0) <= last_id:
-            continue
-        print(_line(entry), flush=True)
-
-
-def _newest_id(s: Any, path: str) -> int:
-    newest = list(stream_results(s, path, {"orderBy": "ORDER_BY_DESC", "limit": 1}))
-    return int(newest[0]["id"]) if newest else -1
-
-
 # -- commands --------------------------------------------------------------------------------------
 def list_trials(args: Any) -> int:
-    from cli.commands.experiment import trials_table
-    from cli.output import print_json
-    from cli.session import authed
-
     trials = authed(args).get(f"/api/v1/experiments/{args.experiment_id}/trials")["trials"]
     if args.json:
         print_json(trials)
@@ -109,10 +43,6 @@ def list_trials(args: Any) -> int:
 
 
 def describe(args: Any) -> int:
-    from cli.commands.experiment import fmt_json, fmt_metric, fmt_size, fmt_time
-    from cli.output import kv, print_json, short_state, table
-    from cli.session import authed
-
     s = authed(args)
     trial = s.get(f"/api/v1/trials/{args.trial_id}")["trial"]
     ckpts = s.get(f"/api/v1/trials/{args.trial_id}/checkpoints")["checkpoints"]
@@ -161,7 +91,5 @@ def describe(args: Any) -> int:
 
 
 def logs(args: Any) -> int:
-    from cli.session import authed
-
     print_logs(authed(args), args.trial_id, follow=args.follow, tail=args.tail)
     return 0

@@ -7,8 +7,11 @@ import getpass
 import os
 from typing import Any
 
+from cli import session
+from cli.commands import group
 from cli.errors import CliError
-from cli.main import group
+from cli.output import print_json, table
+from cli.session import authed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,8 +55,6 @@ def _password(arg: str | None, prompt: str, confirm: bool = False) -> str:
 
 
 def login(args: Any) -> int:
-    from cli import session
-
     master = session.master_url(args.master)
     username = args.username or args.user or os.environ.get("DET_USER") or input("Username: ")
     pw = _password(args.password, f"Password for {username}: ")
@@ -63,8 +64,6 @@ def login(args: Any) -> int:
 
 
 def logout(args: Any) -> int:
-    from cli import session
-
     master = session.master_url(args.master)
     store = session.TokenStore()
     user, token = store.get(master, args.user)
@@ -81,8 +80,6 @@ def logout(args: Any) -> int:
 
 
 def whoami(args: Any) -> int:
-    from cli.session import authed
-
     u = authed(args).get("/api/v1/me")["user"]
     print(f"You are logged in as user '{u['username']}'{' (admin)' if u['admin'] else ''}")
     return 0
@@ -96,8 +93,6 @@ def _find(s: Any, username: str) -> dict[str, Any]:
 
 
 def create(args: Any) -> int:
-    from cli.session import authed
-
     s = authed(args)
     pw = _password(args.password, f"Password for new user {args.username}: ", confirm=True)
     u = s.post("/api/v1/users", {"user": {"username": args.username, "admin": args.admin, "active": True},
@@ -107,9 +102,6 @@ def create(args: Any) -> int:
 
 
 def list_users(args: Any) -> int:
-    from cli.output import print_json, table
-    from cli.session import authed
-
     users = authed(args).get("/api/v1/users")["users"]
     if args.json:
         print_json(users)
@@ -120,8 +112,6 @@ def list_users(args: Any) -> int:
 
 
 def change_password(args: Any) -> int:
-    from cli.session import authed
-
     s = authed(args)
     me = s.get("/api/v1/me")["user"]
     target = _find(s, args.target) if args.target and args.target != me["username"] else me
@@ -132,8 +122,6 @@ def change_password(args: Any) -> int:
 
 
 def set_active(args: Any) -> int:
-    from cli.session import authed
-
     s = authed(args)
     u = _find(s, args.username)
     s.patch(f"/api/v1/users/{u['id']}", {"active": args.active})

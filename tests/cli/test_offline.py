@@ -15,11 +15,13 @@ import pytest
 from cli.commands import experiment
 from cli.commands.experiment import TYPE_DIR, TYPE_FILE, Ignore, pack_model_dir
 from cli.errors import CliError
+from cli.output import confirm
 from tests.cli.conftest import Det, one_error_line
 from tests.conftest import ROOT
 from tests.pg import free_port
 
-HEAVY = ("httpx", "rich", "fastapi", "sqlalchemy", "pydantic", "yaml", "uvicorn", "starlette")
+HEAVY = ("httpx", "rich", "fastapi", "sqlalchemy", "pydantic", "yaml", "uvicorn", "starlette", "pulumi", "boto3",
+         "google.cloud", "infra", "dataclasses")
 
 PROBE = """
 import contextlib, io, json, sys
@@ -188,8 +190,8 @@ def test_not_logged_in_is_one_line(det: Det) -> None:
 def test_confirmation_needs_a_terminal_or_yes() -> None:
     # stdin is not a terminal under pytest: no prompt that would hang a script.
     with pytest.raises(CliError, match="--yes"):
-        experiment.confirm("Delete?", yes=False)
-    assert experiment.confirm("Delete?", yes=True)
+        confirm("Delete?", yes=False)
+    assert confirm("Delete?", yes=True)
 
 
 def test_usage_error_exits_2(det: Det) -> None:
