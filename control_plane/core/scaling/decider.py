@@ -290,7 +290,7 @@ def _fmt_demand(shapes: _Shapes) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# The decision
+# The decision: a pipeline of stages over a draft
 
 
 @dataclass
@@ -306,6 +306,28 @@ class _Census:
         return len(self.booting) + len(self.idle) + len(self.busy) + len(self.disconnected)
 
 
+@dataclass
+class _Draft:
+    """The decision being built: each stage of `decide` reads what the earlier ones left here and
+    adds its own part. Only `decide` makes one, so the stages stay pure functions of their inputs."""
+
+    census: _Census
+    terminations: list[Termination] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    launch: int = 0
+    #: Idle instances the pending demand was packed onto (set by the launch stage; kept by the reap).
+    idle_absorbing: int = 0
+    #: Instances billed while stopping when the launch was sized: the census's and those this
+    #: decision had terminated by then (broken, shed).
+    stopping: int = 0
+
+    def terminate(self, inst: InstanceView, why: str, presumes_idle: bool = False) -> None:
+        self.terminations.append(Termination(inst.id, why, presumes_idle))
+
+    def decision(self) -> ScaleDecision:
+        return ScaleDecision(launch=self.launch, terminate=tuple(self.terminations), reasons=tuple(self.reasons))
+
+
 def _is_busy(inst: InstanceView) -> bool:
     return inst.busy_slots > 0 or inst.idle_since is None
 
@@ -319,18 +341,29 @@ def decide(
 ) -> ScaleDecision:
     """Decide how many instances to launch and which to terminate, with a reason for each.
     `arrivals`: the pool's demand arrivals (any order; those older than `limits.arrival_window`
-    are ignored); none turns the scale-down hysteresis off."""
-    capacity = limits.slots_per_instance
-    shapes = _aggregate(demand, capacity)
-    reasons: list[str] = []
-    terminations: list[Termination] = []
+    are ignored); none turns the scale-down hysteresis off.
 
-    def terminate(inst: InstanceView, why: str, presumes_idle: bool = False) -> None:
-        terminations.append(Termination(inst.id, why, presumes_idle))
+    A pipeline of stages over one draft, in this order (each may read what the earlier ones
+    decided): retire broken instances, shed above max_instances, launch for the pending demand, reap
+    idle instances (with the hysteresis); the reasons follow the same order, terminations last."""
+    shapes = _aggregate(demand, limits.slots_per_instance)
+    draft = _retire_broken(instances, limits, now)
+    _describe_demand(draft, shapes, limits.slots_per_instance)
+    _shed_above_max(draft, limits)
+    _launch_for_demand(draft, shapes, limits)
+    _reap_idle(draft, limits, now, arrivals)
+    _conclude(draft)
+    return draft.decision()
 
-    # 1. Sort instances by what they can do; broken ones are terminated regardless of min_instances
-    #    (a broken instance does not count toward the floor, and is replaced below).
-    census = _Census()
+
+def _retire_broken(instances: Sequence[InstanceView], limits: PoolLimits, now: datetime) -> _Draft:
+    """Stage 1: sort the instances by what they can do (the census), and terminate the broken ones:
+    an agent that never connected within `max_agent_starting_period`, or one disconnected longer
+    than `max_disconnected_period`. They go regardless of min_instances (a broken instance does not
+    count toward the floor; the launch stage replaces it). Duplicates and terminated rows are
+    skipped; stopping ones are counted (they bill) but are no capacity."""
+    draft = _Draft(_Census())
+    census = draft.census
     seen: set[str] = set()
     for inst in instances:
         if inst.state == InstanceState.TERMINATED or inst.id in seen:
@@ -344,7 +377,7 @@ def decide(
         elif inst.agent_first_connected_at is None:
             waited = now - inst.launched_at
             if waited > limits.max_agent_starting_period:
-                terminate(
+                draft.terminate(
                     inst,
                     f"agent did not connect within max_agent_starting_period "
                     f"{_fmt_duration(limits.max_agent_starting_period)} (launched {_fmt_duration(waited)} ago)",
@@ -354,99 +387,121 @@ def decide(
         else:
             gone_for = now - (inst.agent_disconnected_since or now)
             if gone_for > limits.max_disconnected_period:
-                terminate(
+                draft.terminate(
                     inst,
                     f"agent disconnected for {_fmt_duration(gone_for)} "
                     f"(max_disconnected_period {_fmt_duration(limits.max_disconnected_period)})",
                 )
             else:
                 census.disconnected.append(inst)
+    return draft
 
+
+def _describe_demand(draft: _Draft, shapes: _Shapes, capacity: int) -> None:
+    """The pending demand as the decision's first reasons, and the shapes no instance can host (no
+    launch is made for them)."""
     if shapes.tasks:
-        reasons.append(f"demand: {_fmt_demand(shapes)} for {capacity}-slot instances")
+        draft.reasons.append(f"demand: {_fmt_demand(shapes)} for {capacity}-slot instances")
     for size, count in shapes.unschedulable:
-        reasons.append(
+        draft.reasons.append(
             f"unschedulable: {_plural(count, 'task')} need {size} slots on one instance but instances "
             f"have {capacity}; not launching for them"
         )
 
-    # 2. Above max_instances: shed instances without work, newest first. Busy instances are never
-    #    killed for this; they are shed as they go idle on later ticks.
+
+def _shed_above_max(draft: _Draft, limits: PoolLimits) -> None:
+    """Stage 2: above `max_instances`, shed instances without work, newest first: disconnected ones,
+    then those not yet connected, then idle ones (those two `presumes_idle`). Busy instances are
+    never killed for this; they are shed as they go idle on later ticks. The shed instances leave
+    the census."""
+    census = draft.census
     excess = census.live - limits.max_instances
-    if excess > 0:
+    if excess <= 0:
+        return
 
-        def newest_first(group: list[InstanceView]) -> list[InstanceView]:
-            return sorted(group, key=lambda i: (i.launched_at, i.id), reverse=True)
+    def newest_first(group: list[InstanceView]) -> list[InstanceView]:
+        return sorted(group, key=lambda i: (i.launched_at, i.id), reverse=True)
 
-        sheddable = [
-            (inst, kind)
-            for group, kind in (
-                (census.disconnected, "disconnected"),
-                (census.booting, "not yet connected"),
-                (census.idle, "idle"),
-            )
-            for inst in newest_first(group)
-        ]
-        shed: set[str] = set()
-        for inst, kind in sheddable[:excess]:
-            terminate(inst, f"above max_instances {limits.max_instances}: shedding newest {kind} instance",
-                      presumes_idle=kind != "disconnected")
-            shed.add(inst.id)
-        census.disconnected = [i for i in census.disconnected if i.id not in shed]
-        census.booting = [i for i in census.booting if i.id not in shed]
-        census.idle = [i for i in census.idle if i.id not in shed]
-        still = census.live - limits.max_instances
-        if still > 0:
-            reasons.append(
-                f"{_plural(still, 'busy instance')} above max_instances {limits.max_instances}; "
-                f"shedding once idle"
-            )
+    sheddable = [
+        (inst, kind)
+        for group, kind in (
+            (census.disconnected, "disconnected"),
+            (census.booting, "not yet connected"),
+            (census.idle, "idle"),
+        )
+        for inst in newest_first(group)
+    ]
+    shed: set[str] = set()
+    for inst, kind in sheddable[:excess]:
+        draft.terminate(inst, f"above max_instances {limits.max_instances}: shedding newest {kind} instance",
+                        presumes_idle=kind != "disconnected")
+        shed.add(inst.id)
+    census.disconnected = [i for i in census.disconnected if i.id not in shed]
+    census.booting = [i for i in census.booting if i.id not in shed]
+    census.idle = [i for i in census.idle if i.id not in shed]
+    still = census.live - limits.max_instances
+    if still > 0:
+        draft.reasons.append(
+            f"{_plural(still, 'busy instance')} above max_instances {limits.max_instances}; "
+            f"shedding once idle"
+        )
 
+
+def _launch_for_demand(draft: _Draft, shapes: _Shapes, limits: PoolLimits) -> None:
+    """Stage 3: how many new instances the demand needs once the instances that exist but have not
+    taken it yet have absorbed what they can: idle ones (connected after the scheduler's pass, as
+    cluster-autoscaler filters out pods that fit existing nodes) and booting ones. At least enough
+    for `min_instances`; capped by the room under `max_instances` (stopping instances, this
+    decision's terminations included, bill until gone) and by `max_launch_per_decision`."""
+    census = draft.census
+    capacity = limits.slots_per_instance
     live = census.live
-
-    # 3. How many new instances the demand needs once the instances that exist but have not taken it
-    #    yet have absorbed what they can: idle ones (connected after the scheduler's pass, as
-    #    cluster-autoscaler filters out pods that fit existing nodes) and booting ones.
     idle_free = [max(0, capacity - i.busy_slots) for i in census.idle]
     booting_free = [max(0, capacity - i.busy_slots) for i in census.booting]
     packing = _pack(shapes, capacity, (idle_free, booting_free))
     want = packing.new_instances
     floor = max(0, limits.min_instances - live)
     # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone.
-    stopping = len(census.stopping) + len(terminations)
+    draft.stopping = stopping = len(census.stopping) + len(draft.terminations)
     room = max(0, limits.max_instances - live - stopping)
     launch = min(max(want, floor), room)
     if limits.max_launch_per_decision is not None:
         launch = min(launch, limits.max_launch_per_decision)
+    draft.launch = launch
+    draft.idle_absorbing = packing.used[0]
 
     for g, word in ((0, "idle instance"), (1, "starting instance")):
         if packing.tasks[g]:
-            reasons.append(
+            draft.reasons.append(
                 f"{_plural(packing.used[g], word)} absorb {_plural(packing.tasks[g], 'pending task')} "
                 f"({_plural(packing.slots[g], 'slot')})"
             )
-    if launch or want or floor:
-        why: list[str] = []
-        if want:
-            total = _pack(shapes, capacity).new_instances
-            absorbing = "".join(
-                f", {packing.used[g]} {word}" for g, word in ((0, "idle"), (1, "starting")) if packing.used[g]
-            )
-            why.append(
-                f"{_plural(shapes.tasks, 'pending task')} need {_plural(total, 'instance')}{absorbing}"
-            )
-        if floor > want:
-            why.append(f"min_instances {limits.min_instances} with {live} live")
-        if max(want, floor) > room:
-            still_billed = f" and {stopping} stopping (billed until the cloud says they are gone)" if stopping else ""
-            why.append(f"capped by max_instances {limits.max_instances} with {live} live{still_billed}")
-        if launch < min(max(want, floor), room):
-            why.append(f"capped by max_launch_per_decision {limits.max_launch_per_decision}")
-        reasons.append(f"launch {launch}: " + "; ".join(why))
+    if not (launch or want or floor):
+        return
+    why: list[str] = []
+    if want:
+        total = _pack(shapes, capacity).new_instances
+        absorbing = "".join(
+            f", {packing.used[g]} {word}" for g, word in ((0, "idle"), (1, "starting")) if packing.used[g]
+        )
+        why.append(f"{_plural(shapes.tasks, 'pending task')} need {_plural(total, 'instance')}{absorbing}")
+    if floor > want:
+        why.append(f"min_instances {limits.min_instances} with {live} live")
+    if max(want, floor) > room:
+        still_billed = f" and {stopping} stopping (billed until the cloud says they are gone)" if stopping else ""
+        why.append(f"capped by max_instances {limits.max_instances} with {live} live{still_billed}")
+    if launch < min(max(want, floor), room):
+        why.append(f"capped by max_launch_per_decision {limits.max_launch_per_decision}")
+    draft.reasons.append(f"launch {launch}: " + "; ".join(why))
 
-    # 4. Idle instances past max_idle_agent_period, longest idle first, never below min_instances and
-    #    never one the pending demand was packed onto. A decision that launches has packed something
-    #    onto every idle instance first, so it never also terminates one (no launch/terminate flap).
+
+def _reap_idle(draft: _Draft, limits: PoolLimits, now: datetime, arrivals: Sequence[Arrival]) -> None:
+    """Stage 4: terminate idle instances past `max_idle_agent_period` (`presumes_idle`), longest
+    idle first, never below min_instances and never one the pending demand was packed onto. A
+    decision that launches has packed something onto every idle instance first, so it never also
+    terminates one (no launch/terminate flap). Of those left to reap, the scale-down hysteresis
+    (`_keep_for_arrivals`) may keep the most recently idle ones."""
+    census = draft.census
     long_idle = sorted(
         (
             i
@@ -455,61 +510,74 @@ def decide(
         ),
         key=lambda i: (i.idle_since, i.id),
     )
-    if long_idle:
-        # The recently idle instances take the demand first; the rest of it holds long-idle ones.
-        keep_for_demand = max(0, packing.used[0] - (len(census.idle) - len(long_idle)))
-        keep_for_min = max(0, len(long_idle) - (live - limits.min_instances))
-        reapable = max(0, len(long_idle) - max(keep_for_demand, keep_for_min))
-        # Hysteresis: of those left to reap (longest idle first), the most recently idle are kept
-        # while the recent arrivals say the next task is due before they reach the hard bound.
-        forecast = _forecast(arrivals, limits, now) if reapable else None
-        kept_for_arrivals: list[InstanceView] = []
-        if forecast is not None:
-            bound = 2 * limits.max_idle_agent_period
-            for inst in reversed(long_idle[:reapable]):
-                if len(kept_for_arrivals) == forecast.instances:
-                    break
-                assert inst.idle_since is not None
-                if forecast.next_due - inst.idle_since <= bound:
-                    kept_for_arrivals.append(inst)
-            if kept_for_arrivals:
-                reasons.append(
-                    f"keeping {_plural(len(kept_for_arrivals), 'idle instance')} past max_idle_agent_period "
-                    f"{_fmt_duration(limits.max_idle_agent_period)} for expected arrivals: {forecast.describe(now)}; "
-                    f"at most {_fmt_duration(bound)} idle"
-                )
-        kept_ids = {i.id for i in kept_for_arrivals}
-        if keep_for_demand and keep_for_demand >= keep_for_min:
-            reasons.append(
-                f"keeping {_plural(keep_for_demand, 'idle instance')} past max_idle_agent_period "
-                f"for pending demand"
-            )
-        elif keep_for_min:
-            reasons.append(
-                f"keeping {_plural(keep_for_min, 'idle instance')} past max_idle_agent_period "
-                f"for min_instances {limits.min_instances}"
-            )
-        for inst in long_idle[:reapable]:
-            if inst.id in kept_ids:
-                continue
-            assert inst.idle_since is not None
-            terminate(
-                inst,
-                f"idle for {_fmt_duration(now - inst.idle_since)} "
-                f"(max_idle_agent_period {_fmt_duration(limits.max_idle_agent_period)})",
-                presumes_idle=True,
-            )
-        live -= reapable - len(kept_ids)
-
-    for t in terminations:
-        reasons.append(f"terminate {t.id}: {t.reason}")
-    if not reasons:
-        reasons.append(
-            f"steady: {_plural(live, 'instance')} ({len(census.busy)} busy, {len(census.idle)} idle, "
-            f"{len(census.booting)} starting, {len(census.disconnected)} disconnected"
-            + (f", {stopping} stopping" if stopping else "") + "), no pending demand"
+    if not long_idle:
+        return
+    # The recently idle instances take the demand first; the rest of it holds long-idle ones.
+    keep_for_demand = max(0, draft.idle_absorbing - (len(census.idle) - len(long_idle)))
+    keep_for_min = max(0, len(long_idle) - (census.live - limits.min_instances))
+    reapable = max(0, len(long_idle) - max(keep_for_demand, keep_for_min))
+    kept_ids = _keep_for_arrivals(draft, long_idle[:reapable], limits, now, arrivals)
+    if keep_for_demand and keep_for_demand >= keep_for_min:
+        draft.reasons.append(
+            f"keeping {_plural(keep_for_demand, 'idle instance')} past max_idle_agent_period "
+            f"for pending demand"
         )
-    return ScaleDecision(launch=launch, terminate=tuple(terminations), reasons=tuple(reasons))
+    elif keep_for_min:
+        draft.reasons.append(
+            f"keeping {_plural(keep_for_min, 'idle instance')} past max_idle_agent_period "
+            f"for min_instances {limits.min_instances}"
+        )
+    for inst in long_idle[:reapable]:
+        if inst.id in kept_ids:
+            continue
+        assert inst.idle_since is not None
+        draft.terminate(
+            inst,
+            f"idle for {_fmt_duration(now - inst.idle_since)} "
+            f"(max_idle_agent_period {_fmt_duration(limits.max_idle_agent_period)})",
+            presumes_idle=True,
+        )
+
+
+def _keep_for_arrivals(draft: _Draft, reapable: list[InstanceView], limits: PoolLimits, now: datetime,
+                       arrivals: Sequence[Arrival]) -> set[str]:
+    """Scale-down hysteresis: of the instances left to reap (longest idle first), the most recently
+    idle are kept while the recent arrivals say the next task is due before they reach the hard
+    bound, twice `max_idle_agent_period`; as many as the arrival rate's instances per idle period
+    (`_forecast`). Their ids, with the reason added to the draft."""
+    forecast = _forecast(arrivals, limits, now) if reapable else None
+    if forecast is None:
+        return set()
+    bound = 2 * limits.max_idle_agent_period
+    kept: list[InstanceView] = []
+    for inst in reversed(reapable):
+        if len(kept) == forecast.instances:
+            break
+        assert inst.idle_since is not None
+        if forecast.next_due - inst.idle_since <= bound:
+            kept.append(inst)
+    if kept:
+        draft.reasons.append(
+            f"keeping {_plural(len(kept), 'idle instance')} past max_idle_agent_period "
+            f"{_fmt_duration(limits.max_idle_agent_period)} for expected arrivals: {forecast.describe(now)}; "
+            f"at most {_fmt_duration(bound)} idle"
+        )
+    return {i.id for i in kept}
+
+
+def _conclude(draft: _Draft) -> None:
+    """Last: one reason per termination, in the order decided; with no reason at all, a steady
+    state summary. (Steady means nothing was terminated, so the census is what stays.)"""
+    for t in draft.terminations:
+        draft.reasons.append(f"terminate {t.id}: {t.reason}")
+    if draft.reasons:
+        return
+    census = draft.census
+    draft.reasons.append(
+        f"steady: {_plural(census.live, 'instance')} ({len(census.busy)} busy, {len(census.idle)} idle, "
+        f"{len(census.booting)} starting, {len(census.disconnected)} disconnected"
+        + (f", {draft.stopping} stopping" if draft.stopping else "") + "), no pending demand"
+    )
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import pytest
 
 from control_plane.core.states import InstanceState
 from control_plane.db.engine import transaction
-from control_plane.loops import autoscaler as autoscaler_loop
 from control_plane.loops import placement
+from control_plane.loops.autoscaler import decision as autoscaler_decision
 from control_plane.master import Master
 from tests.control_plane.loops.conftest import (
     ELASTIC,
@@ -42,14 +42,14 @@ def place_now(master: Master) -> None:
 
 def decide_then(monkeypatch: pytest.MonkeyPatch, between: Callable[[Any], None]) -> None:
     """The autoscaler runs `between(decision)` after deciding on its snapshot, before writing."""
-    real = autoscaler_loop.decide
+    real = autoscaler_decision.decide
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         decision = real(*args, **kwargs)
         between(decision)
         return decision
 
-    monkeypatch.setattr(autoscaler_loop, "decide", wrapped)
+    monkeypatch.setattr(autoscaler_decision, "decide", wrapped)
 
 
 def schedule_then(monkeypatch: pytest.MonkeyPatch, between: Callable[[], None]) -> None:

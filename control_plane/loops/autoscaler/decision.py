@@ -1,0 +1,280 @@
+"""Decide: read a pool's snapshot in a read-only transaction, call the pure scale decider on it,
+then apply the decision in a write transaction (terminations begun, launch rows requested, the
+decision recorded on the pool for `det resource-pool describe`).
+
+Placement may commit between the read and the write: a termination that presumes the instance idle
+is applied only if its agent still holds no allocation, checked under a lock on the agent's row
+(`claim_idle`), and placement assigns only to an agent still enabled
+(control_plane/loops/placement.py), so neither overwrites what the other committed. Launches are
+capped by the pool's backoff (control_plane/core/scaling/backoff.py) here, before any row is
+written."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from control_plane.core import states as st
+from control_plane.core.scaling import (
+    DEFAULT_ARRIVAL_WINDOW,
+    Arrival,
+    InstanceView,
+    PendingDemand,
+    PoolLimits,
+    ScaleDecision,
+    backoff,
+    decide,
+)
+from control_plane.core.scaling import reconcile as rec
+from control_plane.core.scheduling.gang import whole_agent_parts
+from control_plane.core.states import InstanceState, PoolState
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
+from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
+from control_plane.loops.autoscaler.records import agent_of, begin_termination, close_row
+from control_plane.master import Master
+from provisioners.base import CloudInstance
+from provisioners.capacity import cooldowns_of
+from provisioners.factory import PoolProvider
+
+log = logging.getLogger("shipyard.autoscaler")
+
+_Stopping = tuple[str | None, datetime | None, str | None]  # (instance id, since, reason)
+
+
+@dataclass
+class Snapshot:
+    """What the decider is given, read in one read-only transaction, and what the write needs of it."""
+
+    demand: list[PendingDemand]
+    shapes: dict[int, int]
+    arrivals: list[Arrival]
+    views: list[InstanceView]
+    live: int
+    stopping: list[_Stopping]
+    links: dict[str, str]  # launch id -> agent id, for rows not yet linked to their agent
+    orphans: list[CloudInstance] = field(default_factory=list)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def pool_limits(pp: PoolProvider) -> PoolLimits:
+    """The decider's limits, from the pool's provider settings."""
+    settings = pp.settings
+    return PoolLimits(
+        min_instances=settings.min_instances, max_instances=settings.max_instances,
+        slots_per_instance=pp.slots_per_instance, max_idle_agent_period=settings.max_idle_agent_period,
+        max_agent_starting_period=settings.max_agent_starting_period,
+        max_disconnected_period=settings.max_disconnected_period,
+        max_launch_per_decision=settings.max_launch_per_decision,
+        arrival_window=settings.arrival_window or DEFAULT_ARRIVAL_WINDOW,
+    )
+
+
+def decide_and_apply(master: Master, pool: str, memory: PoolMemory, orphans: list[CloudInstance],
+                     now: datetime) -> tuple[ScaleDecision, list[str]]:
+    """Read a snapshot (a read-only transaction), decide on it (pure), then apply the decision in a
+    write transaction. The decision, and the launch ids of the rows requested for its launches."""
+    pp = memory.provider
+    assert pp is not None
+    limits = pool_limits(pp)
+    with master.read_sessions() as s:
+        snap = read_snapshot(s, pool, orphans, limits, now, hysteresis=bool(pp.settings.arrival_window))
+    decision = decide(snap.demand, snap.views, limits, now, snap.arrivals)
+    with transaction(master.sessions) as s:
+        launch_ids = apply_decision(s, master, pool, memory, decision, snap, now)
+    return decision, launch_ids
+
+
+def _pending_shapes(s: Session, pool: str, slots_per_instance: int) -> dict[int, int]:
+    """The pool's pending allocations, counted by shape (slots on one instance)."""
+    shapes: dict[int, int] = {}
+    for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state == st.ALLOC_PENDING)):
+        # A gang larger than an instance goes on whole instances (core/scheduling/gang.py):
+        # demand that many full instances; one that cannot be split stays unschedulable.
+        parts = whole_agent_parts(a.slots_needed, slots_per_instance)
+        size = slots_per_instance if parts is not None and parts > 1 else a.slots_needed
+        shapes[size] = shapes.get(size, 0) + (parts if parts is not None and parts > 1 else 1)
+    return shapes
+
+
+def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: PoolLimits,
+                  now: datetime, *, hysteresis: bool = True) -> Snapshot:
+    """The pending demand, the demand arrivals of the window, and a view of every billed instance
+    (live rows, stopping rows, orphans) with its agent's state and work."""
+    shapes = _pending_shapes(s, pool, limits.slots_per_instance)
+    demand = [PendingDemand(slots, count) for slots, count in sorted(shapes.items())]
+    # The demand arrivals of the window (every allocation created in it, whatever it became):
+    # they predict the next one (scale-down hysteresis).
+    arrivals = [] if not hysteresis else [Arrival(at, slots) for at, slots in s.execute(
+        select(Allocation.created_at, Allocation.slots_needed).where(
+            Allocation.pool == pool, Allocation.created_at > now - limits.arrival_window))]
+    billed = list(s.scalars(select(Instance).where(Instance.pool == pool,
+                                                    Instance.state.in_(st.INSTANCE_BILLED))))
+    rows = [r for r in billed if r.state in st.INSTANCE_LIVE]
+    stopping = [r for r in billed if r.state == InstanceState.STOPPING]
+    busy: dict[str, int] = {}
+    running: set[str] = set()  # agents with any task, zero-slot ones included
+    for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state.in_(st.ALLOC_ON_AGENT))):
+        busy[a.agent_id or ""] = busy.get(a.agent_id or "", 0) + a.slots_needed
+        running.add(a.agent_id or "")
+    views = []
+    links: dict[str, str] = {}
+    for row in rows:
+        agent = agent_of(s, row)
+        if agent is not None and row.agent_id is None:
+            links[row.launch_id] = agent.id
+        connected = agent is not None and agent.state == st.AGENT_CONNECTED
+        views.append(InstanceView(
+            id=row.launch_id,
+            state=InstanceState(row.state),
+            launched_at=row.launched_at or row.requested_at,
+            agent_connected=connected,
+            agent_first_connected_at=agent.registered_at if agent else None,
+            agent_disconnected_since=None if connected or agent is None else agent.disconnected_at,
+            busy_slots=busy.get(agent.id, 0) if agent else 0,
+            idle_since=(agent.idle_since or now) if connected and agent.id not in running else None,
+        ))
+    # Instances being stopped, and orphans, bill until the cloud says they are gone: they leave
+    # no room under max_instances (never capacity).
+    views += [InstanceView(id=r.launch_id, state=InstanceState.STOPPING, launched_at=r.launched_at or r.requested_at)
+              for r in stopping]
+    views += [InstanceView(id=f"orphan:{ci.id}", state=InstanceState.STOPPING, launched_at=ci.launched_at)
+              for ci in orphans]
+    return Snapshot(demand=demand, shapes=shapes, arrivals=arrivals, views=views, live=len(rows),
+                    stopping=[(r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping],
+                    links=links, orphans=orphans)
+
+
+def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, decision: ScaleDecision,
+                   snap: Snapshot, now: datetime) -> list[str]:
+    """Write the decision: launches capped by the backoff, agents linked to their rows, the
+    terminations begun (an idle one only if `claim_idle` agrees), a `requested` row per launch, and
+    the decision recorded on the pool. The launch ids of the requested rows."""
+    pp = memory.provider
+    assert pp is not None
+    prow = s.get(ResourcePool, pool)
+    assert prow is not None
+    reasons = list(decision.reasons)
+    if memory.last_launch_failure_at is None and prow.backoff_until is not None and prow.backoff_until > now:
+        memory.last_launch_failure_at = now  # restarted during a backoff: the probe interval starts again
+    allowance = backoff.launch_allowance(PoolState(prow.state), prow.backoff_until, memory.last_launch_failure_at,
+                                         pp.settings.launch_probe_interval, now)
+    launch = decision.launch
+    if launch and allowance.cap is not None and launch > allowance.cap:
+        error = f" ({prow.error})" if prow.error and prow.state != PoolState.DISABLED else ""
+        reasons.append(f"{'not launching' if allowance.cap == 0 else 'launch 1'}: {allowance.reason}{error}")
+        launch = allowance.cap
+    for launch_id, agent_id in snap.links.items():
+        row = s.get(Instance, launch_id)
+        if row is not None and row.agent_id is None:
+            row.agent_id = agent_id
+    terminated = _apply_terminations(s, master, pool, decision, reasons, now)
+    launch_ids: list[str] = []
+    for _ in range(launch):
+        launch_id = uuid.uuid4().hex
+        s.add(Instance(launch_id=launch_id, pool=pool, provider=pp.settings.type, state=InstanceState.REQUESTED,
+                       requested_at=now))
+        launch_ids.append(launch_id)
+    _record_decision(prow, memory, snap, now, launch=launch, terminated=terminated, reasons=reasons,
+                     allowance=allowance)
+    return launch_ids
+
+
+def _apply_terminations(s: Session, master: Master, pool: str, decision: ScaleDecision, reasons: list[str],
+                        now: datetime) -> list[dict[str, str]]:
+    """Begin the decided terminations of rows still live; one presuming the instance idle only if
+    `claim_idle` agrees (else why not is added to `reasons`). The terminations applied."""
+    terminated: list[dict[str, str]] = []
+    planned = [(t, s.get(Instance, t.id)) for t in decision.terminate]
+    # Agent rows are locked in agent id order, as placement takes them: no cycle of waits.
+    for t, row in sorted(planned, key=lambda p: ((p[1].agent_id or "") if p[1] else "", p[0].id)):
+        if row is None or row.state not in st.INSTANCE_LIVE:
+            continue  # an orphan (its terminate is sent by send_terminations), or ended meanwhile
+        if t.presumes_idle:
+            refused = claim_idle(s, row)
+            if refused:
+                reasons.append(f"not terminating {t.id}: {refused}")
+                log.info("event=idle_termination_refused pool=%s launch_id=%s instance_id=%s decided=%r why=%r",
+                         pool, row.launch_id, row.instance_id, t.reason, refused)
+                continue
+        if row.instance_id is None:
+            close_row(s, master, row, now, t.reason)
+        else:
+            begin_termination(s, row, now, t.reason)
+        terminated.append({"id": t.id, "reason": t.reason})
+    return terminated
+
+
+def _record_decision(prow: ResourcePool, memory: PoolMemory, snap: Snapshot, now: datetime, *, launch: int,
+                     terminated: list[dict[str, str]], reasons: list[str], allowance: backoff.LaunchAllowance) -> None:
+    """The pool's state after its backoff, and the decision as `det resource-pool describe` shows it."""
+    pp = memory.provider
+    assert pp is not None
+    # The backoff is over: the next launch tries again, and the error that caused it is history.
+    new_state = backoff.current_state(PoolState(prow.state), prow.backoff_until, now)
+    previous_error = None
+    if new_state != prow.state and new_state == PoolState.OK and prow.error:
+        previous_error, prow.error = prow.error, None
+        log.info("event=pool_backoff_over pool=%s previous_error=%r", prow.name, previous_error)
+    prow.state = new_state
+    prow.last_decision = {
+        "launch": launch, "terminate": terminated,
+        "reasons": reasons, "pending": {str(k): v for k, v in snap.shapes.items()}, "instances": snap.live,
+        "stopping": len(snap.stopping), "orphans": len(snap.orphans),
+        "terminating": terminating(memory, snap.stopping, snap.orphans, now),
+        "backoff": None if prow.backoff_until is None or prow.backoff_until <= now else {
+            "until": prow.backoff_until.isoformat(), "failures": prow.launch_failures,
+            "probe": allowance.cap == 1,
+            "next_probe_at": allowance.next_probe_at.isoformat() if allowance.next_probe_at else None,
+        },
+        **({"previous_error": previous_error} if previous_error else {}),
+        # Subnets/zones skipped after capacity errors (provisioners/capacity.py), and the slots one
+        # instance brings (what submissions and pending trials are checked against).
+        "capacity": cooldowns_of(pp.provider), "slots_per_instance": pp.slots_per_instance,
+    }
+    prow.last_decision_at = now
+
+
+def claim_idle(s: Session, row: Instance) -> str | None:
+    """Whether the instance is still without work, decided under a lock on its agent's row; if
+    so its agent is disabled in the same transaction (nothing new lands on it). The reason it is
+    not, else. The lock (FOR UPDATE on PostgreSQL; SQLite's write transaction already holds the
+    database) waits for a placement writing to that agent to commit, and the check for
+    allocations runs after it, so it sees that placement's assignment."""
+    agent_id = row.agent_id or (s.scalar(select(Agent.id).where(Agent.instance_id == row.instance_id))
+                                if row.instance_id else None)
+    if agent_id is None:
+        return None  # no agent: nothing can run there, and a stopping instance's agent is refused
+    agent = s.scalar(select(Agent).where(Agent.id == agent_id).with_for_update()
+                     .execution_options(populate_existing=True))
+    if agent is None:
+        return None
+    held = s.scalar(select(func.count()).select_from(Allocation).where(
+        Allocation.agent_id == agent.id, Allocation.state.in_(st.ALLOC_ON_AGENT)))
+    if held:
+        return f"its agent {agent.id} took {_plural(held, 'allocation')} since the decision"
+    agent.enabled = False
+    return None
+
+
+def terminating(memory: PoolMemory, stopping: list[_Stopping], orphans: list[CloudInstance],
+                now: datetime) -> list[dict[str, Any]]:
+    """What `det resource-pool describe` shows of the terminations still waiting on the cloud."""
+    out = []
+    for iid, since, reason in [*stopping, *((ci.id, None, "orphan") for ci in orphans)]:
+        if iid is None:
+            continue
+        attempts = memory.terminations.get(iid, Attempts())
+        out.append({"instance_id": iid, "reason": reason, "since": since.isoformat() if since else None,
+                    "attempts": attempts.count, "last_error": attempts.last_error,
+                    "overdue": rec.terminate_overdue(since, now)})
+    return out
