@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from infra import DEPLOY_TAG, catalog
+from shipyard_common import clouds
 
 _CLUSTER_ID_RE = re.compile(r"^[a-z][a-z0-9-]{1,20}[a-z0-9]$")
 _KEYPAIR_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,254}$")
-_PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _DURATION_RE = re.compile(r"^\d+(\.\d+)?(s|m|h)?$")
-_GCP_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_GCP_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 # What RDS refuses in a master password (and what would need quoting in a URL anyway).
 _DB_PASSWORD_FORBIDDEN = set('/@" \\')
 DB_PASSWORD_MIN = 8
@@ -108,7 +106,7 @@ def parse_tags(values: list[str] | None, *, cloud: Literal["aws", "gcp"]) -> dic
                                    f"and {DEPLOY_TAG!r} are reserved")
         if cloud == "aws" and (len(key) > 128 or len(value) > 256):
             raise _fail("add-tag", f"{key!r}: AWS allows keys of 128 and values of 256 characters")
-        if cloud == "gcp" and not (_GCP_LABEL_KEY_RE.match(key) and _GCP_LABEL_VALUE_RE.match(value)):
+        if cloud == "gcp" and not (clouds.GCP_LABEL_KEY.match(key) and clouds.GCP_LABEL_VALUE.match(value)):
             raise _fail("add-tag", f"{item!r}: GCP labels are lowercase letters, digits, '_' and '-' "
                                    "(keys start with a letter, at most 63 characters)")
         out[key] = value
@@ -231,8 +229,9 @@ class GcpSettings(_Common):
         self._check_common()
         if not self.project:
             raise _fail("project", "required (the GCP project id to deploy into)")
-        if not _PROJECT_RE.match(self.project):
-            raise _fail("project", f"{self.project!r} is not a GCP project id")
+        if not clouds.is_gcp_project_id(self.project):
+            raise _fail("project", f"{self.project!r} is not a GCP project id (6 to 30 lowercase letters, digits "
+                                   "and '-', starting with a letter, not ending with '-')")
         if self.zone not in catalog.GCP_ZONES:
             raise _fail("zone", f"unknown GCP zone {self.zone!r} (known: {', '.join(catalog.GCP_ZONES)})")
         check_cidr("inbound-cidr", self.inbound_cidr, allow_open=self.allow_open_ssh)

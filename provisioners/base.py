@@ -4,24 +4,27 @@ A provider is `launch / list / terminate` plus one error taxonomy that the autos
 Providers hold no state that matters: instances are found again by their cloud tags, so a
 restarted master rebuilds its picture from `list()`.
 
-Each provider module declares itself once as `PROVIDER_TYPE` (a `ProviderType`, at the end of this
-module): its type name, config model, constructor and what user-data it takes. The registry
-(provisioners/registry.py) maps a pool's `provider.type` to that declaration.
+Each provider module (or package) declares itself once as `PROVIDER_TYPE` (a `ProviderType`, at the
+end of this module): its type name, config model (a `ProviderSettings`), constructor and what
+user-data it takes. The registry (provisioners/registry.py) maps a pool's `provider.type` to that
+declaration; a cloud's package declares it in its `__init__`, which imports no SDK.
 """
 
 from __future__ import annotations
 
 import enum
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self
 
 # The taxonomy lives in the shared package so that the master's pure backoff core can read it
 # without importing a provider; every provider imports it from here.
 from shipyard_common.provider_errors import ErrorKind as ErrorKind
 from shipyard_common.provider_errors import ErrorScope as ErrorScope
+from shipyard_common.settings import SettingsError, StrictSettings, validate
 
 # Tag keys written on every instance. AWS takes them as tags; GCP labels only allow [a-z0-9_-],
 # so the GCP provider maps ':' to '-' (see `label_key`).
@@ -158,10 +161,36 @@ class UserDataKind(enum.StrEnum):
 
 class ProviderConfig(Protocol):
     """A provider's own config model: built from the pool's `provider:` section minus the elastic
-    settings common to all providers; raises ValueError naming the field."""
+    settings common to all providers; raises shipyard_common.settings.SettingsError listing every
+    problem, with paths relative to the section (`zones[1]`, `max_instances`)."""
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self: ...
+    def from_dict(cls, data: Mapping[str, Any]) -> Self: ...
+
+
+class ProviderSettings(StrictSettings):
+    """The base of every provider's config model (a `ProviderConfig`): a strict pydantic model checked
+    by `shipyard_common.settings.validate`, so that every provider reports its problems the same way.
+    Its module imports no cloud SDK: the master's API workers read every pool's settings."""
+
+    TYPE: ClassVar[str]  # the `provider.type` it configures
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """The config of a pool's section (elastic settings taken out). A `type` key may stay if it
+        names this provider. SettingsError lists every problem."""
+        if not isinstance(data, Mapping):
+            raise SettingsError([("", f"must be a mapping, got {type(data).__name__}")])
+        own = {k: v for k, v in data.items() if k != "type"}
+        problems = [] if data.get("type", cls.TYPE) == cls.TYPE else [
+            ("type", f"expected {cls.TYPE!r}, got {data.get('type')!r}")]
+        try:
+            config = validate(cls, own)
+        except SettingsError as e:
+            raise SettingsError([*problems, *e.problems]) from None
+        if problems:
+            raise SettingsError(problems)
+        return config
 
 
 @dataclass(frozen=True)
@@ -181,13 +210,38 @@ class BuiltProvider:
     slots_per_instance: int
 
 
+def lazy_build(module: str, name: str = "build") -> Callable[[Any, ProviderContext], BuiltProvider]:
+    """A `ProviderType.build` that imports `module` (and with it the cloud's SDK) when the first
+    provider is built, so that reading a type's config model imports no SDK."""
+
+    def build(cfg: Any, ctx: ProviderContext) -> BuiltProvider:
+        builder: Callable[[Any, ProviderContext], BuiltProvider] = getattr(importlib.import_module(module), name)
+        return builder(cfg, ctx)
+
+    return build
+
+
+def lazy_exports(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module `__getattr__` (PEP 562) for the names its SDK-importing submodules define:
+    `names` maps a name to its submodule, imported on first use (`from provisioners.gcp import
+    GcpProvider` imports the GCP SDK; `from provisioners.gcp import GcpPoolConfig` does not)."""
+
+    def __getattr__(attr: str) -> Any:
+        if attr not in names:
+            raise AttributeError(f"module {package!r} has no attribute {attr!r}")
+        return getattr(importlib.import_module(f"{package}.{names[attr]}"), attr)
+
+    return __getattr__
+
+
 @dataclass(frozen=True)
 class ProviderType:
     """One place instances come from, declared once by its module as `PROVIDER_TYPE`."""
 
     name: str  # the pool config's `provider.type`
     config: type[ProviderConfig]
-    # Builds the provider; may raise ProviderError (e.g. resolving an instance type's GPUs).
+    # Builds the provider; may raise ProviderError (e.g. resolving an instance type's GPUs). A cloud's
+    # module builds through `lazy_build`, so that its SDK is imported only here.
     build: Callable[[Any, ProviderContext], BuiltProvider]
     user_data: UserDataKind
     # Bytes of user-data the cloud accepts (before base64); None: no limit worth checking.

@@ -13,10 +13,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from provisioners.base import (
     MANAGED_BY_VALUE,
@@ -33,34 +34,30 @@ from provisioners.base import (
     LaunchSpec,
     ProviderContext,
     ProviderError,
+    ProviderSettings,
     ProviderType,
     UserDataKind,
 )
 from shipyard_common import private_files
 from shipyard_common.processes import pid_alive, start_session, stop_process_group
+from shipyard_common.settings import integer, text
 
 log = logging.getLogger("shipyard.provisioners.local")
 
 
-@dataclass(frozen=True)
-class LocalPoolConfig:
-    slots_per_instance: int = 1
-    slot_type: str = "cpu"
-    work_dir: str | None = None  # default: <state_dir>/local-instances/<pool>
-    python: str | None = None  # interpreter for the agents; default: the master's
+def _slot_type(value: Any) -> Any:
+    if value not in ("cpu", "auto"):
+        raise ValueError(f"must be cpu or auto, got {value!r}")
+    return value
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LocalPoolConfig:
-        known = {"slots_per_instance", "slot_type", "work_dir", "python"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown field(s) for a local pool: {', '.join(unknown)}")
-        slots = data.get("slots_per_instance", 1)
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-            raise ValueError("slots_per_instance: must be an integer >= 1")
-        if data.get("slot_type", "cpu") not in ("cpu", "auto"):
-            raise ValueError("slot_type: must be cpu or auto")
-        return cls(slots, data.get("slot_type", "cpu"), data.get("work_dir"), data.get("python"))
+
+class LocalPoolConfig(ProviderSettings):
+    TYPE = "local"
+
+    slots_per_instance: Annotated[int, integer(1)] = 1
+    slot_type: Annotated[str, BeforeValidator(_slot_type)] = "cpu"
+    work_dir: Annotated[str | None, text(optional=True)] = None  # default: <state_dir>/local-instances/<pool>
+    python: Annotated[str | None, text(optional=True)] = None  # interpreter for the agents; default: the master's
 
 
 class LocalProvider:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from agent_bootstrap.ssh import (
     SshBootstrapError,
@@ -49,9 +50,11 @@ from provisioners.base import (
     LaunchSpec,
     ProviderContext,
     ProviderError,
+    ProviderSettings,
     ProviderType,
     UserDataKind,
 )
+from shipyard_common.settings import check_all, integer
 
 log = logging.getLogger("shipyard.provisioners.static")
 
@@ -59,37 +62,44 @@ _KIND_OF = {"auth": ErrorKind.AUTH, "host_key": ErrorKind.AUTH, "invalid": Error
             "unreachable": ErrorKind.UNKNOWN, "failed": ErrorKind.UNKNOWN}
 
 
-@dataclass(frozen=True)
-class StaticPoolConfig:
-    hosts: tuple[StaticHost, ...]
-    connect_timeout: float = 20.0
-    agent: dict[str, Any] | None = None  # agent options (the pool's `agent:` section)
-    slots_per_host: int = 1
+def _hosts(value: Any) -> tuple[StaticHost, ...]:
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError("a static pool needs a non-empty list of hosts")
+    hosts, problems = [], []
+    for i, raw in enumerate(value):
+        try:
+            hosts.append(StaticHost.from_dict(raw, f"[{i}]"))
+        except ValueError as e:  # "[i].field: reason", or "[i]: reason"
+            path, _, reason = str(e).partition(": ")
+            problems.append((path, reason))
+    ids = [h.id for h in hosts]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        problems.append(("", f"the same agent id more than once: {dupes} (set agent_id)"))
+    check_all(problems)
+    return tuple(hosts)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StaticPoolConfig:
-        known = {"type", "hosts", "connect_timeout", "agent", "slots_per_host"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown field for a static pool (known: {', '.join(sorted(known))})")
-        raw = data.get("hosts")
-        if not isinstance(raw, list) or not raw:
-            raise ValueError("hosts: a static pool needs a non-empty list of hosts")
-        hosts = tuple(StaticHost.from_dict(h, f"hosts[{i}]") for i, h in enumerate(raw))
-        ids = [h.id for h in hosts]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        if dupes:
-            raise ValueError(f"hosts: the same agent id more than once: {dupes} (set agent_id)")
-        timeout = data.get("connect_timeout", 20.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ValueError("connect_timeout: must be a positive number of seconds")
-        agent = data.get("agent")
-        if agent is not None and not isinstance(agent, dict):
-            raise ValueError("agent: must be a mapping of agent options")
-        slots = data.get("slots_per_host", 1)
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise ValueError(f"slots_per_host: must be an integer >= 1, got {slots!r}")
-        return cls(hosts, float(timeout), agent, slots)
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _agent_options(value: Any) -> Any:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError("must be a mapping of agent options")
+    return value
+
+
+class StaticPoolConfig(ProviderSettings):
+    TYPE = "static"
+
+    hosts: Annotated[tuple[StaticHost, ...], BeforeValidator(_hosts)]
+    connect_timeout: Annotated[float, BeforeValidator(_seconds)] = 20.0
+    # The pool's `agent:` section (an elastic setting, so set by the build from the pool's options).
+    agent: Annotated[dict[str, Any] | None, BeforeValidator(_agent_options)] = None
+    slots_per_host: Annotated[int, integer(1)] = 1  # slots each host's agent brings
 
 
 def _error(e: SshBootstrapError, host: StaticHost) -> ProviderError:
@@ -208,7 +218,7 @@ class StaticProvider:
 
 
 def _build(cfg: StaticPoolConfig, ctx: ProviderContext) -> BuiltProvider:
-    cfg = replace(cfg, agent=dict(ctx.agent_options) or cfg.agent)
+    cfg = cfg.model_copy(update={"agent": dict(ctx.agent_options) or cfg.agent})
     provider = StaticProvider(cfg, cluster_id=ctx.cluster_id, pool=ctx.pool, master_url=ctx.master_url)
     return BuiltProvider(provider, cfg.slots_per_host)
 

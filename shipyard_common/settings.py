@@ -199,9 +199,11 @@ def integer(lo: int, hi: int | None = None, *, optional: bool = False) -> Before
     return _checked(check, optional)
 
 
-def text_list(*, optional: bool = False, item: Callable[[str], str | None] | None = None) -> BeforeValidator:
+def text_list(*, optional: bool = False, null_is_empty: bool = False,
+              item: Callable[[str], str | None] | None = None) -> BeforeValidator:
     """A YAML list of non-empty strings, each once, as a tuple. `item(value)` may return one more
-    problem of an item (e.g. "is not a zone name"); every item's problem is reported, at `[i]`."""
+    problem of an item (e.g. "is not a zone name"); every item's problem is reported, at `[i]`.
+    None is allowed when `optional`, and read as the empty tuple with `null_is_empty`."""
 
     def check(value: Any) -> tuple[str, ...]:
         if not isinstance(value, (list, tuple)):
@@ -224,6 +226,8 @@ def text_list(*, optional: bool = False, item: Callable[[str], str | None] | Non
             raise SettingsError(problems)
         return tuple(value)
 
+    if null_is_empty:
+        return BeforeValidator(lambda value: () if value is None else check(value))
     return _checked(check, optional)
 
 

@@ -38,6 +38,7 @@ from control_plane.db.models import (
 from control_plane.master import Master
 from control_plane.services import checkpoints, experiments, jobs, models
 from control_plane.services.metrics import VALIDATION, searcher_goal
+from shipyard_common import clouds
 
 # -- experiments ---------------------------------------------------------------------------------
 SORTS = ("id", "name", "state", "start", "progress", "owner")
@@ -346,15 +347,7 @@ _SERIES_CACHE = _LRU(256)
 
 
 # -- cluster -------------------------------------------------------------------------------------
-# On-demand USD per hour of a few common types (list prices, us-east-1 / us-central1); a type not
-# listed shows no cost rather than a guess.
-PRICES_PER_HOUR: dict[str, float] = {
-    "t3.medium": 0.0416, "t3.large": 0.0832, "m5.large": 0.096, "m5.xlarge": 0.192, "c5.xlarge": 0.17,
-    "g4dn.xlarge": 0.526, "g4dn.2xlarge": 0.752, "g4dn.12xlarge": 3.912, "g5.xlarge": 1.006,
-    "g5.2xlarge": 1.212, "g5.12xlarge": 5.672, "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p4d.24xlarge": 32.7726,
-    "e2-standard-4": 0.134, "n1-standard-4": 0.19, "n1-standard-8": 0.38, "n2-standard-4": 0.1942,
-    "a2-highgpu-1g": 3.6733, "a2-highgpu-8g": 29.3866, "g2-standard-4": 0.7068,
-}
+# Instance prices: shipyard_common/clouds.py (a type it does not list shows no cost rather than a guess).
 SPOT_DISCOUNT = 0.35  # a rough spot / on-demand ratio, shown as an estimate
 
 
@@ -424,7 +417,7 @@ def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, que
     instances = []
     for i in s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != st.InstanceState.TERMINATED)
                        .order_by(Instance.requested_at)):
-        price = PRICES_PER_HOUR.get(i.instance_type)
+        price = clouds.on_demand_usd_per_hour(i.instance_type)
         if price is not None and spot:
             price = round(price * SPOT_DISCOUNT, 4)
         instances.append(InstanceRow(

@@ -58,6 +58,7 @@ def _without(argv: list[str], flag: str) -> list[str]:
     ("aws", [*AWS_OK, "--add-tag", "novalue"], "--add-tag: 'novalue' is not key=value"),
     ("aws", [*AWS_OK[:1], "Bad_Id", *AWS_OK[2:]], "--cluster-id: 'Bad_Id' must be"),
     ("gcp", _without(GCP_OK, "--project"), "--project: required"),
+    ("gcp", [*GCP_OK[:3], "my-project-", *GCP_OK[4:]], "--project: 'my-project-' is not a GCP project id"),
     ("gcp", [*GCP_OK, "--zone", "us-central1-z"], "--zone: unknown GCP zone"),
     ("gcp", [*GCP_OK, "--zone", "us-east1-c", "--gpu-type", "nvidia-tesla-v100"],
      "--gpu-type: 'nvidia-tesla-v100' is not offered in us-east1-c"),

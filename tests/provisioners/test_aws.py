@@ -17,7 +17,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from provisioners import aws
-from provisioners.aws import AwsConfigError, AwsPoolConfig, AwsProvider, classify_error
+from provisioners.aws import AwsPoolConfig, AwsProvider, classify_error
+from provisioners.aws import provider as aws_provider
 from provisioners.base import (
     MANAGED_BY_VALUE,
     TAG_CLUSTER,
@@ -29,7 +30,9 @@ from provisioners.base import (
     ErrorKind,
     ErrorScope,
     LaunchSpec,
+    ProviderError,
 )
+from shipyard_common.settings import SettingsError
 
 if TYPE_CHECKING:
     from tests.provisioners.conftest import Ec2FaultProxy
@@ -328,7 +331,7 @@ def test_list_returns_only_this_cluster_and_pool(
     ec2.terminate_instances(InstanceIds=[mine[0].id])
     ec2.stop_instances(InstanceIds=[mine[1].id])
     # Small pages, so that the listing has to follow NextToken.
-    monkeypatch.setattr(aws, "DESCRIBE_PAGE_SIZE", 2)
+    monkeypatch.setattr(aws_provider, "DESCRIBE_PAGE_SIZE", 2)
 
     listed = ours.list()
 
@@ -356,7 +359,7 @@ def test_terminate_is_idempotent_and_skips_unknown_ids(
 ) -> None:
     provider = _provider(net, ec2_faults)
     ids = [i.id for i in provider.launch([_spec(f"t-{n}") for n in range(5)]).launched]
-    monkeypatch.setattr(aws, "TERMINATE_CHUNK", 2)
+    monkeypatch.setattr(aws_provider, "TERMINATE_CHUNK", 2)
 
     provider.terminate(ids[:2])
     assert sorted(i.id for i in provider.list()) == sorted(ids[2:])
@@ -386,7 +389,7 @@ def test_terminate_retries_throttling_then_gives_up(net: Net, ec2_faults: Ec2Fau
     assert [c.faulted for c in ec2_faults.calls("TerminateInstances")] == [True, True, False]
 
     ec2_faults.inject("TerminateInstances", "RequestLimitExceeded", times=None)
-    with pytest.raises(aws.ProviderError) as info:
+    with pytest.raises(ProviderError) as info:
         provider.terminate([instance.id])
     assert info.value.kind is ErrorKind.THROTTLED
     assert len(ec2_faults.calls("TerminateInstances")) == 3 + 3
@@ -436,7 +439,7 @@ def test_describe_retries_throttling_and_reports_auth_errors(net: Net, ec2_fault
     assert provider.describe([instance.id])[instance.id] is not None
 
     ec2_faults.inject("DescribeInstances", "UnauthorizedOperation", times=None)
-    with pytest.raises(aws.ProviderError) as info:
+    with pytest.raises(ProviderError) as info:
         provider.describe([instance.id])
     assert info.value.kind is ErrorKind.AUTH
 
@@ -471,7 +474,7 @@ def test_instance_slots_config_errors(
     net: Net, ec2_faults: Ec2FaultProxy, instance_type: str, code: str
 ) -> None:
     provider = _provider(net, ec2_faults, instance_type=instance_type)
-    with pytest.raises(aws.ProviderError) as info:
+    with pytest.raises(ProviderError) as info:
         provider.resolve_instance_slots()
     assert (info.value.kind, info.value.code) == (ErrorKind.INVALID, code)
     assert instance_type in str(info.value)
@@ -697,38 +700,38 @@ def test_config_full() -> None:
 @pytest.mark.parametrize(
     ("overrides", "path", "reason"),
     [
-        ({"region": None}, "aws.region", "is required"),
-        ({"image_id": ""}, "aws.image_id", "non-empty string"),
-        ({"subnet_ids": []}, "aws.subnet_ids", "must not be empty"),
-        ({"subnet_ids": "subnet-a"}, "aws.subnet_ids", "list of strings"),
-        ({"subnet_ids": ["subnet-a", "subnet-a"]}, "aws.subnet_ids[1]", "duplicate"),
-        ({"instance_slots": 0}, "aws.instance_slots", "between 1 and"),
-        ({"instance_slots": True}, "aws.instance_slots", "integer"),
-        ({"root_volume_size_gb": "100"}, "aws.root_volume_size_gb", "integer"),
-        ({"spot": "yes"}, "aws.spot", "true or false"),
-        ({"spot_max_price": "0.5"}, "aws.spot_max_price", "spot pools"),
-        ({"spot": True, "spot_max_price": "cheap"}, "aws.spot_max_price", "price"),
-        ({"spot": True, "spot_max_price": -1}, "aws.spot_max_price", "positive"),
-        ({"tags": {"shipyard:pool": "x"}}, "aws.tags['shipyard:pool']", "reserved"),
-        ({"tags": {"aws:foo": "x"}}, "aws.tags['aws:foo']", "reserved"),
-        ({"tags": {"k": 1}}, "aws.tags['k']", "tag value"),
-        ({"endpoint_url": "localhost:5000"}, "aws.endpoint_url", "http://"),
-        ({"image_id": "resolve:ssm:/aws/service/ami"}, "aws.root_device_name", "SSM"),
-        ({"subnets": ["subnet-a"]}, "aws.subnets", "unknown field"),
+        ({"region": None}, "region", "must not be null"),
+        ({"image_id": ""}, "image_id", "non-empty string"),
+        ({"subnet_ids": []}, "subnet_ids", "must not be empty"),
+        ({"subnet_ids": "subnet-a"}, "subnet_ids", "list of strings"),
+        ({"subnet_ids": ["subnet-a", "subnet-a"]}, "subnet_ids[1]", "duplicate"),
+        ({"instance_slots": 0}, "instance_slots", "between 1 and"),
+        ({"instance_slots": True}, "instance_slots", "integer"),
+        ({"root_volume_size_gb": "100"}, "root_volume_size_gb", "integer"),
+        ({"spot": "yes"}, "spot", "true or false"),
+        ({"spot_max_price": "0.5"}, "spot_max_price", "spot pools"),
+        ({"spot": True, "spot_max_price": "cheap"}, "spot_max_price", "price"),
+        ({"spot": True, "spot_max_price": -1}, "spot_max_price", "positive"),
+        ({"tags": {"shipyard:pool": "x"}}, "tags['shipyard:pool']", "reserved"),
+        ({"tags": {"aws:foo": "x"}}, "tags['aws:foo']", "reserved"),
+        ({"tags": {"k": 1}}, "tags.k", "tag value"),
+        ({"endpoint_url": "localhost:5000"}, "endpoint_url", "http://"),
+        ({"image_id": "resolve:ssm:/aws/service/ami"}, "root_device_name", "SSM"),
+        ({"subnets": ["subnet-a"]}, "subnets", "unknown field"),
     ],
 )
 def test_config_errors(overrides: dict[str, Any], path: str, reason: str) -> None:
-    with pytest.raises(AwsConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         AwsPoolConfig.from_dict({**_VALID, **overrides})
     assert any(p == path and reason in r for p, r in info.value.problems), info.value.problems
     assert path in str(info.value)
 
 
 def test_config_reports_every_problem_at_once() -> None:
-    with pytest.raises(AwsConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         AwsPoolConfig.from_dict({"subnet_ids": [], "spot": 1})
     paths = {p for p, _ in info.value.problems}
-    assert {"aws.region", "aws.image_id", "aws.instance_type", "aws.subnet_ids", "aws.spot"} <= paths
+    assert {"region", "image_id", "instance_type", "subnet_ids", "spot"} <= paths
 
 
 # --- capacity memory across batches (issue 10, item 7) ----------------------------------------

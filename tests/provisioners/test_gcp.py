@@ -29,7 +29,6 @@ from provisioners.base import (
 )
 from provisioners.gcp import (
     GceOperationError,
-    GcpConfigError,
     GcpPoolConfig,
     GcpProvider,
     classify_error,
@@ -37,6 +36,7 @@ from provisioners.gcp import (
     label_value,
     request_id,
 )
+from shipyard_common.settings import SettingsError
 from tests.fakes.gce import GceFake, gce_fake, running_gce_fake  # noqa: F401 - registers the gce_fake fixture
 
 PROJECT = "shipyard-test-1"
@@ -85,7 +85,7 @@ def test_config_cpu_pool_takes_explicit_slots() -> None:
         ({"zones": []}, "zones"),
         ({"zones": "us-central1-a"}, "zones"),
         ({"zones": ["us-central1"]}, "zones[0]"),
-        ({"zones": [ZONE_A, ZONE_A]}, "zones"),
+        ({"zones": [ZONE_A, ZONE_A]}, "zones[1]"),
         ({"project": ""}, "project"),
         ({"project": "Bad_Project"}, "project"),
         ({"gpu_type": None}, "gpu_type"),
@@ -112,17 +112,30 @@ def test_config_cpu_pool_takes_explicit_slots() -> None:
     ],
 )
 def test_config_errors_name_the_field(over: dict[str, Any], path: str) -> None:
-    with pytest.raises(GcpConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         GcpPoolConfig.from_dict(base_cfg(**over))
-    assert info.value.path == path
+    assert [p for p, _ in info.value.problems] == [path]
     assert str(info.value).startswith(f"{path}: ")
 
 
 def test_config_missing_required_field() -> None:
     data = base_cfg()
     del data["boot_disk_source_image"]
-    with pytest.raises(GcpConfigError, match="boot_disk_source_image: required"):
+    with pytest.raises(SettingsError, match="boot_disk_source_image: is required"):
         GcpPoolConfig.from_dict(data)
+
+
+def test_config_reports_every_problem_at_once() -> None:
+    with pytest.raises(SettingsError) as info:
+        GcpPoolConfig.from_dict(base_cfg(project="Bad_Project", zones=[ZONE_A, "nowhere", "x"], gpu_num=17,
+                                         labels={"Team": "ml", "ok": "Not OK"}, spot="yes"))
+    assert [p for p, _ in info.value.problems] == [
+        "project", "zones[1]", "zones[2]", "gpu_num", "spot", "labels.Team", "labels.ok"]
+
+
+def test_config_accepts_domain_scoped_projects_and_null_labels() -> None:
+    cfg = GcpPoolConfig.from_dict(base_cfg(project="example.com:my-project", labels=None))
+    assert cfg.project == "example.com:my-project" and cfg.labels == {}
 
 
 # ---- names, ids, labels ----------------------------------------------------------------------

@@ -280,7 +280,8 @@ def test_a_local_pool_builds_a_local_provider(tmp_path: Path) -> None:
     ({"slots_per_instance": True}, "slots_per_instance: must be an integer >= 1"),
     ({"slots_per_instance": "2"}, "slots_per_instance: must be an integer >= 1"),
     ({"slot_type": "gpu"}, "slot_type: must be cpu or auto"),
-    ({"instance_type": "m5.large", "zones": ["a"]}, "unknown field(s) for a local pool: instance_type, zones"),
+    ({"instance_type": "m5.large", "zones": ["a"]}, "instance_type: unknown field (known: python, slot_type, "
+                                                    "slots_per_instance, work_dir); zones: unknown field"),
 ])
 def test_bad_local_pool_configs_are_refused_naming_the_field(own: dict[str, Any], needle: str, tmp_path: Path) -> None:
     with pytest.raises(PoolConfigError) as e:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,33 @@ def test_slots_per_host_belongs_to_static_pools(tmp_path: Path) -> None:
     with pytest.raises(PoolConfigError, match="slots_per_host"):
         build_provider({"type": "local", "slots_per_host": 2}, pool="p", cluster_id="c",
                        master_url="http://m:8080", state_dir=tmp_path)
+
+
+def test_reading_a_cloud_config_imports_no_cloud_sdk() -> None:
+    # The master's API workers check every pool's section to show its effective settings: that must
+    # not import boto3 or google-cloud-compute (memory and start-up time of every worker).
+    code = (
+        "import sys\n"
+        "from provisioners import registry\n"
+        "registry.get('aws').config.from_dict({'region': 'us-east-1', 'image_id': 'ami-1', 'instance_type': 'g5.xlarge'})\n"
+        "registry.get('gcp').config.from_dict({'project': 'my-project', 'zones': ['us-central1-a'],"
+        " 'machine_type': 'n1-standard-8', 'boot_disk_source_image': 'i', 'instance_slots': 1})\n"
+        "from provisioners.gcp import GcpPoolConfig, label_value\n"
+        "from provisioners.aws import AwsPoolConfig\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore') or"
+        " m.startswith(('google.cloud', 'google.api_core', 'google.auth')))\n"
+        "print(loaded)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_provider_modules_come_with_their_first_use() -> None:
+    from provisioners import aws, gcp
+
+    assert aws.AwsProvider.__module__ == "provisioners.aws.provider"
+    assert gcp.GcpProvider.__module__ == "provisioners.gcp.provider"
+    assert gcp.classify_error.__module__ == "provisioners.gcp.errors"
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        gcp.Nope  # noqa: B018

@@ -5,10 +5,10 @@ restarted master rebuilds its picture from `list()`. Each RunInstances call carr
 launch id as ClientToken: a retry after a lost response returns the instance that was already
 started instead of starting a second one.
 
-Errors are sorted into the taxonomy of `provisioners.base`: capacity moves the launch on to the next
-subnet (another zone), and that subnet is skipped by later batches for `capacity_cooldown_s` (per
-instance type, provisioners/capacity.py); quota (labelled with the region: EC2 quotas are per region)
-/ auth / invalid stop the launch and are reported on the pool,
+Errors are sorted into the taxonomy of `provisioners.base` (provisioners/aws/errors.py): capacity
+moves the launch on to the next subnet (another zone), and that subnet is skipped by later batches
+for `capacity_cooldown_s` (per instance type, provisioners/capacity.py); quota (labelled with the
+region: EC2 quotas are per region) / auth / invalid stop the launch and are reported on the pool,
 throttling is retried here with jittered backoff and bounded attempts. botocore's own retries are
 switched off so that tenacity alone decides how often a call is repeated.
 
@@ -20,16 +20,15 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 
+from provisioners.aws.config import AwsPoolConfig
+from provisioners.aws.errors import classify_error, error_code, error_message, is_transient, transport_error
 from provisioners.base import (
     MANAGED_BY_VALUE,
     TAG_CLUSTER,
@@ -47,13 +46,12 @@ from provisioners.base import (
     Provider,
     ProviderContext,
     ProviderError,
-    ProviderType,
-    UserDataKind,
 )
-from provisioners.capacity import DEFAULT_CAPACITY_COOLDOWN_S, CapacityMemory, Cooldown, all_cooling_error
+from provisioners.capacity import CapacityMemory, Cooldown, all_cooling_error
 from provisioners.retry import RetryAttempt, RetryPolicy, call_with_retries
 
-log = logging.getLogger(__name__)
+# The package's name: operators filter the provider's log lines by it.
+log = logging.getLogger("provisioners.aws")
 
 T = TypeVar("T")
 
@@ -61,8 +59,6 @@ T = TypeVar("T")
 TERMINATE_CHUNK = 1000  # TerminateInstances takes at most 1000 ids per call
 DESCRIBE_PAGE_SIZE = 500  # DescribeInstances MaxResults (5..1000)
 CLIENT_TOKEN_MAX_LEN = 64  # RunInstances ClientToken: up to 64 ASCII characters
-MAX_TAGS_PER_RESOURCE = 50
-RESERVED_TAG_COUNT = 6  # Name + the five shipyard:* tags
 
 # States that still hold (or may soon hold) capacity or cost. "stopped" is included because the
 # Provider contract is "every non-terminated instance": a stopped pool instance (someone stopped it
@@ -79,322 +75,6 @@ _STATE_MAP: dict[str, CloudState] = {
 }
 DESCRIBE_IDS_CHUNK = 1000  # DescribeInstances takes up to 1000 InstanceIds per call
 
-# --- error taxonomy ---------------------------------------------------------------------------
-
-# No room in this zone/subnet: another subnet (zone) may have it.
-CAPACITY_CODES = frozenset(
-    {
-        "InsufficientInstanceCapacity",
-        "InsufficientHostCapacity",
-        "InsufficientReservedInstanceCapacity",
-        "InsufficientCapacity",
-        "InsufficientAddressCapacity",
-        "InsufficientFreeAddressesInSubnet",  # this subnet is full; the next one may not be
-        "Unsupported",  # instance type not offered in this subnet's availability zone
-        "SpotMaxPriceTooLow",  # spot price in this zone is above our max price
-    }
-)
-QUOTA_CODES = frozenset(
-    {
-        "VcpuLimitExceeded",
-        "InstanceLimitExceeded",
-        "MaxSpotInstanceCountExceeded",
-        "VolumeLimitExceeded",
-        "AddressLimitExceeded",
-        "ResourceLimitExceeded",
-        "PendingVerification",  # new account / region still being validated by AWS
-    }
-)
-THROTTLE_CODES = frozenset(
-    {
-        "RequestLimitExceeded",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "SlowDown",
-    }
-)
-AUTH_CODES = frozenset(
-    {
-        "AuthFailure",
-        "UnauthorizedOperation",
-        "InvalidClientTokenId",
-        "SignatureDoesNotMatch",
-        "AccessDenied",
-        "AccessDeniedException",
-        "UnrecognizedClientException",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "RequestExpired",
-        "OptInRequired",
-        "Blocked",
-    }
-)
-INVALID_CODES = frozenset(
-    {
-        "MissingParameter",
-        "UnknownParameter",
-        "ValidationError",
-        "IdempotentParameterMismatch",  # a launch id reused with different parameters: a bug
-        "UnsupportedOperation",
-        "NoSuchEntity",  # IAM instance profile that does not exist
-    }
-)
-# Server-side hiccups: retried like throttling, reported as UNKNOWN when they persist.
-TRANSIENT_SERVER_CODES = frozenset(
-    {"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout"}
-)
-
-
-def _error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def _error_message(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Message", "")) or str(exc)
-
-
-def classify_error(exc: ClientError, location: str) -> ProviderError:
-    """Sort an EC2 error into the provider taxonomy; `location` is the subnet (or region) it hit."""
-    code = _error_code(exc)
-    message = _error_message(exc)
-
-    def err(kind: ErrorKind, scope: ErrorScope) -> ProviderError:
-        return ProviderError(kind, message, scope=scope, code=code, location=location)
-
-    if code in CAPACITY_CODES:
-        return err(ErrorKind.CAPACITY, ErrorScope.ZONE)
-    if code in QUOTA_CODES:
-        return err(ErrorKind.QUOTA, ErrorScope.REGION)
-    if code in THROTTLE_CODES:
-        return err(ErrorKind.THROTTLED, ErrorScope.REGION)
-    # Auth before the "Invalid*" prefix rule: InvalidClientTokenId is a credentials problem.
-    if code in AUTH_CODES:
-        return err(ErrorKind.AUTH, ErrorScope.CLOUD)
-    if code.startswith("InvalidSubnetID"):
-        return err(ErrorKind.INVALID, ErrorScope.ZONE)
-    if code in INVALID_CODES or code.startswith("Invalid"):
-        # InvalidAMIID.*, InvalidParameterValue, InvalidGroup.*, InvalidKeyPair.*, ...
-        return err(ErrorKind.INVALID, ErrorScope.REGION)
-    return err(ErrorKind.UNKNOWN, ErrorScope.REGION)
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Worth another attempt of the same call. RunInstances is safe to repeat thanks to ClientToken,
-    DescribeInstances and TerminateInstances are idempotent by nature."""
-    if isinstance(exc, ClientError):
-        code = _error_code(exc)
-        return code in THROTTLE_CODES or code in TRANSIENT_SERVER_CODES
-    # Connection refused/reset, connect or read timeouts: the request may or may not have landed.
-    return isinstance(exc, BotoConnectionError | HTTPClientError)
-
-
-def _transport_error(exc: BotoCoreError, location: str) -> ProviderError:
-    return ProviderError(
-        ErrorKind.UNKNOWN, str(exc), scope=ErrorScope.REGION, code=type(exc).__name__, location=location
-    )
-
-
-# --- config -----------------------------------------------------------------------------------
-
-
-class AwsConfigError(ValueError):
-    """A pool's AWS config is wrong. `problems` holds (field path, reason) pairs, all of them."""
-
-    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
-        self.problems = tuple(problems)
-        super().__init__("; ".join(f"{path}: {reason}" for path, reason in self.problems))
-
-
-@dataclass(frozen=True)
-class AwsPoolConfig:
-    region: str
-    image_id: str
-    instance_type: str
-    instance_slots: int | None = None  # None: number of GPUs from DescribeInstanceTypes
-    subnet_ids: tuple[str, ...] | None = None  # failover order; None: the default VPC
-    security_group_ids: tuple[str, ...] = ()
-    iam_instance_profile: str | None = None  # profile name or ARN
-    ssh_key_name: str | None = None
-    root_volume_size_gb: int = 100
-    # Device name of the AMI's root volume. None: looked up once with DescribeImages. A wrong name
-    # does not resize the root volume, it silently attaches a second one.
-    root_device_name: str | None = None
-    spot: bool = False
-    spot_max_price: str | None = None  # USD per hour; None: capped at the on-demand price
-    tags: Mapping[str, str] = field(default_factory=dict)
-    endpoint_url: str | None = None  # tests and private endpoints
-    # A subnet that answered "no capacity" is skipped by later launches for this long (0: never).
-    capacity_cooldown_s: int = DEFAULT_CAPACITY_COOLDOWN_S
-    # An instance found stopped (by hand, not by this master) is still terminated; true keeps its
-    # EBS volumes (DeleteOnTermination turned off first), false deletes them with it.
-    keep_stopped_disks: bool = False
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, path: str = "aws") -> AwsPoolConfig:
-        """Validate a pool's `aws` section; raises AwsConfigError listing every problem."""
-        problems: list[tuple[str, str]] = []
-
-        def bad(key: str, reason: str) -> None:
-            problems.append((f"{path}.{key}", reason))
-
-        if not isinstance(data, Mapping):
-            raise AwsConfigError([(path, f"must be a mapping, got {type(data).__name__}")])
-        known = {f for f in cls.__dataclass_fields__}
-        for key in data:
-            if key not in known:
-                bad(str(key), f"unknown field (known: {', '.join(sorted(known))})")
-
-        def text(key: str, *, required: bool = False) -> str | None:
-            value = data.get(key)
-            if value is None:
-                if required:
-                    bad(key, "is required")
-                return None
-            if not isinstance(value, str) or not value.strip():
-                bad(key, "must be a non-empty string")
-                return None
-            return value
-
-        def str_list(key: str) -> tuple[str, ...] | None:
-            value = data.get(key)
-            if value is None:
-                return None
-            if isinstance(value, str) or not isinstance(value, Sequence):
-                bad(key, "must be a list of strings")
-                return None
-            out: list[str] = []
-            for i, item in enumerate(value):
-                if not isinstance(item, str) or not item.strip():
-                    problems.append((f"{path}.{key}[{i}]", "must be a non-empty string"))
-                elif item in out:
-                    problems.append((f"{path}.{key}[{i}]", f"duplicate {item!r}"))
-                else:
-                    out.append(item)
-            return tuple(out)
-
-        def integer(key: str, default: int | None, lo: int, hi: int) -> int | None:
-            value = data.get(key, default)
-            if value is None:
-                return None
-            if isinstance(value, bool) or not isinstance(value, int):
-                bad(key, "must be an integer")
-                return None
-            if not lo <= value <= hi:
-                bad(key, f"must be between {lo} and {hi}, got {value}")
-                return None
-            return value
-
-        region = text("region", required=True)
-        image_id = text("image_id", required=True)
-        instance_type = text("instance_type", required=True)
-        instance_slots = integer("instance_slots", None, 1, 1024)
-
-        subnet_ids = str_list("subnet_ids")
-        if (
-            subnet_ids is not None
-            and not subnet_ids
-            and not any(p[0].startswith(f"{path}.subnet_ids") for p in problems)
-        ):
-            bad("subnet_ids", "must not be empty (omit it to launch into the default VPC)")
-        security_group_ids = str_list("security_group_ids") or ()
-
-        iam_instance_profile = text("iam_instance_profile")
-        ssh_key_name = text("ssh_key_name")
-        root_volume_size_gb = integer("root_volume_size_gb", 100, 1, 16384)
-        root_device_name = text("root_device_name")
-        if image_id and image_id.startswith("resolve:ssm:") and root_device_name is None:
-            bad("root_device_name", "is required when image_id is an SSM parameter")
-
-        spot = data.get("spot", False)
-        if not isinstance(spot, bool):
-            bad("spot", "must be true or false")
-            spot = False
-        spot_max_price = _price(data.get("spot_max_price"), lambda reason: bad("spot_max_price", reason))
-        if spot_max_price is not None and not spot:
-            bad("spot_max_price", "only applies to spot pools (set spot: true)")
-
-        keep_stopped_disks = data.get("keep_stopped_disks", False)
-        if not isinstance(keep_stopped_disks, bool):
-            bad("keep_stopped_disks", f"must be true or false, not {keep_stopped_disks!r}")
-            keep_stopped_disks = False
-
-        tags = _tags(data.get("tags"), lambda key, reason: problems.append((f"{path}.tags{key}", reason)))
-
-        capacity_cooldown_s = integer("capacity_cooldown_s", DEFAULT_CAPACITY_COOLDOWN_S, 0, 86400)
-        endpoint_url = text("endpoint_url")
-        if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
-            bad("endpoint_url", "must start with http:// or https://")
-
-        if problems:
-            raise AwsConfigError(problems)
-        assert region and image_id and instance_type and root_volume_size_gb is not None
-        assert capacity_cooldown_s is not None
-        return cls(
-            region=region,
-            image_id=image_id,
-            instance_type=instance_type,
-            instance_slots=instance_slots,
-            subnet_ids=subnet_ids,
-            security_group_ids=security_group_ids,
-            iam_instance_profile=iam_instance_profile,
-            ssh_key_name=ssh_key_name,
-            root_volume_size_gb=root_volume_size_gb,
-            root_device_name=root_device_name,
-            spot=spot,
-            spot_max_price=spot_max_price,
-            tags=tags,
-            endpoint_url=endpoint_url,
-            capacity_cooldown_s=capacity_cooldown_s,
-            keep_stopped_disks=keep_stopped_disks,
-        )
-
-
-def _price(value: Any, bad: Callable[[str], None]) -> str | None:
-    if value is None:
-        return None
-    # YAML turns `0.90` into a float; accept it, but keep the decimal text AWS expects.
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        bad('must be a price in USD per hour, e.g. "0.90"')
-        return None
-    try:
-        price = Decimal(str(value).strip())
-    except InvalidOperation:
-        bad(f"must be a price in USD per hour, got {value!r}")
-        return None
-    if not price.is_finite() or price <= 0:
-        bad(f"must be a positive price, got {value!r}")
-        return None
-    return str(price)
-
-
-def _tags(value: Any, bad: Callable[[str, str], None]) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        bad("", "must be a mapping of tag key to value")
-        return {}
-    max_custom = MAX_TAGS_PER_RESOURCE - RESERVED_TAG_COUNT
-    if len(value) > max_custom:
-        bad("", f"at most {max_custom} custom tags (AWS allows {MAX_TAGS_PER_RESOURCE} per resource)")
-    out: dict[str, str] = {}
-    for key, tag_value in value.items():
-        where = f"[{key!r}]"
-        if not isinstance(key, str) or not key or len(key) > 128:
-            bad(where, "tag key must be a string of 1 to 128 characters")
-        elif key.lower().startswith(("aws:", "shipyard:")):
-            bad(where, "keys starting with 'aws:' or 'shipyard:' are reserved")
-        elif not isinstance(tag_value, str) or len(tag_value) > 256:
-            bad(where, "tag value must be a string of at most 256 characters")
-        else:
-            out[key] = tag_value
-    return out
-
-
-# --- provider ---------------------------------------------------------------------------------
 
 
 def _kv(**fields: object) -> str:
@@ -465,7 +145,7 @@ class AwsProvider(Provider):
                 "DescribeInstanceTypes", self._ec2.describe_instance_types, InstanceTypes=[instance_type]
             )
         except ClientError as exc:
-            if _error_code(exc) == "InvalidInstanceType":
+            if error_code(exc) == "InvalidInstanceType":
                 raise ProviderError(
                     ErrorKind.INVALID,
                     f"instance type {instance_type!r} is not offered in {self.cfg.region}",
@@ -474,7 +154,7 @@ class AwsProvider(Provider):
                 ) from exc
             raise classify_error(exc, self.cfg.region) from exc
         except BotoCoreError as exc:
-            raise _transport_error(exc, self.cfg.region) from exc
+            raise transport_error(exc, self.cfg.region) from exc
         types = resp.get("InstanceTypes", [])
         if not types:
             raise ProviderError(
@@ -602,7 +282,7 @@ class AwsProvider(Provider):
         except ClientError as exc:
             raise classify_error(exc, self.cfg.region) from exc
         except BotoCoreError as exc:
-            raise _transport_error(exc, self.cfg.region) from exc
+            raise transport_error(exc, self.cfg.region) from exc
 
     def describe(self, ids: Sequence[str]) -> dict[str, CloudInstance | None]:
         """Each instance by id, whatever its state (a terminated one stays visible for about an
@@ -633,7 +313,7 @@ class AwsProvider(Provider):
         last exception is re-raised as is."""
 
         def on_retry(r: RetryAttempt) -> None:
-            code = _error_code(r.error) if isinstance(r.error, ClientError) else type(r.error).__name__
+            code = error_code(r.error) if isinstance(r.error, ClientError) else type(r.error).__name__
             log.warning(
                 _kv(
                     event="aws_call_retry",
@@ -647,7 +327,7 @@ class AwsProvider(Provider):
                 )
             )
 
-        return call_with_retries(lambda: fn(**kwargs), policy=self._retry, is_transient=_is_transient,
+        return call_with_retries(lambda: fn(**kwargs), policy=self._retry, is_transient=is_transient,
                                  on_retry=on_retry)
 
     def _resolve_root_device_name(self) -> str:
@@ -659,7 +339,7 @@ class AwsProvider(Provider):
         except ClientError as exc:
             raise classify_error(exc, self.cfg.region) from exc
         except BotoCoreError as exc:
-            raise _transport_error(exc, self.cfg.region) from exc
+            raise transport_error(exc, self.cfg.region) from exc
         images = resp.get("Images", [])
         if not images or not images[0].get("RootDeviceName"):
             raise ProviderError(
@@ -745,7 +425,7 @@ class AwsProvider(Provider):
                                     location=self.cfg.region)
             raise err from exc
         except BotoCoreError as exc:
-            raise _transport_error(exc, location) from exc
+            raise transport_error(exc, location) from exc
         raw = resp["Instances"][0]
         instance = _to_cloud_instance(raw, known_tags=self._instance_tags(spec.launch_id))
         log.info(
@@ -793,10 +473,10 @@ class AwsProvider(Provider):
             try:
                 resp = self._call("DescribeInstances", self._ec2.describe_instances, InstanceIds=remaining)
             except ClientError as exc:
-                if _error_code(exc) not in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
+                if error_code(exc) not in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
                     raise classify_error(exc, self.cfg.region) from exc
                 # As with TerminateInstances, AWS names the unknown ids and describes none of them.
-                unknown = set(_INSTANCE_ID_RE.findall(_error_message(exc))) & set(remaining)
+                unknown = set(_INSTANCE_ID_RE.findall(error_message(exc))) & set(remaining)
                 if not unknown:
                     if len(remaining) > 1:
                         for instance_id in remaining:  # unparseable message: one id at a time
@@ -807,7 +487,7 @@ class AwsProvider(Provider):
                 remaining = [i for i in remaining if i not in unknown]
                 continue
             except BotoCoreError as exc:
-                raise _transport_error(exc, self.cfg.region) from exc
+                raise transport_error(exc, self.cfg.region) from exc
             found = {raw["InstanceId"]: _to_cloud_instance(raw)
                      for reservation in resp.get("Reservations", []) for raw in reservation.get("Instances", [])}
             out.update({i: found.get(i) for i in remaining})
@@ -843,7 +523,7 @@ class AwsProvider(Provider):
         except ClientError as exc:
             raise classify_error(exc, self.cfg.region) from exc
         except BotoCoreError as exc:
-            raise _transport_error(exc, self.cfg.region) from exc
+            raise transport_error(exc, self.cfg.region) from exc
 
     def _terminate_chunk(self, chunk: Sequence[str]) -> None:
         remaining = list(chunk)
@@ -851,11 +531,11 @@ class AwsProvider(Provider):
             try:
                 self._call("TerminateInstances", self._ec2.terminate_instances, InstanceIds=remaining)
             except ClientError as exc:
-                if _error_code(exc) != "InvalidInstanceID.NotFound":
+                if error_code(exc) != "InvalidInstanceID.NotFound":
                     raise classify_error(exc, self.cfg.region) from exc
                 # AWS names the unknown ids in the message and terminates none of the chunk:
                 # drop those ids and send the rest again.
-                gone = set(_INSTANCE_ID_RE.findall(_error_message(exc))) & set(remaining)
+                gone = set(_INSTANCE_ID_RE.findall(error_message(exc))) & set(remaining)
                 if not gone:
                     if len(remaining) == 1:
                         gone = set(remaining)
@@ -875,7 +555,7 @@ class AwsProvider(Provider):
                 remaining = [i for i in remaining if i not in gone]
                 continue
             except BotoCoreError as exc:
-                raise _transport_error(exc, self.cfg.region) from exc
+                raise transport_error(exc, self.cfg.region) from exc
             log.info(
                 _kv(
                     event="aws_instances_terminated",
@@ -913,11 +593,6 @@ def _to_cloud_instance(
     )
 
 
-def _build(cfg: AwsPoolConfig, ctx: ProviderContext) -> BuiltProvider:
+def build(cfg: AwsPoolConfig, ctx: ProviderContext) -> BuiltProvider:
     aws = AwsProvider(cfg, cluster_id=ctx.cluster_id, pool=ctx.pool, master_url=ctx.master_url)
     return BuiltProvider(aws, aws.resolve_instance_slots())
-
-
-# AWS refuses user-data over 16 KiB (before base64).
-PROVIDER_TYPE = ProviderType(name="aws", config=AwsPoolConfig, build=_build, user_data=UserDataKind.CLOUD_INIT,
-                             user_data_limit=16 * 1024)

@@ -1,0 +1,561 @@
+"""GCP provider: GPU (or CPU) instances on Compute Engine through google-cloud-compute's REST client.
+
+- Every instance carries the Shipyard labels (managed-by, cluster-id, pool, launch-id) so `list()`
+  finds the pool's instances again after a master restart; the exact, unsanitized values and the
+  master URL also go into instance metadata because label values cannot hold every character.
+- `launch()` is idempotent per `LaunchSpec.launch_id`: instances already carrying the launch id are
+  returned instead of inserted again, the instance name is derived from the launch id, and each
+  insert carries a GCE requestId (uuid5 of launch id and zone) so retried HTTP calls are
+  deduplicated by GCE itself.
+- Zones are tried in the configured order. A zone not yet proven in this launch gets one instance
+  first (a probe); only when it lands do the others follow, so an exhausted zone costs one insert,
+  not one per instance. Out of capacity in a zone moves the remaining instances to the next zone,
+  and later launches skip that zone for `capacity_cooldown_s` (per machine type,
+  provisioners/capacity.py). Quota (labelled with its region, or the project for project-wide
+  quotas), auth, invalid-configuration and rate-limit errors stop the launch and are reported in
+  `LaunchResult.error` next to whatever did launch.
+- Calls that can transiently fail (HTTP 429 / rate-limit reasons, 5xx, connection errors) are
+  retried with tenacity, bounded in attempts, with jittered exponential waits.
+- user-data is never logged.
+
+The pool's settings are in config.py, the error taxonomy in errors.py, names and labels in names.py,
+and the read side (clients, list, describe) in lookups.py, which `GcpProvider` extends with launches
+and deletions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from google.api_core import exceptions as gexc
+from google.auth.credentials import Credentials
+from google.cloud import compute_v1
+
+from provisioners.base import (
+    MANAGED_BY_VALUE,
+    TAG_CLUSTER,
+    TAG_LAUNCH_ID,
+    TAG_MANAGED_BY,
+    TAG_MASTER,
+    TAG_POOL,
+    BuiltProvider,
+    CloudInstance,
+    CloudState,
+    ErrorKind,
+    ErrorScope,
+    LaunchResult,
+    LaunchSpec,
+    ProviderContext,
+    ProviderError,
+)
+from provisioners.capacity import CapacityMemory, Cooldown, all_cooling_error
+from provisioners.gcp.config import GcpPoolConfig
+from provisioners.gcp.errors import classify_error, is_timeout, operation_error
+from provisioners.gcp.lookups import GceReader
+from provisioners.gcp.names import (
+    LABEL_LAUNCH_ID,
+    METADATA_CLUSTER,
+    METADATA_LAUNCH_ID,
+    METADATA_MASTER,
+    METADATA_POOL,
+    METADATA_USER_DATA,
+    instance_name,
+    label_value,
+    last_segment,
+    request_id,
+)
+from provisioners.retry import RetryPolicy
+from shipyard_common.clouds import gcp_region
+
+log = logging.getLogger("shipyard.provisioners.gcp")
+
+# Powered-off statuses: the VM is not running and its disks bill (what keep_stopped_disks is about).
+POWERED_OFF = frozenset({"TERMINATED", "STOPPED", "SUSPENDED"})
+
+
+@dataclass
+class _Accepted:
+    spec: LaunchSpec
+    name: str
+    op: compute_v1.Operation | None  # None: the instance already existed
+
+
+class GcpProvider(GceReader):
+    """launch / list / terminate for one resource pool on Compute Engine."""
+
+    def __init__(
+        self,
+        cfg: GcpPoolConfig,
+        *,
+        cluster_id: str,
+        pool: str,
+        master_url: str,
+        credentials: Credentials | None = None,
+        max_attempts: int = 4,
+        call_timeout_s: float = 60,
+        retry_base_s: float = 1.0,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        if not cluster_id or not pool:
+            raise ValueError("cluster_id and pool are required")
+        if max_attempts < 1 or call_timeout_s <= 0 or retry_base_s < 0:
+            raise ValueError("max_attempts >= 1, call_timeout_s > 0 and retry_base_s >= 0 are required")
+        super().__init__(cfg, cluster_id=cluster_id, pool=pool, credentials=credentials,
+                         retry=RetryPolicy(max_attempts, retry_base_s, retry_base_s * 16), call_timeout_s=call_timeout_s)
+        self.master_url = master_url
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self.capacity = CapacityMemory(timedelta(seconds=cfg.capacity_cooldown_s))
+
+    # ---- launch ----------------------------------------------------------------------------
+
+    def launch(self, specs: Sequence[LaunchSpec]) -> LaunchResult:
+        unique: dict[str, LaunchSpec] = {}
+        for s in specs:
+            unique.setdefault(s.launch_id, s)
+        if not unique:
+            return LaunchResult(())
+        try:
+            # Launch ids already on an instance were launched by an earlier call whose result was
+            # lost (crash, timeout); returning them keeps launch idempotent across zones too.
+            existing = {
+                i.launch_id: i
+                for i in self._list_all()
+                if i.launch_id and i.state is not CloudState.TERMINATED
+            }
+        except ProviderError as err:
+            log.warning("event=gcp_launch_failed pool=%s stage=list error=%s", self.pool, err)
+            return LaunchResult((), err)
+
+        launched: list[CloudInstance] = [existing[lid] for lid in unique if lid in existing]
+        remaining = [s for lid, s in unique.items() if lid not in existing]
+        key = self.cfg.capacity_key
+        now = self._clock()
+        zones = self.capacity.available(self.cfg.zones, key, now)
+        cooling = [c for z in self.cfg.zones if (c := self.capacity.cooling(z, key, now))]
+        if cooling and remaining:
+            log.info("event=gcp_launch_zones_cooling pool=%s machine=%r zones=%s", self.pool, key,
+                     ",".join(f"{c.location}@{c.until.isoformat()}" for c in cooling))
+        if remaining and not zones:
+            err = all_cooling_error(cooling, key, "zone")
+            log.warning("event=gcp_launch_stopped pool=%s kind=%s error=%s", self.pool, err.kind.value, err)
+            return LaunchResult(tuple(launched), err)
+        return self._launch_across(zones, cooling, remaining, launched)
+
+    def _launch_across(self, zones: Sequence[str], cooling: Sequence[Cooldown], remaining: list[LaunchSpec],
+                       launched: list[CloudInstance]) -> LaunchResult:
+        """Launch `remaining` zone by zone (a probe first in each), adding to `launched`."""
+        key = self.cfg.capacity_key
+        capacity_err: ProviderError | None = None
+        for zone in zones:
+            if not remaining:
+                break
+            # A probe first: one insert tells whether the zone has room before the others follow.
+            probe, rest = remaining[:1], remaining[1:]
+            got, left, err = self._launch_in_zone(zone, probe)
+            if err is None and rest:
+                more, left, err = self._launch_in_zone(zone, rest)
+                got = got + more
+            else:
+                left = left + rest
+            remaining = left
+            launched.extend(got)
+            if got:
+                self.capacity.succeeded(zone, key)
+            if err is None:
+                continue
+            if err.kind is ErrorKind.CAPACITY:
+                self.capacity.exhausted(zone, key, err, self._clock())
+                capacity_err = err
+                log.info(
+                    "event=gcp_zone_exhausted pool=%s zone=%s code=%s remaining=%d",
+                    self.pool,
+                    zone,
+                    err.code,
+                    len(remaining),
+                )
+                continue
+            if err.kind is ErrorKind.QUOTA and err.scope is ErrorScope.CLOUD:
+                err = ProviderError(err.kind, err.args[0], scope=err.scope, code=err.code, location=self.cfg.project)
+            log.warning(
+                "event=gcp_launch_stopped pool=%s zone=%s kind=%s code=%s launched=%d error=%s",
+                self.pool,
+                zone,
+                err.kind.value,
+                err.code,
+                len(launched),
+                err,
+            )
+            return LaunchResult(tuple(launched), err)
+        error: ProviderError | None = None
+        if remaining:
+            assert capacity_err is not None
+            error = ProviderError(
+                ErrorKind.CAPACITY,
+                f"no capacity for {len(remaining)} instance(s) in any configured zone "
+                f"({', '.join(zones)}{'; cooling: ' + ', '.join(c.location for c in cooling) if cooling else ''}); "
+                f"last: {capacity_err.args[0]}",
+                scope=ErrorScope.REGION,
+                code=capacity_err.code,
+                location=capacity_err.location,
+            )
+        return LaunchResult(tuple(launched), error)
+
+    def capacity_cooldowns(self) -> list[Cooldown]:
+        """The zones this provider skips now, and until when (shown on the pool)."""
+        return self.capacity.snapshot(self._clock())
+
+    def _launch_in_zone(
+        self, zone: str, specs: list[LaunchSpec]
+    ) -> tuple[list[CloudInstance], list[LaunchSpec], ProviderError | None]:
+        """Insert every spec in `zone`, then wait for the operations together.
+
+        Returns what launched, the specs left for the next zone (capacity) and the error that
+        decides what happens next (capacity: next zone; anything else: stop).
+        """
+        accepted: list[_Accepted] = []
+        leftover: list[LaunchSpec] = []
+        error: ProviderError | None = None
+        for i, spec in enumerate(specs):
+            try:
+                accepted.append(self._insert(spec, zone))
+            except ProviderError as err:
+                error = err
+                leftover = specs[i:]
+                break
+
+        launched: list[CloudInstance] = []
+        deadline = time.monotonic() + self._timeout
+        for acc in accepted:
+            op = acc.op
+            if op is not None:
+                try:
+                    op = self._wait(zone, op, deadline)
+                except ProviderError as err:
+                    # The insert was accepted; whether it succeeds is unknown. Report it pending:
+                    # list() tells the truth on the next tick.
+                    log.warning(
+                        "event=gcp_operation_unknown pool=%s zone=%s instance=%s launch_id=%s error=%s",
+                        self.pool,
+                        zone,
+                        acc.name,
+                        acc.spec.launch_id,
+                        err,
+                    )
+                    launched.append(self._assumed(acc.spec, acc.name, zone))
+                    continue
+                if op.status != compute_v1.Operation.Status.DONE:
+                    log.warning(
+                        "event=gcp_operation_slow pool=%s zone=%s instance=%s launch_id=%s operation=%s",
+                        self.pool,
+                        zone,
+                        acc.name,
+                        acc.spec.launch_id,
+                        op.name,
+                    )
+                    launched.append(self._assumed(acc.spec, acc.name, zone))
+                    continue
+                op_err = operation_error(op)
+                if op_err is not None:
+                    err = classify_error(op_err, zone)
+                    log.info(
+                        "event=gcp_insert_failed pool=%s zone=%s instance=%s launch_id=%s kind=%s code=%s",
+                        self.pool,
+                        zone,
+                        acc.name,
+                        acc.spec.launch_id,
+                        err.kind.value,
+                        err.code,
+                    )
+                    if err.kind is ErrorKind.CAPACITY:
+                        leftover.append(acc.spec)
+                    # A stopping error outranks a capacity one: the launch must not go on.
+                    if error is None or error.kind is ErrorKind.CAPACITY:
+                        error = err
+                    continue
+            launched.append(self._describe(acc.spec, acc.name, zone))
+            log.info(
+                "event=gcp_instance_launched pool=%s zone=%s instance=%s launch_id=%s",
+                self.pool,
+                zone,
+                acc.name,
+                acc.spec.launch_id,
+            )
+        return launched, leftover, error
+
+    def _insert(self, spec: LaunchSpec, zone: str) -> _Accepted:
+        instances, _ = self._clients()
+        name = instance_name(self.cfg.name_prefix, self.cluster_id, spec.launch_id)
+        request = compute_v1.InsertInstanceRequest(
+            project=self.cfg.project,
+            zone=zone,
+            instance_resource=self._instance_resource(spec, name, zone),
+            request_id=request_id(spec.launch_id, zone),
+        )
+        try:
+            op = self._call(
+                "insert",
+                zone,
+                lambda: instances.insert_unary(request=request, retry=None, timeout=self._timeout),
+            )
+        except ProviderError as err:
+            if isinstance(err.__cause__, gexc.Conflict) and self._is_ours(name, zone, spec.launch_id):
+                # Same name, same launch: an earlier insert of this launch got through.
+                return _Accepted(spec, name, None)
+            raise
+        with self._lock:
+            self._zone_of[name] = zone
+        return _Accepted(spec, name, op)
+
+    def _is_ours(self, name: str, zone: str, launch_id: str) -> bool:
+        try:
+            inst = self._get(name, zone)
+        except ProviderError:
+            return False
+        return self._launch_id_of(inst) == launch_id
+
+    def _wait(self, zone: str, op: compute_v1.Operation, deadline: float) -> compute_v1.Operation:
+        """Wait for a zone operation until it is DONE or `deadline` (monotonic) passes."""
+        _, operations = self._clients()
+        while op.status != compute_v1.Operation.Status.DONE:
+            if time.monotonic() >= deadline:
+                return op
+            name = op.name
+
+            def wait_once(name: str = name) -> compute_v1.Operation:
+                budget = max(0.1, min(self._timeout, deadline - time.monotonic()))
+                return operations.wait(
+                    project=self.cfg.project, zone=zone, operation=name, retry=None, timeout=budget
+                )
+
+            try:
+                op = self._call("operations.wait", zone, wait_once, deadline=deadline)
+            except ProviderError as err:
+                if is_timeout(err):
+                    return op
+                raise
+        return op
+
+    def _instance_resource(self, spec: LaunchSpec, name: str, zone: str) -> compute_v1.Instance:
+        cfg = self.cfg
+        labels = {**cfg.labels, **self._labels, LABEL_LAUNCH_ID: label_value(spec.launch_id)}
+        metadata = compute_v1.Metadata(
+            items=[
+                compute_v1.Items(key=METADATA_USER_DATA, value=spec.user_data),
+                compute_v1.Items(key=METADATA_MASTER, value=self.master_url),
+                compute_v1.Items(key=METADATA_CLUSTER, value=self.cluster_id),
+                compute_v1.Items(key=METADATA_POOL, value=self.pool),
+                compute_v1.Items(key=METADATA_LAUNCH_ID, value=spec.launch_id),
+            ]
+        )
+        scheduling = compute_v1.Scheduling()
+        if cfg.gpu_num > 0 or cfg.is_spot:
+            # GPUs cannot live-migrate; spot/preemptible VMs must terminate on maintenance too.
+            scheduling.on_host_maintenance = "TERMINATE"
+        if cfg.spot:
+            scheduling.provisioning_model = "SPOT"
+        if cfg.preemptible:
+            scheduling.preemptible = True
+        if cfg.is_spot:
+            scheduling.automatic_restart = False
+            # Delete rather than stop on preemption: a stopped VM holds its disk (and costs) and
+            # would never come back as an agent.
+            scheduling.instance_termination_action = "DELETE"
+
+        nic = compute_v1.NetworkInterface(network=cfg.network)
+        if cfg.subnetwork:
+            nic.subnetwork = (
+                cfg.subnetwork
+                if "/" in cfg.subnetwork
+                else f"regions/{gcp_region(zone)}/subnetworks/{cfg.subnetwork}"
+            )
+        if cfg.external_ip:
+            nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+
+        disk_type = (
+            cfg.boot_disk_type
+            if "/" in cfg.boot_disk_type
+            else f"zones/{zone}/diskTypes/{cfg.boot_disk_type}"
+        )
+        boot = compute_v1.AttachedDisk(
+            boot=True,
+            auto_delete=True,  # the API default is False: the disk would outlive the instance
+            type_="PERSISTENT",
+            initialize_params=compute_v1.AttachedDiskInitializeParams(
+                source_image=cfg.boot_disk_source_image,
+                disk_size_gb=cfg.boot_disk_size_gb,
+                disk_type=disk_type,
+                labels=labels,
+            ),
+        )
+        machine_type = (
+            cfg.machine_type if "/" in cfg.machine_type else f"zones/{zone}/machineTypes/{cfg.machine_type}"
+        )
+        inst = compute_v1.Instance(
+            name=name,
+            machine_type=machine_type,
+            labels=labels,
+            metadata=metadata,
+            scheduling=scheduling,
+            network_interfaces=[nic],
+            disks=[boot],
+        )
+        if cfg.gpu_num > 0 and cfg.gpu_type:
+            accel = cfg.gpu_type if "/" in cfg.gpu_type else f"zones/{zone}/acceleratorTypes/{cfg.gpu_type}"
+            inst.guest_accelerators = [
+                compute_v1.AcceleratorConfig(accelerator_type=accel, accelerator_count=cfg.gpu_num)
+            ]
+        if cfg.service_account_email:
+            inst.service_accounts = [
+                compute_v1.ServiceAccount(
+                    email=cfg.service_account_email, scopes=list(cfg.service_account_scopes)
+                )
+            ]
+        if cfg.network_tags:
+            inst.tags = compute_v1.Tags(items=list(cfg.network_tags))
+        return inst
+
+    def _describe(self, spec: LaunchSpec, name: str, zone: str) -> CloudInstance:
+        try:
+            inst = self._get(name, zone)
+        except ProviderError as err:
+            log.warning(
+                "event=gcp_describe_failed pool=%s zone=%s instance=%s error=%s", self.pool, zone, name, err
+            )
+            return self._assumed(spec, name, zone)
+        return self._to_cloud_instance(inst)
+
+    def _assumed(self, spec: LaunchSpec, name: str, zone: str) -> CloudInstance:
+        """What we know of an accepted insert without reading it back."""
+        return CloudInstance(
+            id=name,
+            state=CloudState.PENDING,
+            launched_at=datetime.now(UTC),
+            launch_id=spec.launch_id,
+            location=zone,
+            instance_type=last_segment(self.cfg.machine_type),
+            spot=self.cfg.is_spot,
+            tags={
+                TAG_MANAGED_BY: MANAGED_BY_VALUE,
+                TAG_CLUSTER: self.cluster_id,
+                TAG_POOL: self.pool,
+                TAG_LAUNCH_ID: spec.launch_id,
+                TAG_MASTER: self.master_url,
+            },
+        )
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        names = list(dict.fromkeys(ids))
+        if not names:
+            return
+        with self._lock:
+            unknown = [n for n in names if n not in self._zone_of]
+        if unknown:
+            self._list_all()  # learn zones
+            with self._lock:
+                unknown = [n for n in unknown if n not in self._zone_of]
+            for name in unknown:
+                # A list right after an insert may miss the instance: look it up in each zone, so
+                # that a terminate is never skipped for an instance that exists.
+                found = self._locate(name)
+                if found is not None and not self._is_mine(found[1]):
+                    with self._lock:
+                        self._zone_of.pop(name, None)  # not ours: never deleted
+        instances, _ = self._clients()
+        # One requestId per terminate() call: retries of this call are deduplicated by GCE, while
+        # a later terminate() of the same instance is a fresh request.
+        call_id = uuid.uuid4()
+        first_error: ProviderError | None = None
+        for name in names:
+            with self._lock:
+                zone = self._zone_of.get(name)
+            if zone is None:
+                log.info("event=gcp_terminate_skipped pool=%s instance=%s reason=not_found", self.pool, name)
+                continue
+            if self.cfg.keep_stopped_disks:
+                try:
+                    self._keep_disks_if_powered_off(name, zone)
+                except ProviderError as err:
+                    if isinstance(err.__cause__, gexc.NotFound):
+                        with self._lock:
+                            self._zone_of.pop(name, None)
+                        continue
+                    # Not deleted: a later terminate tries again rather than losing the disks.
+                    log.warning("event=gcp_keep_disks_failed pool=%s zone=%s instance=%s error=%s",
+                                self.pool, zone, name, err)
+                    first_error = first_error or err
+                    continue
+            request = compute_v1.DeleteInstanceRequest(
+                project=self.cfg.project,
+                zone=zone,
+                instance=name,
+                request_id=str(uuid.uuid5(call_id, name)),
+            )
+            try:
+                self._call(
+                    "delete",
+                    zone,
+                    lambda request=request: instances.delete_unary(
+                        request=request, retry=None, timeout=self._timeout
+                    ),
+                )
+            except ProviderError as err:
+                if isinstance(err.__cause__, gexc.NotFound):
+                    log.info(
+                        "event=gcp_terminate_skipped pool=%s instance=%s reason=already_gone", self.pool, name
+                    )
+                    with self._lock:
+                        self._zone_of.pop(name, None)
+                    continue
+                log.warning(
+                    "event=gcp_terminate_failed pool=%s zone=%s instance=%s error=%s",
+                    self.pool,
+                    zone,
+                    name,
+                    err,
+                )
+                first_error = first_error or err
+                continue
+            log.info("event=gcp_instance_terminating pool=%s zone=%s instance=%s", self.pool, zone, name)
+        if first_error is not None:
+            raise first_error
+
+
+    def _keep_disks_if_powered_off(self, name: str, zone: str) -> None:
+        """For a powered-off VM, turn autoDelete off on each of its disks (waiting for each
+        operation), so that deleting the VM keeps them. A running VM is left as is."""
+        inst = self._get(name, zone)
+        if inst.status not in POWERED_OFF:
+            return
+        instances, _ = self._clients()
+        deadline = time.monotonic() + self._timeout
+        kept = []
+        for disk in inst.disks:
+            if disk.auto_delete:
+                op = self._call(
+                    "setDiskAutoDelete",
+                    zone,
+                    lambda disk=disk: instances.set_disk_auto_delete_unary(
+                        project=self.cfg.project, zone=zone, instance=name, auto_delete=False,
+                        device_name=disk.device_name, retry=None, timeout=self._timeout,
+                    ),
+                )
+                done = self._wait(zone, op, deadline)
+                if done.status != compute_v1.Operation.Status.DONE:
+                    raise ProviderError(ErrorKind.UNKNOWN, f"setDiskAutoDelete on {name} did not finish in time",
+                                        location=zone)
+                error = operation_error(done)
+                if error is not None:
+                    raise classify_error(error, zone)
+            kept.append(last_segment(disk.source) or disk.device_name)
+        log.info("event=gcp_stopped_instance_disks_kept pool=%s zone=%s instance=%s status=%s disks=%s",
+                 self.pool, zone, name, inst.status, kept)
+
+
+def build(cfg: GcpPoolConfig, ctx: ProviderContext) -> BuiltProvider:
+    slots = cfg.instance_slots if cfg.instance_slots is not None else cfg.gpu_num
+    return BuiltProvider(GcpProvider(cfg, cluster_id=ctx.cluster_id, pool=ctx.pool, master_url=ctx.master_url), slots)
