@@ -363,6 +363,35 @@ def bootstrap_host(
 
     `package`: the agent archive (default: the one this master serves). `instance_record`: extra
     facts written to <remote_dir>/instance.json (the static provider's cluster/pool/launch id)."""
+    options, package = _checked_inputs(agent_token, agent_options, package)
+    steps = _Steps(host, on_step)
+    try:
+        client = connect(host, timeout=connect_timeout)
+    except SshBootstrapError as e:
+        raise steps.fail("connect", e.kind, str(e)) from None
+    try:
+        r = _Remote(client, client.open_sftp(), timeout=max(connect_timeout, 60.0))
+        base = _prepare_remote_dir(r, host, steps)
+        python = _python(r, host, base, steps)
+        changed = _upload_agent(r, base, python, package, steps)
+        changed |= _write_config(r, base, _agent_config(master_url, pool, base, options), steps)
+        changed |= _write_token(r, base, agent_token, steps)
+        if instance_record is not None:
+            _write_instance_record(r, host, base, instance_record)
+        use_systemd = _start_agent(r, host, pool, python, base, changed, steps)
+        time.sleep(verify_wait_s)
+        _verify_agent(r, base, use_systemd, steps)
+        return steps.results
+    except _SESSION_ERRORS as e:
+        err = _session_error(host, e)
+        raise steps.fail("session", err.kind, str(err)) from None
+    finally:
+        client.close()
+
+
+def _checked_inputs(agent_token: str, agent_options: dict[str, Any] | None,
+                    package: bytes | None) -> tuple[dict[str, Any], bytes]:
+    """The validated agent options and the agent archive (default: the one this master serves)."""
     from agent_bootstrap.cloud_init import validate_agent_options
 
     options = validate_agent_options(dict(agent_options or {}))
@@ -372,89 +401,98 @@ def bootstrap_host(
         from agent_bootstrap.package import agent_package
 
         package = agent_package().data
+    return options, package
+
+
+def _prepare_remote_dir(r: _Remote, host: StaticHost, steps: _Steps) -> str:
+    """The `connect` step: <remote_dir> and its work/ exist, private to the user; returns <remote_dir>."""
+    base = _remote_base(r, host)
+    steps.add("connect", "ok", f"{host.user}@{host.address}:{host.port} dir={base}")
+    rc, _, err = r.run(f"mkdir -p {shlex.quote(base)}/work && chmod 0700 {shlex.quote(base)} {shlex.quote(base)}/work")
+    if rc != 0:
+        raise steps.fail("connect", "invalid", f"cannot create {base}: {err.strip()}")
+    return base
+
+
+def _upload_agent(r: _Remote, base: str, python: str, package: bytes, steps: _Steps) -> bool:
+    """The `upload_agent` step: unpack `package` into <remote_dir>/agent unless its digest is there
+    already, and check that it runs. Returns whether the code changed."""
+    q = shlex.quote
     digest = hashlib.sha256(package).hexdigest()
-    steps = _Steps(host, on_step)
-    try:
-        client = connect(host, timeout=connect_timeout)
-    except SshBootstrapError as e:
-        raise steps.fail("connect", e.kind, str(e)) from None
-    try:
-        r = _Remote(client, client.open_sftp(), timeout=max(connect_timeout, 60.0))
-        base = _remote_base(r, host)
-        steps.add("connect", "ok", f"{host.user}@{host.address}:{host.port} dir={base}")
-        rc, _, err = r.run(f"mkdir -p {shlex.quote(base)}/work && chmod 0700 {shlex.quote(base)} {shlex.quote(base)}/work")
-        if rc != 0:
-            raise steps.fail("connect", "invalid", f"cannot create {base}: {err.strip()}")
-        python = _python(r, host, base, steps)
-        changed = False
+    if (r.read(f"{base}/agent/.sha256") or b"").decode().strip() == digest:
+        steps.add("upload_agent", "already", f"sha256 {digest[:12]}")
+        return False
+    r.write(f"{base}/agent.tar.gz", package, 0o600)
+    rc, _, err = r.run(
+        f"set -e; rm -rf {q(base)}/agent.new; mkdir {q(base)}/agent.new; "
+        f"tar -xzf {q(base)}/agent.tar.gz -C {q(base)}/agent.new --no-same-owner; "
+        f"echo {digest} > {q(base)}/agent.new/.sha256; rm -rf {q(base)}/agent.old; "
+        f"if [ -e {q(base)}/agent ]; then mv {q(base)}/agent {q(base)}/agent.old; fi; "
+        f"mv {q(base)}/agent.new {q(base)}/agent; rm -rf {q(base)}/agent.old {q(base)}/agent.tar.gz")
+    if rc != 0:
+        raise steps.fail("upload_agent", "failed", f"unpacking failed: {err.strip()[-300:]}")
+    rc, _, err = r.run(f"PYTHONPATH={q(base)}/agent {q(python)} -m agent_bootstrap.agent --help >/dev/null")
+    if rc != 0:
+        raise steps.fail("upload_agent", "failed", f"the uploaded agent does not run: {err.strip()[-300:]}")
+    steps.add("upload_agent", "done", f"{len(package)} bytes, sha256 {digest[:12]}")
+    return True
 
-        # -- the agent's code ------------------------------------------------------------------
-        q = shlex.quote
-        if (r.read(f"{base}/agent/.sha256") or b"").decode().strip() == digest:
-            steps.add("upload_agent", "already", f"sha256 {digest[:12]}")
-        else:
-            r.write(f"{base}/agent.tar.gz", package, 0o600)
-            rc, _, err = r.run(
-                f"set -e; rm -rf {q(base)}/agent.new; mkdir {q(base)}/agent.new; "
-                f"tar -xzf {q(base)}/agent.tar.gz -C {q(base)}/agent.new --no-same-owner; "
-                f"echo {digest} > {q(base)}/agent.new/.sha256; rm -rf {q(base)}/agent.old; "
-                f"if [ -e {q(base)}/agent ]; then mv {q(base)}/agent {q(base)}/agent.old; fi; "
-                f"mv {q(base)}/agent.new {q(base)}/agent; rm -rf {q(base)}/agent.old {q(base)}/agent.tar.gz")
-            if rc != 0:
-                raise steps.fail("upload_agent", "failed", f"unpacking failed: {err.strip()[-300:]}")
-            rc, _, err = r.run(f"PYTHONPATH={q(base)}/agent {q(python)} -m agent_bootstrap.agent --help >/dev/null")
-            if rc != 0:
-                raise steps.fail("upload_agent", "failed", f"the uploaded agent does not run: {err.strip()[-300:]}")
-            steps.add("upload_agent", "done", f"{len(package)} bytes, sha256 {digest[:12]}")
-            changed = True
 
-        # -- config and credential -------------------------------------------------------------
-        config = _agent_config(master_url, pool, base, options)
-        if r.read(f"{base}/agent.yaml") == config:
-            steps.add("write_config", "already", f"{base}/agent.yaml")
-        else:
-            r.write(f"{base}/agent.yaml", config, 0o644)
-            steps.add("write_config", "done", f"{base}/agent.yaml")
-            changed = True
-        token_bytes = (agent_token + "\n").encode()
-        if r.read(f"{base}/agent-token") == token_bytes and r.mode(f"{base}/agent-token") == 0o600:
-            steps.add("write_token", "already", f"{base}/agent-token (0600)")
-        else:
-            r.write(f"{base}/agent-token", token_bytes, 0o600)
-            steps.add("write_token", "done", f"{base}/agent-token (0600)")
-            changed = True
-        if instance_record is not None:
-            record = (json.dumps({"agent_id": host.id, **instance_record}, sort_keys=True) + "\n").encode()
-            if r.read(f"{base}/instance.json") != record:
-                r.write(f"{base}/instance.json", record, 0o644)
+def _write_config(r: _Remote, base: str, config: bytes, steps: _Steps) -> bool:
+    """The `write_config` step: <remote_dir>/agent.yaml; returns whether it changed."""
+    if r.read(f"{base}/agent.yaml") == config:
+        steps.add("write_config", "already", f"{base}/agent.yaml")
+        return False
+    r.write(f"{base}/agent.yaml", config, 0o644)
+    steps.add("write_config", "done", f"{base}/agent.yaml")
+    return True
 
-        # -- run it ----------------------------------------------------------------------------
-        rc, _, _ = r.run('[ "$(id -u)" = 0 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null')
-        use_systemd = rc == 0
-        if use_systemd:
-            _systemd(r, host, pool, python, base, changed, steps)
-        else:
-            steps.add("install_service", "ok", "no systemd (or not root): nohup and a pidfile")
-            _nohup(r, host, python, base, changed, steps)
 
-        time.sleep(verify_wait_s)
-        if use_systemd:
-            vrc, out, _ = r.run(f"systemctl is-active {UNIT_NAME}")
-            alive = vrc == 0 and out.strip() == "active"
-            logs_cmd = f"journalctl -u {UNIT_NAME} -n 20 --no-pager"
-        else:
-            alive = _running_pid(r, base) is not None
-            logs_cmd = f"tail -n 20 {q(base)}/agent.log"
-        if not alive:
-            _, tail, _ = r.run(logs_cmd)
-            raise steps.fail("verify_agent", "failed", f"the agent is not running; last log lines:\n{tail.strip()}")
-        steps.add("verify_agent", "ok", "agent process running")
-        return steps.results
-    except _SESSION_ERRORS as e:
-        err = _session_error(host, e)
-        raise steps.fail("session", err.kind, str(err)) from None
-    finally:
-        client.close()
+def _write_token(r: _Remote, base: str, agent_token: str, steps: _Steps) -> bool:
+    """The `write_token` step: <remote_dir>/agent-token, mode 0600; returns whether it changed."""
+    token_bytes = (agent_token + "\n").encode()
+    if r.read(f"{base}/agent-token") == token_bytes and r.mode(f"{base}/agent-token") == 0o600:
+        steps.add("write_token", "already", f"{base}/agent-token (0600)")
+        return False
+    r.write(f"{base}/agent-token", token_bytes, 0o600)
+    steps.add("write_token", "done", f"{base}/agent-token (0600)")
+    return True
+
+
+def _write_instance_record(r: _Remote, host: StaticHost, base: str, instance_record: dict[str, Any]) -> None:
+    """<remote_dir>/instance.json: which cluster/pool/launch this host serves (no step of its own)."""
+    record = (json.dumps({"agent_id": host.id, **instance_record}, sort_keys=True) + "\n").encode()
+    if r.read(f"{base}/instance.json") != record:
+        r.write(f"{base}/instance.json", record, 0o644)
+
+
+def _start_agent(r: _Remote, host: StaticHost, pool: str, python: str, base: str, changed: bool,
+                 steps: _Steps) -> bool:
+    """The `install_service` and `start_agent` steps, through systemd when root on a systemd host,
+    else nohup; returns whether systemd runs it."""
+    rc, _, _ = r.run('[ "$(id -u)" = 0 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null')
+    use_systemd = rc == 0
+    if use_systemd:
+        _systemd(r, host, pool, python, base, changed, steps)
+    else:
+        steps.add("install_service", "ok", "no systemd (or not root): nohup and a pidfile")
+        _nohup(r, host, python, base, changed, steps)
+    return use_systemd
+
+
+def _verify_agent(r: _Remote, base: str, use_systemd: bool, steps: _Steps) -> None:
+    """The `verify_agent` step: the agent is running, else the failure carries its log's tail."""
+    if use_systemd:
+        vrc, out, _ = r.run(f"systemctl is-active {UNIT_NAME}")
+        alive = vrc == 0 and out.strip() == "active"
+        logs_cmd = f"journalctl -u {UNIT_NAME} -n 20 --no-pager"
+    else:
+        alive = _running_pid(r, base) is not None
+        logs_cmd = f"tail -n 20 {shlex.quote(base)}/agent.log"
+    if not alive:
+        _, tail, _ = r.run(logs_cmd)
+        raise steps.fail("verify_agent", "failed", f"the agent is not running; last log lines:\n{tail.strip()}")
+    steps.add("verify_agent", "ok", "agent process running")
 
 
 def _systemd(r: _Remote, host: StaticHost, pool: str, python: str, base: str, changed: bool, steps: _Steps) -> None:

@@ -147,72 +147,84 @@ def validate_model_definition(
     total = 0
     for i, entry in enumerate(files):
         where = f"modelDefinition[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ModelDefInvalid(where, "must be an object with path, type and content")
-        try:
-            path = normalize_model_path(entry.get("path"))
-        except ValueError as exc:
-            raise ModelDefInvalid(f"{where}.path", str(exc)) from None
+        f = _validate_entry(entry, where, total_before=total, max_bytes=max_bytes)
+        total += len(f.content)
+        if f.path in index_of:
+            raise ModelDefInvalid(
+                f"{where}.path", f"duplicate path {f.path!r} (also modelDefinition[{index_of[f.path]}])"
+            )
+        index_of[f.path] = i
+        out.append(f)
+    _refuse_files_used_as_directories(out, index_of)
+    return out
 
-        kind = entry.get("type", 0)
-        if isinstance(kind, str) and kind.isdigit():
-            kind = int(kind)  # proto3 JSON allows integers as strings
-        if type(kind) is not int:
-            raise ModelDefInvalid(f"{where}.type", f"must be an integer tar typeflag (got {kind!r})")
-        if kind in _REFUSED_TYPES:
-            raise ModelDefInvalid(f"{where}.type", f"{path!r}: {_REFUSED_TYPES[kind]}")
-        if kind not in _REGULAR_TYPES and kind != _DIR_TYPE:
-            raise ModelDefInvalid(
-                f"{where}.type",
-                f"{path!r}: unsupported file type {kind}; only regular files (48) and directories (53)",
-            )
-        is_dir = kind == _DIR_TYPE
 
-        encoded = entry.get("content")
-        if encoded is None:
-            encoded = ""
-        if isinstance(encoded, (bytes, bytearray)):
-            try:
-                encoded = bytes(encoded).decode("ascii")
-            except UnicodeDecodeError:
-                raise ModelDefInvalid(f"{where}.content", "is not valid base64") from None
-        if not isinstance(encoded, str):
-            raise ModelDefInvalid(
-                f"{where}.content", f"must be a base64 string (got {type(encoded).__name__})"
-            )
-        # Refuse before decoding so an oversized upload costs no memory beyond the request itself.
-        if total + _decoded_len_lower_bound(encoded) > max_bytes:
-            raise ModelDefInvalid(
-                "modelDefinition",
-                f"model definition is larger than the limit of {max_bytes} bytes (at {path!r})",
-            )
-        try:
-            content = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise ModelDefInvalid(f"{where}.content", f"{path!r}: content is not valid base64") from None
-        if is_dir and content:
-            raise ModelDefInvalid(f"{where}.content", f"{path!r}: a directory has no content")
-        total += len(content)
-        if total > max_bytes:
-            raise ModelDefInvalid(
-                "modelDefinition",
-                f"model definition is larger than the limit of {max_bytes} bytes (at {path!r})",
-            )
+def _validate_entry(entry: Any, where: str, *, total_before: int, max_bytes: int) -> ModelFile:
+    """One ``v1File`` entry (``where``: its field path), decoded; ``total_before``: the content
+    bytes of the entries before it, which count against ``max_bytes``."""
+    if not isinstance(entry, Mapping):
+        raise ModelDefInvalid(where, "must be an object with path, type and content")
+    try:
+        path = normalize_model_path(entry.get("path"))
+    except ValueError as exc:
+        raise ModelDefInvalid(f"{where}.path", str(exc)) from None
+    is_dir = _entry_is_dir(entry.get("type", 0), f"{where}.type", path)
+    encoded = _content_text(entry.get("content"), f"{where}.content")
+    # Refuse before decoding so an oversized upload costs no memory beyond the request itself.
+    if total_before + _decoded_len_lower_bound(encoded) > max_bytes:
+        raise _too_large(max_bytes, path)
+    try:
+        content = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ModelDefInvalid(f"{where}.content", f"{path!r}: content is not valid base64") from None
+    if is_dir and content:
+        raise ModelDefInvalid(f"{where}.content", f"{path!r}: a directory has no content")
+    if total_before + len(content) > max_bytes:
+        raise _too_large(max_bytes, path)
+    return ModelFile(path=path, content=content, mode=_permission_bits(entry.get("mode"), is_dir), is_dir=is_dir)
 
-        if path in index_of:
-            raise ModelDefInvalid(
-                f"{where}.path", f"duplicate path {path!r} (also modelDefinition[{index_of[path]}])"
-            )
-        index_of[path] = i
-        out.append(
-            ModelFile(
-                path=path, content=content, mode=_permission_bits(entry.get("mode"), is_dir), is_dir=is_dir
-            )
+
+def _entry_is_dir(kind: Any, where: str, path: str) -> bool:
+    """Whether the tar typeflag ``kind`` is a directory; refuses every type but files and directories."""
+    if isinstance(kind, str) and kind.isdigit():
+        kind = int(kind)  # proto3 JSON allows integers as strings
+    if type(kind) is not int:
+        raise ModelDefInvalid(where, f"must be an integer tar typeflag (got {kind!r})")
+    if kind in _REFUSED_TYPES:
+        raise ModelDefInvalid(where, f"{path!r}: {_REFUSED_TYPES[kind]}")
+    if kind not in _REGULAR_TYPES and kind != _DIR_TYPE:
+        raise ModelDefInvalid(
+            where,
+            f"{path!r}: unsupported file type {kind}; only regular files (48) and directories (53)",
         )
+    return kind == _DIR_TYPE
 
-    # A regular file cannot also be a parent directory of another entry.
-    regular = {f.path for f in out if not f.is_dir}
-    for f in out:
+
+def _content_text(encoded: Any, where: str) -> str:
+    """The base64 text of an entry's ``content`` (absent: empty; bytes: must be ASCII)."""
+    if encoded is None:
+        return ""
+    if isinstance(encoded, (bytes, bytearray)):
+        try:
+            return bytes(encoded).decode("ascii")
+        except UnicodeDecodeError:
+            raise ModelDefInvalid(where, "is not valid base64") from None
+    if not isinstance(encoded, str):
+        raise ModelDefInvalid(where, f"must be a base64 string (got {type(encoded).__name__})")
+    return encoded
+
+
+def _too_large(max_bytes: int, path: str) -> ModelDefInvalid:
+    return ModelDefInvalid(
+        "modelDefinition",
+        f"model definition is larger than the limit of {max_bytes} bytes (at {path!r})",
+    )
+
+
+def _refuse_files_used_as_directories(files: Sequence[ModelFile], index_of: Mapping[str, int]) -> None:
+    """A regular file cannot also be a parent directory of another entry."""
+    regular = {f.path for f in files if not f.is_dir}
+    for f in files:
         parent = f.path
         while "/" in parent:
             parent = parent.rsplit("/", 1)[0]
@@ -221,7 +233,6 @@ def validate_model_definition(
                     f"modelDefinition[{index_of[f.path]}].path",
                     f"{f.path!r} is inside {parent!r}, which is a file",
                 )
-    return out
 
 
 def pack_model_definition(files: Sequence[ModelFile]) -> bytes:

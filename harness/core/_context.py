@@ -176,6 +176,19 @@ def init(
     env: the environment to read (default os.environ).
     """
     env = os.environ if env is None else env
+    info, off_cluster = _cluster_info(env, off_cluster, hparams)
+    dist = distributed or _distributed_from(env)
+    storage = _storage_from(checkpoint_storage, info, on_cluster=not off_cluster)
+    if check_storage:
+        storage.check_writable()
+    if off_cluster:
+        return _off_cluster_context(info, dist, storage, max_length=max_length, print_metrics=print_metrics)
+    return _cluster_context(info, dist, storage, reporter_config)
+
+
+def _cluster_info(env: Mapping[str, str], off_cluster: bool | None,
+                  hparams: dict[str, Any] | None) -> tuple[ClusterInfo, bool]:
+    """This process's ClusterInfo, and whether it runs off-cluster (decided from `env` when None)."""
     info = ClusterInfo.from_env(env)
     if off_cluster is None:
         off_cluster = not info.on_cluster
@@ -183,34 +196,43 @@ def init(
         raise RuntimeError("init(off_cluster=False) needs DET_MASTER and DET_TRIAL_ID in the environment")
     if off_cluster and hparams is not None:
         info = _with(info, hparams=dict(hparams))
+    return info, off_cluster
 
-    dist = distributed or _distributed_from(env)
-    storage = _storage_from(checkpoint_storage, info, on_cluster=not off_cluster)
-    if check_storage:
-        storage.check_writable()
-    config = info.experiment_config
+
+def _searcher_metric(config: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """The searcher's metric name and whether smaller is better, from the experiment config."""
     searcher_cfg = config.get("searcher") or {}
-    metric_name = searcher_cfg.get("metric")
-    smaller_is_better = bool(searcher_cfg.get("smaller_is_better", True))
+    return searcher_cfg.get("metric"), bool(searcher_cfg.get("smaller_is_better", True))
 
-    if off_cluster:
-        sink = LocalMetricsSink(echo=print_metrics and dist.is_chief)
-        train = TrainContext(sink, dist, searcher_metric=metric_name, smaller_is_better=smaller_is_better)
-        length = max_length if max_length is not None else (parse_max_length(config) or 1)
-        source = LocalOperationSource(length)
-        log.info("event=core_init mode=off_cluster storage=%s max_length=%d", storage.describe(), length)
-        return Context(
-            info=info,
-            distributed=dist,
-            train=train,
-            checkpoint=CheckpointContext(storage, dist, LocalCheckpointRegistry()),
-            searcher=SearcherContext(source, train, dist, parse_units(config)),
-            preempt=PreemptContext(dist),
-            local_sink=sink,
-            local_searcher=source,
-        ).start()
 
+def _off_cluster_context(info: ClusterInfo, dist: DistributedContext, storage: CheckpointStorage, *,
+                         max_length: int | None, print_metrics: bool) -> Context:
+    """Metrics printed and kept locally, a local checkpoint registry, one searcher op of `max_length`."""
+    config = info.experiment_config
+    metric_name, smaller_is_better = _searcher_metric(config)
+    sink = LocalMetricsSink(echo=print_metrics and dist.is_chief)
+    train = TrainContext(sink, dist, searcher_metric=metric_name, smaller_is_better=smaller_is_better)
+    length = max_length if max_length is not None else (parse_max_length(config) or 1)
+    source = LocalOperationSource(length)
+    log.info("event=core_init mode=off_cluster storage=%s max_length=%d", storage.describe(), length)
+    return Context(
+        info=info,
+        distributed=dist,
+        train=train,
+        checkpoint=CheckpointContext(storage, dist, LocalCheckpointRegistry()),
+        searcher=SearcherContext(source, train, dist, parse_units(config)),
+        preempt=PreemptContext(dist),
+        local_sink=sink,
+        local_searcher=source,
+    ).start()
+
+
+def _cluster_context(info: ClusterInfo, dist: DistributedContext, storage: CheckpointStorage,
+                     reporter_config: ReporterConfig | None) -> Context:
+    """Everything through the master: one session, the metrics reporter, its searcher and preemption."""
     assert info.master_url is not None and info.trial_id is not None
+    config = info.experiment_config
+    metric_name, smaller_is_better = _searcher_metric(config)
     session = Session(info.master_url, info.session_token)
     reporter = MetricsReporter(session, info.trial_id, info.trial_run_id, reporter_config)
     train = TrainContext(reporter, dist, session=session, trial_id=info.trial_id,

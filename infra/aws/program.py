@@ -20,7 +20,8 @@ Every resource that takes tags carries `DEPLOY_TAG: <cluster id>` and the user's
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import pulumi
 import pulumi_aws as aws
@@ -93,42 +94,66 @@ def agent_policy(bucket: str) -> str:
     return _policy(bucket_statements(bucket))
 
 
-def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> dict[str, Any]:
-    """Declare the stack's resources; returns its outputs (also exported)."""
-    cid = s.cluster_id
+@dataclass(frozen=True)
+class _Naming:
+    """Resource names and tags of one cluster."""
 
-    def named(what: str) -> str:
-        return f"shipyard-{cid}-{what}"
+    s: AwsSettings
 
-    def tags(what: str) -> dict[str, str]:
-        return {**s.all_tags, "Name": named(what)}
+    @property
+    def cid(self) -> str:
+        return self.s.cluster_id
 
-    # ---- network --------------------------------------------------------------------------
+    def named(self, what: str) -> str:
+        return f"shipyard-{self.cid}-{what}"
+
+    def tags(self, what: str) -> dict[str, str]:
+        return {**self.s.all_tags, "Name": self.named(what)}
+
+
+class _Network(NamedTuple):
+    vpc_id: pulumi.Output[str]
     subnet_ids: pulumi.Output[list[str]]
+
+
+def _network(s: AwsSettings, n: _Naming) -> _Network:
+    """The account's default VPC (`use_default_vpc`), else a VPC of our own."""
     if s.use_default_vpc:
         default = aws.ec2.get_vpc_output(default=True)
-        vpc_id: pulumi.Output[str] = default.id
-        subnet_ids = aws.ec2.get_subnets_output(filters=[
+        return _Network(vpc_id=default.id, subnet_ids=aws.ec2.get_subnets_output(filters=[
             {"name": "vpc-id", "values": [default.id]}, {"name": "default-for-az", "values": ["true"]},
-        ]).ids
-    else:
-        azs = aws.get_availability_zones_output(state="available")
-        vpc = aws.ec2.Vpc(named("vpc"), cidr_block=VPC_CIDR, enable_dns_hostnames=True, enable_dns_support=True,
-                          tags=tags("vpc"))
-        vpc_id = vpc.id
-        igw = aws.ec2.InternetGateway(named("igw"), vpc_id=vpc.id, tags=tags("igw"))
-        routes = aws.ec2.RouteTable(named("routes"), vpc_id=vpc.id, tags=tags("routes"),
-                                    routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": igw.id}])
-        subnets = []
-        for i, cidr in enumerate(SUBNET_CIDRS):
-            subnet = aws.ec2.Subnet(named(f"subnet-{i}"), vpc_id=vpc.id, cidr_block=cidr,
-                                    availability_zone=azs.names[i], map_public_ip_on_launch=True,
-                                    tags=tags(f"subnet-{i}"))
-            aws.ec2.RouteTableAssociation(named(f"subnet-{i}-routes"), subnet_id=subnet.id, route_table_id=routes.id)
-            subnets.append(subnet)
-        subnet_ids = pulumi.Output.all(*[sn.id for sn in subnets])
-    first_subnet = subnet_ids.apply(lambda ids: ids[0])
+        ]).ids)
+    return _own_vpc(n)
 
+
+def _own_vpc(n: _Naming) -> _Network:
+    """A VPC with an internet gateway and one public subnet in each of two availability zones."""
+    named, tags = n.named, n.tags
+    azs = aws.get_availability_zones_output(state="available")
+    vpc = aws.ec2.Vpc(named("vpc"), cidr_block=VPC_CIDR, enable_dns_hostnames=True, enable_dns_support=True,
+                      tags=tags("vpc"))
+    igw = aws.ec2.InternetGateway(named("igw"), vpc_id=vpc.id, tags=tags("igw"))
+    routes = aws.ec2.RouteTable(named("routes"), vpc_id=vpc.id, tags=tags("routes"),
+                                routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": igw.id}])
+    subnets = []
+    for i, cidr in enumerate(SUBNET_CIDRS):
+        subnet = aws.ec2.Subnet(named(f"subnet-{i}"), vpc_id=vpc.id, cidr_block=cidr,
+                                availability_zone=azs.names[i], map_public_ip_on_launch=True,
+                                tags=tags(f"subnet-{i}"))
+        aws.ec2.RouteTableAssociation(named(f"subnet-{i}-routes"), subnet_id=subnet.id, route_table_id=routes.id)
+        subnets.append(subnet)
+    return _Network(vpc_id=vpc.id, subnet_ids=pulumi.Output.all(*[sn.id for sn in subnets]))
+
+
+class _SecurityGroups(NamedTuple):
+    agents: aws.ec2.SecurityGroup
+    master: aws.ec2.SecurityGroup
+    db: aws.ec2.SecurityGroup
+
+
+def _security_groups(s: AwsSettings, n: _Naming, vpc_id: pulumi.Output[str]) -> _SecurityGroups:
+    """The agents' (SSH, each other), the master's (its API, SSH) and the database's (the master only)."""
+    named, tags, cid = n.named, n.tags, n.cid
     everywhere_out = [{"protocol": "-1", "from_port": 0, "to_port": 0, "cidr_blocks": ["0.0.0.0/0"],
                        "description": "outbound: package mirrors, the AWS APIs, the master"}]
     ssh_in = {"protocol": "tcp", "from_port": 22, "to_port": 22, "cidr_blocks": [s.inbound_cidr],
@@ -152,10 +177,15 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
         ingress=[{"protocol": "tcp", "from_port": render.DB_PORT, "to_port": render.DB_PORT,
                   "security_groups": [master_sg.id], "description": "PostgreSQL from the master only"}],
         tags=tags("db"))
+    return _SecurityGroups(agents=agent_sg, master=master_sg, db=db_sg)
 
-    # ---- database -------------------------------------------------------------------------
+
+def _database(s: AwsSettings, n: _Naming, subnet_ids: pulumi.Output[list[str]], db_sg: aws.ec2.SecurityGroup,
+              db_password: pulumi.Input[str]) -> aws.rds.Instance:
+    """PostgreSQL on RDS: encrypted, backed up, reachable from the master's security group only."""
+    named, tags = n.named, n.tags
     db_subnets = aws.rds.SubnetGroup(named("db"), subnet_ids=subnet_ids, tags=tags("db"))
-    db = aws.rds.Instance(
+    return aws.rds.Instance(
         named("db"), engine="postgres", engine_version=DB_ENGINE_VERSION, instance_class=s.db_instance_class,
         allocated_storage=s.db_storage_gb, storage_type="gp3", storage_encrypted=True,
         backup_retention_period=BACKUP_RETENTION_DAYS, db_name=render.DB_NAME, username=render.DB_USER,
@@ -165,8 +195,12 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
         # `down` leaves nothing behind: no final snapshot, automated backups deleted with the database.
         skip_final_snapshot=True, delete_automated_backups=True, tags=tags("db"))
 
-    # ---- checkpoints ----------------------------------------------------------------------
-    bucket = aws.s3.Bucket(named("ckpt"), bucket_prefix=f"shipyard-{cid}-", force_destroy=True, tags=tags("ckpt"))
+
+def _checkpoint_bucket(n: _Naming) -> aws.s3.Bucket:
+    """The checkpoint bucket: private, owner-enforced, encrypted, TLS only."""
+    named = n.named
+    bucket = aws.s3.Bucket(named("ckpt"), bucket_prefix=f"shipyard-{n.cid}-", force_destroy=True,
+                           tags=n.tags("ckpt"))
     aws.s3.BucketPublicAccessBlock(named("ckpt-private"), bucket=bucket.id, block_public_acls=True,
                                    block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True)
     aws.s3.BucketOwnershipControls(named("ckpt-owner"), bucket=bucket.id,
@@ -177,8 +211,19 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
     aws.s3.BucketPolicy(named("ckpt-tls-only"), bucket=bucket.id, policy=bucket.arn.apply(lambda arn: _policy([
         {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
          "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}])))
+    return bucket
 
-    # ---- secrets and logs -----------------------------------------------------------------
+
+class _SecretAndLogs(NamedTuple):
+    secret: aws.secretsmanager.Secret
+    version: aws.secretsmanager.SecretVersion
+    log_group: aws.cloudwatch.LogGroup
+
+
+def _secret_and_logs(n: _Naming, db: aws.rds.Instance, *, db_password: pulumi.Input[str],
+                     admin_password: pulumi.Input[str]) -> _SecretAndLogs:
+    """The master's secret (admin password, database URL) and its log group."""
+    named, tags, cid = n.named, n.tags, n.cid
     secret = aws.secretsmanager.Secret(named("master-secret"), name=f"shipyard/{cid}/master",
                                        description=f"Shipyard {cid}: admin and database passwords",
                                        recovery_window_in_days=0, tags=tags("master-secret"))
@@ -188,8 +233,20 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
                                                       secret_string=pulumi.Output.secret(payload))
     log_group = aws.cloudwatch.LogGroup(named("logs"), name=f"/shipyard/{cid}", retention_in_days=LOG_RETENTION_DAYS,
                                         tags=tags("logs"))
+    return _SecretAndLogs(secret=secret, version=secret_version, log_group=log_group)
 
-    # ---- IAM ------------------------------------------------------------------------------
+
+class _Profiles(NamedTuple):
+    """The instance profiles of the agents and of the master."""
+
+    agent: aws.iam.InstanceProfile
+    master: aws.iam.InstanceProfile
+
+
+def _iam(s: AwsSettings, n: _Naming, vpc_id: pulumi.Output[str], bucket: aws.s3.Bucket,
+         secret: aws.secretsmanager.Secret, log_group: aws.cloudwatch.LogGroup) -> _Profiles:
+    """The agents' and the master's roles, policies and instance profiles."""
+    named, tags, cid = n.named, n.tags, n.cid
     agent_role = aws.iam.Role(named("agent"), name=named("agent"), assume_role_policy=ASSUME_EC2,
                               description=f"Shipyard {cid}: agents", tags=tags("agent"))
     aws.iam.RolePolicy(named("agent"), role=agent_role.id, policy=bucket.bucket.apply(agent_policy))
@@ -203,27 +260,54 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
                                 log_group_arn=a[4])))
     master_profile = aws.iam.InstanceProfile(named("master"), name=named("master"), role=master_role.name,
                                              tags=tags("master"))
+    return _Profiles(agent=agent_profile, master=master_profile)
 
-    # ---- the master -----------------------------------------------------------------------
-    nic = aws.ec2.NetworkInterface(named("master"), subnet_id=first_subnet, security_groups=[master_sg.id],
-                                   description=f"Shipyard {cid}: master", tags=tags("master"))
-    user_data = pulumi.Output.all(nic.private_ip, bucket.bucket, subnet_ids, agent_sg.id, agent_profile.name,
-                                  secret.arn).apply(lambda a: master_user_data(s, *a))
+
+class _Master(NamedTuple):
+    nic: aws.ec2.NetworkInterface
+    instance: aws.ec2.Instance
+    eip: aws.ec2.Eip
+
+
+def _master(s: AwsSettings, n: _Naming, network: _Network, sgs: _SecurityGroups, bucket: aws.s3.Bucket,
+            secret: aws.secretsmanager.Secret, profiles: _Profiles, *,
+            depends_on: list[pulumi.Resource]) -> _Master:
+    """The master's network interface, instance (after `depends_on`) and Elastic IP."""
+    named, tags = n.named, n.tags
+    first_subnet = network.subnet_ids.apply(lambda ids: ids[0])
+    nic = aws.ec2.NetworkInterface(named("master"), subnet_id=first_subnet, security_groups=[sgs.master.id],
+                                   description=f"Shipyard {n.cid}: master", tags=tags("master"))
+    user_data = pulumi.Output.all(nic.private_ip, bucket.bucket, network.subnet_ids, sgs.agents.id,
+                                  profiles.agent.name, secret.arn).apply(lambda a: master_user_data(s, *a))
     ami: pulumi.Input[str] = s.master_ami
     if s.master_ami.startswith("resolve:ssm:"):
         ami = aws.ssm.get_parameter_output(name=s.master_ami.removeprefix("resolve:ssm:")).value
     master = aws.ec2.Instance(
         named("master"), ami=ami, instance_type=s.master_instance_type, key_name=s.keypair,
-        iam_instance_profile=master_profile.name, primary_network_interface={"network_interface_id": nic.id},
+        iam_instance_profile=profiles.master.name, primary_network_interface={"network_interface_id": nic.id},
         user_data=user_data, user_data_replace_on_change=True,
         metadata_options={"http_tokens": "required", "http_endpoint": "enabled"},
         root_block_device={"encrypted": True, "volume_size": MASTER_DISK_GB, "volume_type": "gp3",
                            "delete_on_termination": True, "tags": tags("master")},
-        tags=tags("master"),
-        # The master reads its secret (with the database's address) at its first start.
-        opts=pulumi.ResourceOptions(depends_on=[secret_version, db]))
+        tags=tags("master"), opts=pulumi.ResourceOptions(depends_on=depends_on))
     eip = aws.ec2.Eip(named("master"), domain="vpc", network_interface=nic.id, tags=tags("master"),
                       opts=pulumi.ResourceOptions(depends_on=[master]))
+    return _Master(nic=nic, instance=master, eip=eip)
+
+
+def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> dict[str, Any]:
+    """Declare the stack's resources; returns its outputs (also exported)."""
+    cid = s.cluster_id
+    n = _Naming(s)
+    network = _network(s, n)
+    sgs = _security_groups(s, n, network.vpc_id)
+    db = _database(s, n, network.subnet_ids, sgs.db, db_password)
+    bucket = _checkpoint_bucket(n)
+    secret, secret_version, log_group = _secret_and_logs(n, db, db_password=db_password,
+                                                         admin_password=admin_password)
+    profiles = _iam(s, n, network.vpc_id, bucket, secret, log_group)
+    # The master reads its secret (with the database's address) at its first start.
+    nic, master, eip = _master(s, n, network, sgs, bucket, secret, profiles, depends_on=[secret_version, db])
 
     outputs = {
         "cluster_id": cid,

@@ -22,7 +22,7 @@ others (network, firewall, service account, IAM) are named after the cluster.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import pulumi
 import pulumi_gcp as gcp
@@ -57,30 +57,47 @@ def instance_condition(cluster_id: str) -> str:
     )
 
 
-def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> dict[str, Any]:
-    cid, project, region = s.cluster_id, s.project, s.region
-    labels = s.all_tags
-    master_tag, agent_tag = f"{cid}-master", f"{cid}-agent"
+def _master_tag(cid: str) -> str:
+    """The master VM's network tag, which the firewall rules target."""
+    return f"{cid}-master"
 
-    apis = [gcp.projects.Service(f"{cid}-api-{api.split('.')[0]}", project=project, service=api,
-                                 disable_on_destroy=False) for api in APIS]
-    after_apis = pulumi.ResourceOptions(depends_on=apis)
 
-    # ---- network --------------------------------------------------------------------------
+def _agent_tag(cid: str) -> str:
+    """The agents' network tag (the pools' `network_tags` in master.yaml, infra/render.py)."""
+    return f"{cid}-agent"
+
+
+class _Network(NamedTuple):
+    network: gcp.compute.Network
+    subnet: gcp.compute.Subnetwork
+    sql_range: gcp.compute.GlobalAddress
+    peering: gcp.servicenetworking.Connection
+
+
+def _network(s: GcpSettings, after_apis: pulumi.ResourceOptions) -> _Network:
+    """The VPC network, its subnetwork, and the range peered with Cloud SQL."""
+    cid, project = s.cluster_id, s.project
     network = gcp.compute.Network(f"{cid}-net", name=f"{cid}-net", project=project, auto_create_subnetworks=False,
                                   description=f"Shipyard {cid}", opts=after_apis)
-    subnet = gcp.compute.Subnetwork(f"{cid}-subnet", name=f"{cid}-subnet", project=project, region=region,
+    subnet = gcp.compute.Subnetwork(f"{cid}-subnet", name=f"{cid}-subnet", project=project, region=s.region,
                                     network=network.id, ip_cidr_range=SUBNET_CIDR, private_ip_google_access=True)
     sql_range = gcp.compute.GlobalAddress(f"{cid}-sql-range", name=f"{cid}-sql-range", project=project,
                                           purpose="VPC_PEERING", address_type="INTERNAL",
-                                          prefix_length=SQL_PEERING_PREFIX, network=network.id, labels=labels)
+                                          prefix_length=SQL_PEERING_PREFIX, network=network.id, labels=s.all_tags)
     peering = gcp.servicenetworking.Connection(f"{cid}-sql-peering", network=network.id,
                                                service="servicenetworking.googleapis.com",
                                                reserved_peering_ranges=[sql_range.name])
+    return _Network(network=network, subnet=subnet, sql_range=sql_range, peering=peering)
+
+
+def _firewalls(s: GcpSettings, net: _Network) -> None:
+    """Ingress to the master and the agents, and the agents' egress to the database closed."""
+    cid, project = s.cluster_id, s.project
+    master_tag, agent_tag = _master_tag(cid), _agent_tag(cid)
 
     def firewall(name: str, **kwargs: Any) -> gcp.compute.Firewall:
-        return gcp.compute.Firewall(f"{cid}-{name}", name=f"{cid}-{name}", project=project, network=network.id,
-                                    **kwargs)
+        return gcp.compute.Firewall(f"{cid}-{name}", name=f"{cid}-{name}", project=project,
+                                    network=net.network.id, **kwargs)
 
     firewall("master-api", description="the master's API from the inbound CIDR", direction="INGRESS",
              source_ranges=[s.inbound_cidr], target_tags=[master_tag],
@@ -93,32 +110,54 @@ def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pul
              source_tags=[agent_tag], target_tags=[agent_tag], allows=[{"protocol": "all"}])
     firewall("agents-no-db", description="the database is the master's only", direction="EGRESS", priority=900,
              target_tags=[agent_tag],
-             destination_ranges=[pulumi.Output.concat(sql_range.address, f"/{SQL_PEERING_PREFIX}")],
+             destination_ranges=[pulumi.Output.concat(net.sql_range.address, f"/{SQL_PEERING_PREFIX}")],
              denies=[{"protocol": "tcp", "ports": [str(render.DB_PORT)]}])
 
-    # ---- database -------------------------------------------------------------------------
+
+class _Database(NamedTuple):
+    instance: gcp.sql.DatabaseInstance
+    user: gcp.sql.User
+
+
+def _database(s: GcpSettings, net: _Network, db_password: pulumi.Input[str]) -> _Database:
+    """Cloud SQL for PostgreSQL on the private network only, its database and its user."""
+    cid, project = s.cluster_id, s.project
     db = gcp.sql.DatabaseInstance(
-        f"{cid}-db", name=f"{cid}-db", project=project, region=region, database_version=DB_VERSION,
+        f"{cid}-db", name=f"{cid}-db", project=project, region=s.region, database_version=DB_VERSION,
         deletion_protection=False,
         settings={
             "tier": s.db_tier, "edition": "ENTERPRISE", "disk_size": s.db_storage_gb, "disk_type": "PD_SSD",
             "availability_type": "ZONAL", "location_preference": {"zone": s.zone},
-            "ip_configuration": {"ipv4_enabled": False, "private_network": network.id,
+            "ip_configuration": {"ipv4_enabled": False, "private_network": net.network.id,
                                  "ssl_mode": "ENCRYPTED_ONLY"},
             "backup_configuration": {"enabled": True, "point_in_time_recovery_enabled": True},
-            "user_labels": labels,
+            "user_labels": s.all_tags,
         },
-        opts=pulumi.ResourceOptions(depends_on=[peering]))
+        opts=pulumi.ResourceOptions(depends_on=[net.peering]))
     gcp.sql.Database(f"{cid}-db-shipyard", name=render.DB_NAME, instance=db.name, project=project)
     db_user = gcp.sql.User(f"{cid}-db-user", name=render.DB_USER, instance=db.name, project=project,
                            password=db_password)
+    return _Database(instance=db, user=db_user)
 
-    # ---- checkpoints ----------------------------------------------------------------------
-    bucket = gcp.storage.Bucket(f"{cid}-ckpt", name=f"{project}-{cid}-ckpt", project=project, location=region,
-                                uniform_bucket_level_access=True, public_access_prevention="enforced",
-                                force_destroy=True, labels=labels)
 
-    # ---- service accounts and IAM ---------------------------------------------------------
+def _checkpoint_bucket(s: GcpSettings) -> gcp.storage.Bucket:
+    """The checkpoint bucket: uniform access, public access prevented."""
+    cid, project = s.cluster_id, s.project
+    return gcp.storage.Bucket(f"{cid}-ckpt", name=f"{project}-{cid}-ckpt", project=project, location=s.region,
+                              uniform_bucket_level_access=True, public_access_prevention="enforced",
+                              force_destroy=True, labels=s.all_tags)
+
+
+class _ServiceAccounts(NamedTuple):
+    master: gcp.serviceaccount.Account
+    agent: gcp.serviceaccount.Account
+    master_member: pulumi.Output[str]
+
+
+def _service_accounts(s: GcpSettings, bucket: gcp.storage.Bucket,
+                      after_apis: pulumi.ResourceOptions) -> _ServiceAccounts:
+    """The master's and the agents' service accounts and their minimal roles."""
+    cid, project = s.cluster_id, s.project
     master_sa = gcp.serviceaccount.Account(f"{cid}-master", account_id=f"{cid}-master", project=project,
                                            display_name=f"Shipyard {cid}: master", opts=after_apis)
     agent_sa = gcp.serviceaccount.Account(f"{cid}-agent", account_id=f"{cid}-agent", project=project,
@@ -138,36 +177,76 @@ def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pul
     for who, member in (("agent", agent_member), ("master", master_member)):
         gcp.storage.BucketIAMMember(f"{cid}-{who}-ckpt", bucket=bucket.name, role="roles/storage.objectAdmin",
                                     member=member)
+    return _ServiceAccounts(master=master_sa, agent=agent_sa, master_member=master_member)
 
-    # ---- secrets --------------------------------------------------------------------------
+
+class _Secret(NamedTuple):
+    secret: gcp.secretmanager.Secret
+    version: gcp.secretmanager.SecretVersion
+
+
+def _secret(s: GcpSettings, db: gcp.sql.DatabaseInstance, accounts: _ServiceAccounts, after_apis: pulumi.ResourceOptions, *,
+            db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> _Secret:
+    """The master's secret (admin password, database URL), readable by the master only."""
+    cid, project = s.cluster_id, s.project
     secret = gcp.secretmanager.Secret(f"{cid}-master-secret", secret_id=f"{cid}-master", project=project,
-                                      replication={"auto": {}}, labels=labels, opts=after_apis)
+                                      replication={"auto": {}}, labels=s.all_tags, opts=after_apis)
     payload = pulumi.Output.all(admin_password, db_password, db.private_ip_address).apply(
         lambda a: render.secret_payload(a[0], render.postgres_url(a[1], a[2])))
     secret_version = gcp.secretmanager.SecretVersion(f"{cid}-master-secret", secret=secret.id,
                                                      secret_data=pulumi.Output.secret(payload))
     gcp.secretmanager.SecretIamMember(f"{cid}-master-reads-secret", project=project, secret_id=secret.secret_id,
-                                      role="roles/secretmanager.secretAccessor", member=master_member)
+                                      role="roles/secretmanager.secretAccessor", member=accounts.master_member)
+    return _Secret(secret=secret, version=secret_version)
 
-    # ---- the master -----------------------------------------------------------------------
+
+class _Master(NamedTuple):
+    internal_ip: gcp.compute.Address
+    external_ip: gcp.compute.Address
+    instance: gcp.compute.Instance
+
+
+def _master(s: GcpSettings, net: _Network, bucket: gcp.storage.Bucket, accounts: _ServiceAccounts,
+            secret: gcp.secretmanager.Secret, after_apis: pulumi.ResourceOptions, *,
+            depends_on: list[pulumi.Resource]) -> _Master:
+    """The master's internal and external addresses and its VM (after `depends_on`)."""
+    cid, project, region, labels = s.cluster_id, s.project, s.region, s.all_tags
     internal_ip = gcp.compute.Address(f"{cid}-master-internal", name=f"{cid}-master-internal", project=project,
-                                      region=region, address_type="INTERNAL", subnetwork=subnet.id, labels=labels)
+                                      region=region, address_type="INTERNAL", subnetwork=net.subnet.id, labels=labels)
     external_ip = gcp.compute.Address(f"{cid}-master", name=f"{cid}-master", project=project, region=region,
                                       address_type="EXTERNAL", labels=labels, opts=after_apis)
-    user_data = pulumi.Output.all(internal_ip.address, bucket.name, network.name, subnet.name, agent_sa.email,
-                                  secret.name).apply(lambda a: master_user_data(s, *a))
+    user_data = pulumi.Output.all(internal_ip.address, bucket.name, net.network.name, net.subnet.name,
+                                  accounts.agent.email, secret.name).apply(lambda a: master_user_data(s, *a))
     master = gcp.compute.Instance(
         f"{cid}-master", name=f"{cid}-master", project=project, zone=s.zone, machine_type=s.master_instance_type,
         boot_disk={"initialize_params": {"image": s.master_image, "size": MASTER_DISK_GB, "type": "pd-balanced",
                                          "labels": labels}, "auto_delete": True},
-        network_interfaces=[{"subnetwork": subnet.id, "network_ip": internal_ip.address,
+        network_interfaces=[{"subnetwork": net.subnet.id, "network_ip": internal_ip.address,
                              "access_configs": [{"nat_ip": external_ip.address}]}],
-        service_account={"email": master_sa.email, "scopes": ["cloud-platform"]},
+        service_account={"email": accounts.master.email, "scopes": ["cloud-platform"]},
         metadata={"user-data": user_data, "enable-oslogin": "TRUE"},
         shielded_instance_config={"enable_secure_boot": True, "enable_vtpm": True,
                                   "enable_integrity_monitoring": True},
-        tags=[master_tag], labels=labels, allow_stopping_for_update=True,
-        opts=pulumi.ResourceOptions(depends_on=[secret_version, db_user]))
+        tags=[_master_tag(cid)], labels=labels, allow_stopping_for_update=True,
+        opts=pulumi.ResourceOptions(depends_on=depends_on))
+    return _Master(internal_ip=internal_ip, external_ip=external_ip, instance=master)
+
+
+def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> dict[str, Any]:
+    """Declare the stack's resources; returns its outputs (also exported)."""
+    cid, project = s.cluster_id, s.project
+    apis = [gcp.projects.Service(f"{cid}-api-{api.split('.')[0]}", project=project, service=api,
+                                 disable_on_destroy=False) for api in APIS]
+    after_apis = pulumi.ResourceOptions(depends_on=apis)
+    net = _network(s, after_apis)
+    _firewalls(s, net)
+    db, db_user = _database(s, net, db_password)
+    bucket = _checkpoint_bucket(s)
+    accounts = _service_accounts(s, bucket, after_apis)
+    secret, secret_version = _secret(s, db, accounts, after_apis, db_password=db_password,
+                                     admin_password=admin_password)
+    internal_ip, external_ip, master = _master(s, net, bucket, accounts, secret, after_apis,
+                                               depends_on=[secret_version, db_user])
 
     outputs = {
         "cluster_id": cid,
