@@ -168,12 +168,27 @@ class ProviderConfig(Protocol):
     def from_dict(cls, data: Mapping[str, Any]) -> Self: ...
 
 
+@dataclass(frozen=True)
+class InstanceSummary:
+    """What the API, the CLI and the web UI say about a pool's instances, from its typed config."""
+
+    location: str = ""  # the region, or the first zone of the failover order
+    image: str = ""
+    instance_type: str = ""
+    spot: bool = False
+    slots_per_instance: int | None = None  # None: known only once the provider is built (AWS GPUs)
+
+
 class ProviderSettings(StrictSettings):
     """The base of every provider's config model (a `ProviderConfig`): a strict pydantic model checked
     by `shipyard_common.settings.validate`, so that every provider reports its problems the same way.
     Its module imports no cloud SDK: the master's API workers read every pool's settings."""
 
     TYPE: ClassVar[str]  # the `provider.type` it configures
+
+    def summary(self) -> InstanceSummary:
+        """The pool's instances as the pages show them; each provider says what it knows."""
+        return InstanceSummary()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:

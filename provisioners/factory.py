@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from provisioners import registry
-from provisioners.base import Provider, ProviderContext, ProviderType, UserDataKind
+from provisioners.base import InstanceSummary, Provider, ProviderContext, ProviderType, UserDataKind
 from shipyard_common.pool_settings import COMMON_KEYS, DEFAULT_LIST_MISS_GRACE, ElasticSettings
 from shipyard_common.settings import Problem, SettingsError, validate
 
-__all__ = ["COMMON_KEYS", "PoolConfigError", "PoolProvider", "PoolSettings", "build_provider", "elastic_settings",
+__all__ = ["COMMON_KEYS", "InstanceSummary", "PoolConfigError", "PoolProvider", "PoolSettings", "build_provider", "elastic_settings",
            "resolve"]
 
 

@@ -30,6 +30,7 @@ from provisioners.base import (
     CloudInstance,
     CloudState,
     ErrorKind,
+    InstanceSummary,
     LaunchResult,
     LaunchSpec,
     ProviderContext,
@@ -58,6 +59,9 @@ class LocalPoolConfig(ProviderSettings):
     slot_type: Annotated[str, BeforeValidator(_slot_type)] = "cpu"
     work_dir: Annotated[str | None, text(optional=True)] = None  # default: <state_dir>/local-instances/<pool>
     python: Annotated[str | None, text(optional=True)] = None  # interpreter for the agents; default: the master's
+
+    def summary(self) -> InstanceSummary:
+        return InstanceSummary(slots_per_instance=self.slots_per_instance)
 
 
 class LocalProvider:

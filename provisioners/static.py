@@ -46,6 +46,7 @@ from provisioners.base import (
     CloudState,
     ErrorKind,
     ErrorScope,
+    InstanceSummary,
     LaunchResult,
     LaunchSpec,
     ProviderContext,
@@ -100,6 +101,9 @@ class StaticPoolConfig(ProviderSettings):
     # The pool's `agent:` section (an elastic setting, so set by the build from the pool's options).
     agent: Annotated[dict[str, Any] | None, BeforeValidator(_agent_options)] = None
     slots_per_host: Annotated[int, integer(1)] = 1  # slots each host's agent brings
+
+    def summary(self) -> InstanceSummary:
+        return InstanceSummary(slots_per_instance=self.slots_per_host)
 
 
 def _error(e: SshBootstrapError, host: StaticHost) -> ProviderError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from cli.commands import group
@@ -25,6 +26,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _kind(pool: dict[str, Any]) -> str:
     return pool.get("provider") or str(pool.get("type") or "").removeprefix("RESOURCE_POOL_TYPE_").lower()
+
+
+def _snake(key: str) -> str:
+    """The wire's camelCase setting as master.yaml spells it (maxIdleAgentPeriod: max_idle_agent_period)."""
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), key)
+
+
+def _setting(value: Any) -> str:
+    if value is None:
+        return "unset"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _state(pool: dict[str, Any]) -> str:
@@ -93,6 +105,12 @@ def describe(args: Any) -> int:
         ("State", _state(p)),
         ("Error", p.get("error") or ""),
     ])
+    settings = p.get("settings")
+    if settings:
+        print("\nSettings (effective, as the autoscaler acts on them; durations in seconds):")
+        width = max(len(_snake(k)) for k in settings)
+        for key, value in settings.items():
+            print(f"  {_snake(key):<{width}}  {_setting(value)}")
     lines = decision_lines(p.get("lastDecision"))
     if lines:
         print(f"\nLast scaling decision ({fmt_time(p.get('lastDecisionAt')) or 'time unknown'}):")

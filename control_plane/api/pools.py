@@ -88,9 +88,9 @@ def _determined_pool_fields(master: Master, ep: EffectivePool | None, slots_tota
     has no notion of (Docker images for agents, aux containers) is empty or zero."""
     return {
         "schedulerFittingPolicy": "FITTING_POLICY_" + (ep.config.scheduler.fitting_policy.upper() if ep else "BEST"),
-        "location": ep.location if ep else "",
-        "imageId": ep.image if ep else "",
-        "instanceType": ep.instance_type if ep else "",
+        "location": ep.instances.location if ep else "",
+        "imageId": ep.instances.image if ep else "",
+        "instanceType": ep.instances.instance_type if ep else "",
         "masterUrl": master.config.advertised_url,
         "masterCertName": "",
         "startupScript": "",

@@ -32,7 +32,7 @@ def pool_capacity(s: Session, master: Master, pool: str) -> PoolCapacity | None:
     ep = effective_pool(cfg)
     per_instance: int | None = None
     if cfg.provider:
-        per_instance = ep.configured_slots
+        per_instance = ep.instances.slots_per_instance
         if per_instance is None:
             row = s.get(ResourcePool, pool)
             recorded = (row.last_decision or {}).get("slots_per_instance") if row is not None else None

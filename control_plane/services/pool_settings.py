@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from control_plane.config import ResourcePoolConfig
-from provisioners.factory import PoolConfigError, PoolSettings
+from provisioners.factory import InstanceSummary, PoolConfigError, PoolSettings
 from shipyard_common.pool_settings import ElasticSettings
 
 #: Settings shown nowhere: the startup script and the agents' options may carry credentials.
@@ -48,49 +48,16 @@ class EffectivePool:
         return self.elastic.max_instances if self.elastic is not None else 0
 
     @property
-    def spot(self) -> bool:
-        cfg = self.settings.provider if self.settings is not None else None
-        return bool(getattr(cfg, "is_spot", False) or getattr(cfg, "spot", False))
-
-    def _provider_attr(self, *names: str) -> str:
-        cfg = self.settings.provider if self.settings is not None else None
-        for name in names:
-            value = getattr(cfg, name, None)
-            if isinstance(value, tuple) and value:  # failover order: the first is the usual one
-                value = value[0]
-            if value:
-                return str(value)
-        return ""
-
-    @property
-    def configured_slots(self) -> int | None:
-        """The slots one instance brings, when the provider section says (AWS may leave it to the
-        instance type's GPUs, known once the autoscaler has asked the cloud)."""
-        cfg = self.settings.provider if self.settings is not None else None
-        for name in ("instance_slots", "slots_per_instance", "slots_per_host", "gpu_num"):
-            value = getattr(cfg, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        return None
-
-    @property
-    def location(self) -> str:
-        return self._provider_attr("region", "zones")
-
-    @property
-    def image(self) -> str:
-        return self._provider_attr("image_id", "boot_disk_source_image")
-
-    @property
-    def instance_type(self) -> str:
-        return self._provider_attr("instance_type", "machine_type")
+    def instances(self) -> InstanceSummary:
+        """Location, image, type, market and slots of the pool's instances, as its provider says."""
+        return self.settings.provider.summary() if self.settings is not None else InstanceSummary()
 
     def shown_settings(self) -> Iterator[tuple[str, Any]]:
         """(name, value) of every elastic setting but the unshown ones, in the model's order."""
         if self.elastic is None:
             return
         for name in ElasticSettings.model_fields:
-            if name not in UNSHOWN:
+            if name not in UNSHOWN and name != "type":  # the type is the pool's `provider`
                 yield name, getattr(self.elastic, name)
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from provisioners.base import ProviderSettings
+from provisioners.base import InstanceSummary, ProviderSettings
 from provisioners.capacity import DEFAULT_CAPACITY_COOLDOWN_S
 from shipyard_common.settings import boolean, check_all, http_url, integer, str_mapping, text, text_list
 
@@ -87,6 +87,9 @@ class AwsPoolConfig(ProviderSettings):
     # An instance found stopped (by hand, not by this master) is still terminated; true keeps its
     # EBS volumes (DeleteOnTermination turned off first), false deletes them with it.
     keep_stopped_disks: Annotated[bool, boolean()] = False
+
+    def summary(self) -> InstanceSummary:
+        return InstanceSummary(self.region, self.image_id, self.instance_type, self.spot, self.instance_slots)
 
     @model_validator(mode="after")
     def _fields_agree(self) -> AwsPoolConfig:

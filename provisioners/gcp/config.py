@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, model_validator
 
-from provisioners.base import ProviderSettings
+from provisioners.base import InstanceSummary, ProviderSettings
 from provisioners.capacity import DEFAULT_CAPACITY_COOLDOWN_S
 from provisioners.gcp.names import CLOUD_PLATFORM_SCOPE, RESERVED_LABEL_PREFIX, last_segment
 from shipyard_common import clouds
@@ -140,6 +140,10 @@ class GcpPoolConfig(ProviderSettings):
     @property
     def is_spot(self) -> bool:
         return self.spot or self.preemptible
+
+    def summary(self) -> InstanceSummary:
+        return InstanceSummary(self.zones[0], self.boot_disk_source_image, last_segment(self.machine_type),
+                               self.is_spot, self.instance_slots)
 
     @property
     def capacity_key(self) -> str:

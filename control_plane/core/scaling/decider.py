@@ -43,15 +43,14 @@ from datetime import datetime, timedelta
 
 from control_plane.core.states import InstanceState
 
-#: Shipyard's defaults. The idle period is short because a relaunch only costs one boot (about 90 s
-#: on AWS/GCP GPU images) while every idle minute bills a whole GPU instance; see
-#: benchmarks/elastic_trace.py for the trade-off measured on a day of trial arrivals.
-DEFAULT_MAX_IDLE_AGENT_PERIOD = timedelta(minutes=5)
-DEFAULT_MAX_AGENT_STARTING_PERIOD = timedelta(minutes=20)
-DEFAULT_MAX_DISCONNECTED_PERIOD = timedelta(minutes=10)
-#: How far back the demand arrivals are looked at to predict the next one (scale-down hysteresis).
-DEFAULT_ARRIVAL_WINDOW = timedelta(minutes=30)
-
+# The pool settings' defaults have one home (shipyard_common/pool_settings.py); the limits a test or
+# a benchmark builds by hand take the same ones.
+from shipyard_common.pool_settings import (
+    DEFAULT_ARRIVAL_WINDOW,
+    DEFAULT_MAX_AGENT_STARTING_PERIOD,
+    DEFAULT_MAX_DISCONNECTED_PERIOD,
+    DEFAULT_MAX_IDLE_AGENT_PERIOD,
+)
 
 
 @dataclass(frozen=True)
@@ -120,8 +119,8 @@ class PoolLimits:
             raise ValueError(f"slots_per_instance must be >= 0, got {self.slots_per_instance}")
         if self.max_launch_per_decision is not None and self.max_launch_per_decision < 0:
             raise ValueError(f"max_launch_per_decision must be >= 0, got {self.max_launch_per_decision}")
-        if self.arrival_window <= timedelta(0):
-            raise ValueError(f"arrival_window must be > 0, got {self.arrival_window}")
+        if self.arrival_window < timedelta(0):
+            raise ValueError(f"arrival_window must be >= 0 (0: no hysteresis), got {self.arrival_window}")
 
 
 @dataclass(frozen=True)
@@ -598,7 +597,9 @@ def _forecast(arrivals: Sequence[Arrival], limits: PoolLimits, now: datetime) ->
     """When the next task is due, from the arrivals in the window: the mean gap is window /
     arrivals (conservative while the history is shorter than the window), and the next one is due a
     mean gap after the last, or now if that is past. Arrivals that no instance can host do not
-    count. None without any arrival in the window."""
+    count. None without any arrival in the window, or with no window (the hysteresis is off)."""
+    if not limits.arrival_window:
+        return None
     capacity = limits.slots_per_instance
     start = now - limits.arrival_window
     recent = sorted((a for a in arrivals if start < a.at <= now and a.slots <= capacity), key=lambda a: a.at)

@@ -22,7 +22,6 @@ from sqlalchemy.orm import Session
 
 from control_plane.core import states as st
 from control_plane.core.scaling import (
-    DEFAULT_ARRIVAL_WINDOW,
     Arrival,
     InstanceView,
     PendingDemand,
@@ -75,7 +74,7 @@ def pool_limits(pp: PoolProvider) -> PoolLimits:
         max_agent_starting_period=settings.max_agent_starting_period,
         max_disconnected_period=settings.max_disconnected_period,
         max_launch_per_decision=settings.max_launch_per_decision,
-        arrival_window=settings.arrival_window or DEFAULT_ARRIVAL_WINDOW,
+        arrival_window=settings.arrival_window,
     )
 
 
@@ -87,7 +86,7 @@ def decide_and_apply(master: Master, pool: str, memory: PoolMemory, orphans: lis
     assert pp is not None
     limits = pool_limits(pp)
     with master.read_sessions() as s:
-        snap = read_snapshot(s, pool, orphans, limits, now, hysteresis=bool(pp.settings.arrival_window))
+        snap = read_snapshot(s, pool, orphans, limits, now, hysteresis=bool(limits.arrival_window))
     decision = decide(snap.demand, snap.views, limits, now, snap.arrivals)
     with transaction(master.sessions) as s:
         launch_ids = apply_decision(s, master, pool, memory, decision, snap, now)

@@ -44,6 +44,11 @@ class Autoscaler:
         return [p.name for p in self.master.config.resource_pools
                 if p.provider and p.provider.get("type") in registry.provider_types()]
 
+    def pool_provider(self, name: str) -> PoolProvider | None:
+        """The pool's provider and the settings the loop acts on; None if the pool is unusable (its
+        record's error says why)."""
+        return self._pool(name).provider
+
     def _pool(self, name: str) -> PoolMemory:
         memory = self.pools.get(name)
         if memory is not None and memory.provider is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from control_plane.core.scaling import reconcile as rec
 from provisioners.factory import PoolProvider
 
 
@@ -36,6 +35,6 @@ class PoolMemory:
 
     def list_miss_grace(self) -> timedelta:
         assert self.provider is not None
-        if self.provider.settings.list_miss_grace is not None:
-            return self.provider.settings.list_miss_grace
-        return timedelta(0) if self.provider.provider_type.consistent_list else rec.DEFAULT_LIST_MISS_GRACE
+        grace = self.provider.settings.list_miss_grace
+        assert grace is not None  # provisioners.factory.resolve sets it, by the provider's list
+        return grace

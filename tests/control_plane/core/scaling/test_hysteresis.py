@@ -110,4 +110,13 @@ def test_terminations_that_presume_an_idle_instance_are_marked() -> None:
 
 def test_bad_arrival_window() -> None:
     with pytest.raises(ValueError, match="arrival_window"):
-        PoolLimits(0, 1, 8, arrival_window=timedelta(0))
+        PoolLimits(0, 1, 8, arrival_window=timedelta(seconds=-1))
+
+
+def test_a_zero_arrival_window_turns_the_hysteresis_off() -> None:
+    """0 is the pool setting that turns it off: arrivals passed anyway keep nothing."""
+    arrivals = every(gap=2 * MIN, last_ago=MIN)
+    kept = decide([], [idle("i-1", 6 * MIN)], limits(), NOW, arrivals)
+    assert kept.terminate_ids == ()  # the hysteresis keeps it for the next arrival
+    off = decide([], [idle("i-1", 6 * MIN)], limits(arrival_window=timedelta(0)), NOW, arrivals)
+    assert off.terminate_ids == ("i-1",)
