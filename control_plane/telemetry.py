@@ -61,7 +61,7 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 ERROR_KINDS = frozenset({"capacity", "quota", "throttled", "auth", "invalid", "unknown"})
 OPERATIONS = frozenset({"launch", "terminate", "list", "describe"})
 # A termination's cause, from the start of the reason the autoscaler records (core/scaling/decider.py,
-# loops/autoscaler.py). Anything else is `other`: the label set stays bounded whatever a reason says.
+# loops/autoscaler/). Anything else is `other`: the label set stays bounded whatever a reason says.
 _CAUSE_PREFIXES = (
     ("idle for ", "idle"),
     ("above max_instances", "above_max_instances"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 # the prefixes the providers reserve for their own tags ('shipyard:' on AWS, 'shipyard-' on GCP).
 DEPLOY_TAG = "det-deploy-cluster"
 # The tag and label every instance launched by a Shipyard master carries (provisioners/base.py
-# TAG_MANAGED_BY and provisioners/gcp.py LABEL_MANAGED_BY; tests/infra checks they agree): the
+# TAG_MANAGED_BY and provisioners/gcp LABEL_MANAGED_BY; tests/infra checks they agree): the
 # master's own VM does not carry it, so `down` tells agents from the master.
 AGENT_MANAGED_BY_TAG = "shipyard:managed-by"
 AGENT_MANAGED_BY_LABEL = "shipyard-managed-by"

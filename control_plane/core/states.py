@@ -264,7 +264,7 @@ def checkpoint_wire_state(value: str) -> str:
     return CKPT_DELETED if s == CKPT_DELETING else s
 
 
-# -- instances and pools: the autoscaler's record (control_plane/loops/autoscaler.py) ------------
+# -- instances and pools: the autoscaler's record (control_plane/loops/autoscaler/) ------------
 # Same rules as above: staying put is always allowed, `can_transition` / `transition` read these
 # tables. What the cloud itself reports about an instance is provisioners.base.CloudState.
 

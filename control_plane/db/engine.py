@@ -18,7 +18,7 @@ from shipyard_common import private_files
 
 def make_engine(url: str, *, pool_size: int = 12, pool_timeout_s: float = 3.0) -> Engine:
     """`pool_size` connections, and a short `pool_timeout_s`: the API admits fewer requests than
-    the pool holds (api/admission.py), so a wait for a connection means something is wrong and it
+    the pool holds (frontdoor/admission.py), so a wait for a connection means something is wrong and it
     should fail fast (503) rather than hang the caller for half a minute."""
     # The overflow is slack for the background loops' bursts, not room for more requests.
     pool_args = {"pool_size": pool_size, "max_overflow": 10, "pool_timeout": pool_timeout_s}

@@ -42,7 +42,7 @@ from shipyard_common.task_env import TrialEnvironment
 log = logging.getLogger("shipyard.agents")
 
 # The longest command long-poll the master asks of an agent (it announces it at registration and the
-# agent lowers its poll timeout to it). A waiting poll is itself the heartbeat (api/agent_polls.py
+# agent lowers its poll timeout to it). A waiting poll is itself the heartbeat (frontdoor/agent_polls.py
 # writes `last_seen` for every waiting poll every 2 s), so the poll's length only bounds how long a
 # dead agent's last poll keeps it counted alive: half the heartbeat timeout, at most this.
 HEARTBEAT_INTERVAL_MAX_S = 10.0
@@ -429,7 +429,7 @@ def _ending_instance(s: Session, agent: Agent) -> Instance | None:
 
 def _locked_agent(s: Session, agent_id: str) -> Agent:
     # The autoscaler disables an agent it terminates under a lock on the same row
-    # (loops/autoscaler.py): taking it first, the instance's state read below is the committed one.
+    # (loops/autoscaler/decision.py, claim_idle): taking it first, the instance's state read below is the committed one.
     agent = s.scalar(select(Agent).where(Agent.id == agent_id).with_for_update()
                      .execution_options(populate_existing=True))
     if agent is None:
@@ -492,7 +492,7 @@ def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principa
                      verify: bool = True) -> set[str]:
     """`has_news` for many waiting command long-polls at once ({agent id: (credential, session)}):
     three small queries whatever their number, so a wake-up costs one check per process rather than
-    one per waiting agent (api/agent_polls.py). News is a command owed to the agent or a refusal
+    one per waiting agent (frontdoor/agent_polls.py). News is a command owed to the agent or a refusal
     its next full check would answer: a credential revoked or expired meanwhile, an unknown agent,
     a replaced session. Reads columns, not ORM objects, and only the allocations that may owe
     something (to be started, to be killed, or a gang's part): a running trial owes nothing.
@@ -541,7 +541,7 @@ def _owing(s: Session, master: Master, waiting: set[str]) -> set[str]:
 
 def record_heartbeats(s: Session, master: Master, seen: set[tuple[str, str]]) -> int:
     """Mark the agents seen now ({(agent id, session id)}), in one statement: the heartbeats of the
-    command long-polls a process holds (api/agent_polls.py), written together every few seconds
+    command long-polls a process holds (frontdoor/agent_polls.py), written together every few seconds
     instead of one write transaction per poll. Only an agent still connected on that session is
     touched (one the placement loop has meanwhile disconnected, or that registered again, is not
     revived). Returns how many rows moved."""

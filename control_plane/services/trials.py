@@ -74,7 +74,7 @@ def must_stop_by_id(s: Session, allocation_id: str) -> bool | None:
 
 def stopping_among(s: Session, allocation_ids: Collection[str]) -> set[str]:
     """Which of these allocations must stop (`must_stop`), or are gone: the preemption long-polls
-    waiting in a process, checked together in one query (api/preempt_polls.py)."""
+    waiting in a process, checked together in one query (frontdoor/preempt_polls.py)."""
     ids = set(allocation_ids)
     if not ids:
         return set()

@@ -36,7 +36,7 @@ DB_VERSION = "POSTGRES_16"
 MASTER_DISK_GB = 30
 APIS = ("compute.googleapis.com", "sqladmin.googleapis.com", "servicenetworking.googleapis.com",
         "secretmanager.googleapis.com", "iam.googleapis.com")
-# What the GCP provider (provisioners/gcp.py) calls, and nothing else.
+# What the GCP provider (provisioners/gcp/) calls, and nothing else.
 MASTER_PERMISSIONS = (
     "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
     "compute.instances.setLabels", "compute.instances.setMetadata", "compute.instances.setServiceAccount",

@@ -1,5 +1,5 @@
 """The rules by which the autoscaler believes the cloud: pure functions of what a list and a lookup
-by id said, the instance's record and the time (the loop, control_plane/loops/autoscaler.py, calls
+by id said, the instance's record and the time (the loop, control_plane/loops/autoscaler/, calls
 them every tick and applies their answers).
 
 * A list miss is evidence, not proof. Cloud lists are eventually consistent (EC2 DescribeInstances
