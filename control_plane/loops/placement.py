@@ -17,6 +17,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from control_plane.core import gang_run
 from control_plane.core import states as st
+from control_plane.core.expconf import ConfigInvalid, ExperimentConfig, Resources
 from control_plane.core.scheduling import (
     AgentSlots,
     Assignment,
@@ -226,9 +227,20 @@ def parts_of(alloc: Allocation) -> list[tuple[str, list[str]]]:
     return [(alloc.agent_id, [str(x) for x in alloc.slot_ids])]
 
 
+def _resources(experiment_id: int, config: dict[str, Any]) -> Resources:
+    """The experiment's typed resources. A row that no longer validates is scheduled with the
+    model's defaults (and logged) rather than stopping placement in every pool."""
+    try:
+        return ExperimentConfig.from_stored(config).resources
+    except ConfigInvalid as e:
+        log.warning("event=experiment_config_invalid experiment_id=%s error=%r", experiment_id, str(e))
+        return Resources()
+
+
 def _jobs(s: Session, experiment_ids: set[int | None], default_priority: int) -> dict[int, dict[str, Any]]:
     """The job attributes of experiments (one query): priority (the job's, else its config's, else
-    the pool's default), weight, queue position, and the config's resources.max_slots."""
+    the pool's default), weight (the job's, else its config's), queue position, and the config's
+    resources.max_slots."""
     ids = [i for i in experiment_ids if i is not None]
     out: dict[int, dict[str, Any]] = {}
     for chunk in range(0, len(ids), 1000):
@@ -236,13 +248,12 @@ def _jobs(s: Session, experiment_ids: set[int | None], default_priority: int) ->
             select(Experiment.id, Experiment.job_id, Experiment.priority, Experiment.weight,
                    Experiment.queue_position, Experiment.config).where(Experiment.id.in_(ids[chunk:chunk + 1000]))
         ):
-            resources = (config or {}).get("resources") or {}
+            resources = _resources(eid, config)
             if priority is None:
-                priority = resources.get("priority") or default_priority
-            max_slots = resources.get("max_slots")
+                priority = resources.priority if resources.priority is not None else default_priority
             out[eid] = {"job_id": job_id or f"experiment-{eid}", "priority": int(priority),
-                        "weight": float(weight if weight is not None else resources.get("weight") or 1.0),
-                        "queue_position": position, "max_slots": max_slots if isinstance(max_slots, int) else None}
+                        "weight": float(weight if weight is not None else resources.weight),
+                        "queue_position": position, "max_slots": resources.max_slots}
     return out
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from control_plane.core import states as st
 from control_plane.core.downsample import lttb
+from control_plane.core.expconf import ExperimentConfig
 from control_plane.core.timeline import Interval, step_series
 from control_plane.db.models import (
     Agent,
@@ -125,11 +126,11 @@ def experiment_page(s: Session, q: ExperimentQuery, now: datetime) -> tuple[list
     best = experiments.best_trials(s, exps)
     rows = []
     for e in exps:
-        searcher = (e.config or {}).get("searcher") or {}
+        searcher = ExperimentConfig.from_stored(e.config).searcher
         b = best.get(e.id)
         rows.append(ExperimentRow(
             id=e.id, name=e.name, state=e.state, progress=float(e.progress or 0.0), owner=owners.get(e.owner_id, ""),
-            labels=list(e.labels or []), searcher=str(searcher.get("name") or ""), metric=searcher.get("metric"),
+            labels=list(e.labels or []), searcher=searcher.name, metric=searcher.metric,
             best_metric=b.metric if b else None, best_trial_id=b.trial_id if b else None,
             trials=int(counts.get(e.id, 0)), start_time=e.start_time, end_time=e.end_time,
             duration_s=((e.end_time or now) - e.start_time).total_seconds(), archived=bool(e.archived)))
@@ -191,8 +192,7 @@ def _checkpoint_rows(s: Session, ckpts: Sequence[Checkpoint]) -> list[Checkpoint
 
 
 def experiment_view(s: Session, exp: Experiment) -> ExperimentView:
-    goal = searcher_goal(exp.config)
-    searcher = (exp.config or {}).get("searcher") or {}
+    searcher = ExperimentConfig.from_stored(exp.config).searcher
     trials = list(s.scalars(select(Trial).where(Trial.experiment_id == exp.id).order_by(Trial.id)))
     best = experiments.best_trials(s, [exp]).get(exp.id)
     ckpts = _checkpoint_rows(s, checkpoints.of_experiment(s, exp.id))
@@ -203,8 +203,9 @@ def experiment_view(s: Session, exp: Experiment) -> ExperimentView:
                 names.append(k)
     owner = s.scalar(select(User.username).where(User.id == exp.owner_id)) or ""
     return ExperimentView(
-        exp=exp, owner=owner, searcher=str(searcher.get("name") or ""), metric=goal.metric,
-        smaller_is_better=goal.smaller_is_better, max_length=searcher.get("max_length"), trials=trials,
+        exp=exp, owner=owner, searcher=searcher.name, metric=searcher.metric,
+        smaller_is_better=searcher.smaller_is_better,
+        max_length=None if searcher.max_length is None else searcher.max_length.model_dump(), trials=trials,
         best_trial_id=best.trial_id if best else None, checkpoints=ckpts,
         checkpoint_bytes=sum(c.size_bytes for c in ckpts if c.state in st.CKPT_LIVE),
         config_yaml=config_yaml(exp.config or {}), job=experiments.job_summary(s, exp), hparam_names=names)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from control_plane.auth import Principal
 from control_plane.config import SchedulerConfig
 from control_plane.core import states as st
+from control_plane.core.expconf import ExperimentConfig
 from control_plane.db.models import Allocation, Experiment, User
 from control_plane.errors import Conflict, FieldProblem, Invalid, NotFound, PermissionDenied
 from control_plane.master import Master
@@ -222,13 +223,11 @@ def _apply(s: Session, master: Master, p: Principal, u: QueueUpdate, where: str)
     _check_values(u, where)
     if exp.state in st.EXP_TERMINAL:
         raise Conflict(f"job {u.job_id!r} (experiment {exp.id}) has ended ({exp.state}): it is in no queue")
-    resources: dict[str, Any] = dict((exp.config or {}).get("resources") or {})
     if u.resource_pool is not None and u.resource_pool != exp.resource_pool:
         _check_pool(s, master, exp, u.resource_pool, f"{where}.resourcePool")
         log.info("event=job_moved job_id=%s experiment_id=%s from=%s to=%s", exp.job_id, exp.id,
                  exp.resource_pool, u.resource_pool)
         exp.resource_pool = u.resource_pool
-        resources["resource_pool"] = u.resource_pool
     if u.priority is not None:
         exp.priority = u.priority
     if u.weight is not None:
@@ -239,10 +238,12 @@ def _apply(s: Session, master: Master, p: Principal, u: QueueUpdate, where: str)
     if anchor_id is not None:
         field = f"{where}.{'aheadOf' if u.ahead_of is not None else 'behindOf'}"
         _move(s, master, exp, anchor_id, ahead=u.ahead_of is not None, field=field)
+    # The config's resources follow the row, so later allocations inherit the change.
+    changes: dict[str, Any] = {"resource_pool": exp.resource_pool, "weight": exp.weight}
     if exp.priority is not None:
-        resources["priority"] = exp.priority
-    resources["weight"] = exp.weight
-    exp.config = {**(exp.config or {}), "resources": resources}
+        changes["priority"] = exp.priority
+    resources = ExperimentConfig.from_stored(exp.config).resources.model_copy(update=changes)
+    exp.config = {**exp.config, "resources": resources.model_dump(mode="json")}
     priority = effective_priority(master, exp)
     for alloc in _live_allocations(s, [exp.id]).get(exp.id, []):
         alloc.priority = priority
@@ -258,7 +259,7 @@ def _check_pool(s: Session, master: Master, exp: Experiment, pool: str, field: s
     if cfg is None:
         names = [x.name for x in master.config.resource_pools]
         raise _invalid(field, f"no resource pool named {pool!r}; pools are {names}")
-    slots = int(((exp.config or {}).get("resources") or {}).get("slots_per_trial") or 1)
+    slots = ExperimentConfig.from_stored(exp.config).resources.slots_per_trial
     if cfg.max_slots_per_agent is not None and slots > cfg.max_slots_per_agent:
         raise _invalid(field, f"{slots} slots per trial cannot fit on one agent of pool {pool!r} "
                               f"(at most {cfg.max_slots_per_agent})")

@@ -57,12 +57,11 @@ def _config(exp: Experiment) -> ExperimentConfig:
 
 def _method(exp: Experiment) -> BaseSearchMethod:
     cfg = _config(exp)
-    searcher = cfg.searcher.model_dump(mode="json")
     hparams = hyperparameters_to_dict(cfg.hyperparameters)
     state = exp.searcher_state or {}
     if "method" in state:
-        return restore_search_method(searcher, hparams, cfg.searcher_seed, state["method"])
-    return new_search_method(searcher, hparams, cfg.searcher_seed)
+        return restore_search_method(cfg.searcher, hparams, cfg.searcher_seed, state["method"])
+    return new_search_method(cfg.searcher, hparams, cfg.searcher_seed)
 
 
 def _save(exp: Experiment, method: BaseSearchMethod, shutdown: dict[str, Any] | None = None) -> None:

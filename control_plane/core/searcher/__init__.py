@@ -1,7 +1,8 @@
 """Hyperparameter searchers: pure state machines, metrics in, trial operations out.
 
-See ``base`` for the event contract. ``new_search_method`` builds one from an experiment's
-config; ``restore_search_method`` continues one from its ``snapshot()``.
+See ``base`` for the event contract. ``new_search_method`` builds one from an experiment's typed
+searcher config (``ExperimentConfig.searcher``: expconf holds every default) and its
+hyperparameters as plain data; ``restore_search_method`` continues one from its ``snapshot()``.
 """
 
 from control_plane.core.searcher.asha import (

@@ -36,10 +36,13 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from control_plane.core.searcher.base import BaseSearchMethod, searcher_length
 from control_plane.core.searcher.operations import Close, Create, ExitedReason, Operation, ValidateAfter
+
+if TYPE_CHECKING:  # annotations only: expconf imports this package (rung and grid arithmetic)
+    from control_plane.core.expconf.models.searcher import AdaptiveASHASearcher, SearcherConfig
 
 # A trial that exited early ranks as if it had reported the worst possible metric. Finite so that
 # snapshots stay strict JSON (PostgreSQL's jsonb rejects Infinity).
@@ -128,30 +131,21 @@ def _bracket_max_concurrent(max_concurrent: int, divisor: float, bracket_trials:
     return [per + (1 if i < remainder else 0) for i in range(n)]
 
 
-def adaptive_asha_plan(searcher_cfg: Mapping[str, Any]) -> list[BracketPlan]:
+def adaptive_asha_plan(searcher_cfg: AdaptiveASHASearcher) -> list[BracketPlan]:
     """The brackets an adaptive_asha searcher runs, most aggressive early stopping first.
 
-    Raises ``ValueError`` with the offending field's path when the config cannot be planned.
+    The config is expconf's typed model, which holds the defaults and the bounds (divisor > 1;
+    max_rungs, max_trials and the length at least 1). Raises ``ValueError`` with the field's path
+    when it has no length (expconf's semantic checks refuse that, not the model).
     """
     length = searcher_length(searcher_cfg)
     if length is None:
         raise ValueError("searcher.max_length: adaptive_asha needs max_length (or max_time)")
-    if length < 1:
-        raise ValueError("searcher.max_length: must be at least 1 unit")
-    # The config comes defaulted (expconf is the one home of searcher defaults): no fallbacks here.
-    divisor = float(searcher_cfg["divisor"])
-    if not divisor > 1.0:
-        raise ValueError("searcher.divisor: must be greater than 1")
-    max_rungs = int(searcher_cfg["max_rungs"])
-    if max_rungs < 1:
-        raise ValueError("searcher.max_rungs: must be at least 1")
-    max_trials = int(searcher_cfg["max_trials"])
-    if max_trials < 1:
-        raise ValueError("searcher.max_trials: must be at least 1")
-    max_concurrent = int(searcher_cfg.get("max_concurrent_trials") or 0)
-    if max_concurrent < 0:
-        raise ValueError("searcher.max_concurrent_trials: must not be negative")
-    mode = str(searcher_cfg["mode"])
+    divisor = searcher_cfg.divisor
+    max_rungs = searcher_cfg.max_rungs
+    max_trials = searcher_cfg.max_trials
+    max_concurrent = searcher_cfg.max_concurrent_trials
+    mode = searcher_cfg.mode
 
     # Like Determined, fewer rungs when max_length or max_trials cannot feed max_rungs of them
     # (each rung needs >= 1 unit and the top rung needs >= 1 trial); also never more rungs than
@@ -179,20 +173,18 @@ def adaptive_asha_plan(searcher_cfg: Mapping[str, Any]) -> list[BracketPlan]:
     ]
 
 
-def asha_rungs_fit(searcher_cfg: Mapping[str, Any]) -> str | None:
+def asha_rungs_fit(searcher_cfg: SearcherConfig) -> str | None:
     """None if an adaptive_asha config yields rungs of at least one unit each, else the reason.
 
     Like Determined, max_rungs is lowered when max_length is too short for
     divisor^(max_rungs-1) (e.g. 100 batches, divisor 4 -> 4 rungs of 1, 6, 25, 100), so only a
-    missing or sub-unit length, or a divisor <= 1, fails here. Other searchers always fit.
+    missing length fails here (the model refuses a sub-unit one). Other searchers always fit.
     """
-    if searcher_cfg.get("name") != "adaptive_asha":
+    if searcher_cfg.name != "adaptive_asha":
         return None
     try:
         adaptive_asha_plan(searcher_cfg)
-    except KeyError as e:
-        return f"searcher.{e.args[0]}: required by adaptive_asha"
-    except (ValueError, TypeError) as e:
+    except ValueError as e:
         return str(e)
     return None
 
@@ -449,14 +441,14 @@ class AdaptiveAshaSearch(BaseSearchMethod):
     _unexpected_close_is_exit = True
 
     def __init__(
-        self, searcher_cfg: Mapping[str, Any], hparams_cfg: Mapping[str, Any], experiment_seed: int
+        self, searcher_cfg: AdaptiveASHASearcher, hparams_cfg: Mapping[str, Any], experiment_seed: int
     ) -> None:
         super().__init__(searcher_cfg, hparams_cfg, experiment_seed)
         self.plans = adaptive_asha_plan(searcher_cfg)
-        divisor = float(searcher_cfg["divisor"])
-        smaller_is_better = bool(searcher_cfg["smaller_is_better"])
-        bracket_cls = AshaStoppingBracket if searcher_cfg.get("stop_once") else AshaBracket
-        self.brackets: list[AshaBracket] = [bracket_cls(p, divisor, smaller_is_better) for p in self.plans]
+        bracket_cls = AshaStoppingBracket if searcher_cfg.stop_once else AshaBracket
+        self.brackets: list[AshaBracket] = [
+            bracket_cls(p, searcher_cfg.divisor, searcher_cfg.smaller_is_better) for p in self.plans
+        ]
         self._trial_bracket: dict[str, int] = {}
 
     def _mark(self, bracket: int, ops: list[Operation]) -> list[Operation]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from control_plane.core.searcher.hparams import TrialFactory
 from control_plane.core.searcher.operations import (
@@ -38,6 +38,9 @@ from control_plane.core.searcher.operations import (
     Shutdown,
     ValidateAfter,
 )
+
+if TYPE_CHECKING:  # annotations only: expconf imports this package (rung and grid arithmetic)
+    from control_plane.core.expconf.models.searcher import SearcherConfig
 
 __all__ = [
     "BaseSearchMethod",
@@ -81,21 +84,11 @@ class SearchMethod(Protocol):
     def snapshot(self) -> dict[str, Any]: ...
 
 
-def searcher_length(searcher_cfg: Mapping[str, Any]) -> int | None:
-    """The training length searchers emit, in the configured unit: ``max_time`` when it is set,
-    otherwise the single number in ``max_length`` (``{"batches": N}`` etc.), else None."""
-    max_time = searcher_cfg.get("max_time")
-    if max_time is not None:
-        return int(max_time)
-    max_length = searcher_cfg.get("max_length")
-    if not max_length:
-        return None
-    if isinstance(max_length, Mapping):
-        if len(max_length) != 1:
-            raise ValueError(f"searcher.max_length: expected one unit, got {sorted(max_length)}")
-        (units,) = max_length.values()
-        return int(units)
-    return int(max_length)
+def searcher_length(searcher_cfg: SearcherConfig) -> int | None:
+    """The training length searchers emit, in the configured unit (``max_length``'s, or
+    ``max_time`` in its ``time_metric``); None when the training code decides."""
+    length = searcher_cfg.training_length()
+    return None if length is None else length[1]
 
 
 class BaseSearchMethod(abc.ABC):
@@ -109,9 +102,7 @@ class BaseSearchMethod(abc.ABC):
     # Whether trial_closed for a trial the searcher never closed is really an early exit.
     _unexpected_close_is_exit: ClassVar[bool] = False
 
-    def __init__(
-        self, searcher_cfg: Mapping[str, Any], hparams_cfg: Mapping[str, Any], experiment_seed: int
-    ) -> None:
+    def __init__(self, searcher_cfg: SearcherConfig, hparams_cfg: Mapping[str, Any], experiment_seed: int) -> None:
         self.searcher_cfg = searcher_cfg
         self.hparams_cfg = hparams_cfg
         self.experiment_seed = int(experiment_seed)
@@ -274,7 +265,7 @@ class BaseSearchMethod(abc.ABC):
     @classmethod
     def restore(
         cls,
-        searcher_cfg: Mapping[str, Any],
+        searcher_cfg: SearcherConfig,
         hparams_cfg: Mapping[str, Any],
         experiment_seed: int,
         snapshot: Mapping[str, Any],

@@ -10,24 +10,25 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from control_plane.core.searcher.base import BaseSearchMethod, searcher_length
 from control_plane.core.searcher.hparams import Grid
 from control_plane.core.searcher.operations import Close, Create, ExitedReason, Operation, ValidateAfter
+
+if TYPE_CHECKING:  # annotations only: expconf imports this package (rung and grid arithmetic)
+    from control_plane.core.expconf.models.searcher import GridSearcher, RandomSearcher, SearcherConfig
 
 
 class _FixedLengthSearch(BaseSearchMethod):
     # Whether a trial that exits with invalid_hp is replaced by a fresh sample.
     _replace_invalid: ClassVar[bool]
 
-    def __init__(
-        self, searcher_cfg: Mapping[str, Any], hparams_cfg: Mapping[str, Any], experiment_seed: int
-    ) -> None:
+    def __init__(self, searcher_cfg: SearcherConfig, hparams_cfg: Mapping[str, Any], experiment_seed: int) -> None:
         super().__init__(searcher_cfg, hparams_cfg, experiment_seed)
         self.length = searcher_length(searcher_cfg)
         self.total_trials = self._total_trials()
-        self.max_concurrent = int(searcher_cfg.get("max_concurrent_trials") or 0)
+        self.max_concurrent = self._max_concurrent()
         # Trials that count toward total_trials (invalid_hp replacements do not).
         self._counted = 0
         self._open = 0
@@ -36,6 +37,11 @@ class _FixedLengthSearch(BaseSearchMethod):
 
     @abc.abstractmethod
     def _total_trials(self) -> int: ...
+
+    def _max_concurrent(self) -> int:
+        """How many trials may be alive at once; 0 means no limit."""
+        cfg: RandomSearcher | GridSearcher = self.searcher_cfg  # type: ignore[assignment]
+        return cfg.max_concurrent_trials
 
     @abc.abstractmethod
     def _next_create(self) -> Create: ...
@@ -109,7 +115,8 @@ class RandomSearch(_FixedLengthSearch):
     _replace_invalid = True
 
     def _total_trials(self) -> int:
-        return int(self.searcher_cfg["max_trials"])
+        cfg: RandomSearcher = self.searcher_cfg  # type: ignore[assignment]
+        return cfg.max_trials
 
     def _next_create(self) -> Create:
         return self._new_trial()
@@ -120,14 +127,11 @@ class SingleSearch(RandomSearch):
 
     name = "single"
 
-    def __init__(
-        self, searcher_cfg: Mapping[str, Any], hparams_cfg: Mapping[str, Any], experiment_seed: int
-    ) -> None:
-        super().__init__(searcher_cfg, hparams_cfg, experiment_seed)
-        self.max_concurrent = 0
-
     def _total_trials(self) -> int:
         return 1
+
+    def _max_concurrent(self) -> int:
+        return 0
 
 
 class GridSearch(_FixedLengthSearch):

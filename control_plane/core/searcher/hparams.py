@@ -66,7 +66,7 @@ def sample_value(spec: Any, rng: random.Random) -> Any:
     if kind == "double":
         return rng.uniform(float(spec["minval"]), float(spec["maxval"]))
     if kind == "log":
-        base = float(spec.get("base", 10.0))
+        base = float(spec["base"])
         return base ** rng.uniform(float(spec["minval"]), float(spec["maxval"]))
     if kind == "categorical":
         vals = spec["vals"]
@@ -133,7 +133,7 @@ def grid_values(spec: Any, path: Path = ("?",)) -> list[Any]:
         points = [(lo + hi) / 2.0] if count == 1 else [lo + i * (hi - lo) / (count - 1) for i in range(count)]
         if kind == "double":
             return points
-        base = float(spec.get("base", 10.0))
+        base = float(spec["base"])
         return [base**p for p in points]
     raise ValueError(f"{_dotted(path)}: unknown hyperparameter type {kind!r}")
 

@@ -1,4 +1,4 @@
-"""Bounds on reading a config's YAML (core/expconf.py): checked on the event stream, before
+"""Bounds on reading a config's YAML (core/expconf/loading.py): checked on the event stream, before
 PyYAML composes anything, with the same reasons as the checks on the loaded tree."""
 
 from __future__ import annotations

@@ -3,12 +3,15 @@ and allocations as rows and a fake clock; each test ticks the loop by hand."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import select
 
 from control_plane import auth
 from control_plane.auth import Principal
+from control_plane.core.expconf import config_to_dict, parse_experiment_config
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Experiment, Instance, ModelDefinition, Token, User
 from control_plane.loops import placement
@@ -268,15 +271,25 @@ def test_a_disconnected_agent_gets_no_idle_time_and_no_work(loop_master: Master,
 # --------------------------------------------------------------------------------------------
 
 
+def _stored_config(resources: dict[str, object] | None) -> dict[str, Any]:
+    """A config as the experiment service stores it: validated and fully defaulted."""
+    text = json.dumps({"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "loss"},
+                       "checkpoint_storage": {"type": "shared_fs", "host_path": "/ckpt"}, "resources": resources or {}})
+    cfg, _ = parse_experiment_config(text, default_resource_pool=POOL)
+    return config_to_dict(cfg)
+
+
 def _experiment(master: Master, *, priority: int | None = None, weight: float = 1.0,
-                queue_position: float | None = None, resources: dict[str, object] | None = None) -> int:
+                queue_position: float | None = None, resources: dict[str, object] | None = None,
+                config: dict[str, Any] | None = None) -> int:
     with transaction(master.sessions) as s:
         owner = s.scalar(select(User))
         assert owner is not None
         md = ModelDefinition(archive=b"", size_bytes=0, sha256="0" * 64, file_count=0)
         s.add(md)
         s.flush()
-        exp = Experiment(name="e", config={"resources": resources or {}}, original_config="", state="ACTIVE",
+        exp = Experiment(name="e", config=config if config is not None else _stored_config(resources),
+                         original_config="", state="ACTIVE",
                          owner_id=owner.id, model_definition_id=md.id, resource_pool=POOL, priority=priority,
                          weight=weight, job_id=f"job-{md.id}", queue_position=queue_position)
         s.add(exp)
@@ -394,3 +407,16 @@ def test_max_slots_of_the_job_caps_its_running_allocations(loop_master: Master) 
     assert states == ["assigned", "assigned", "pending"]
     waiting = next(n for n in ("t1", "t2", "t3") if allocation(loop_master, n).state == "pending")
     assert allocation(loop_master, waiting).waiting_reason == "its job holds 2 slots of its max_slots 2"
+
+
+def test_a_stored_config_that_no_longer_validates_is_placed_with_the_defaults(loop_master: Master) -> None:
+    add_agent(loop_master, "a", pool=POOL, slots=4)
+    # No entrypoint, searcher or storage: its max_slots is not believed, nor does it stop the tick.
+    broken = _experiment(loop_master, config={"resources": {"max_slots": 1, "priority": 20}})
+    for name in ("b1", "b2"):
+        add_allocation(loop_master, name, pool=POOL, slots=1)
+        _of_experiment(loop_master, name, broken)
+
+    placement.tick(loop_master)
+
+    assert [allocation(loop_master, n).state for n in ("b1", "b2")] == ["assigned", "assigned"]

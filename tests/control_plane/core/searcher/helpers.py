@@ -6,6 +6,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import TypeAdapter
+
+from control_plane.core.expconf import SearcherConfig
 from control_plane.core.searcher import Close, Create, ExitedReason, Operation, Shutdown, ValidateAfter
 from control_plane.core.searcher.simulate import SearchSimulation
 
@@ -19,24 +22,20 @@ HPARAMS: dict[str, Any] = {
 }
 
 
-def searcher_cfg(name: str, **overrides: Any) -> dict[str, Any]:
-    """A fully defaulted searcher config, as the experiment-config module hands it over."""
-    cfg: dict[str, Any] = {
-        "name": name,
-        "metric": "loss",
-        "smaller_is_better": True,
-        "max_length": {"batches": 64},
-        "max_time": None,
-        "time_metric": None,
-        "max_trials": 8,
-        "max_concurrent_trials": 0,
-        "mode": "standard",
-        "divisor": 4.0,
-        "max_rungs": 5,
-        "stop_once": False,
-    }
-    cfg.update(overrides)
-    return cfg
+# What the tests set unless they say otherwise, per searcher (expconf's model fills in the rest).
+_TEST_SETTINGS: dict[str, dict[str, Any]] = {
+    "single": {},
+    "random": {"max_trials": 8, "max_concurrent_trials": 0},
+    "grid": {"max_concurrent_trials": 0},
+    "adaptive_asha": {"max_trials": 8, "max_concurrent_trials": 0, "mode": "standard", "divisor": 4.0},
+}
+_SEARCHER: TypeAdapter[SearcherConfig] = TypeAdapter(SearcherConfig)
+
+
+def searcher_cfg(name: str, **overrides: Any) -> SearcherConfig:
+    """A typed, fully defaulted searcher config, as the experiment-config module hands it over."""
+    raw = {"name": name, "metric": "loss", "max_length": {"batches": 64}, **_TEST_SETTINGS[name], **overrides}
+    return _SEARCHER.validate_python(raw)
 
 
 def describe(ops: Sequence[Operation], index: dict[str, int]) -> list[tuple[Any, ...]]:

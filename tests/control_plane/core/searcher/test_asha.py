@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from control_plane.core.expconf import SearcherConfig
 from control_plane.core.searcher import (
     AdaptiveAshaSearch,
     BracketPlan,
@@ -110,18 +112,23 @@ def test_asha_rungs_fit_reports_configs_without_room_for_a_rung() -> None:
     assert asha_rungs_fit(searcher_cfg("random", max_length=None)) is None
     msg = asha_rungs_fit(searcher_cfg("adaptive_asha", max_length=None))
     assert msg is not None and msg.startswith("searcher.max_length")
-    msg = asha_rungs_fit(searcher_cfg("adaptive_asha", max_length={"batches": 0}))
-    assert msg is not None and msg.startswith("searcher.max_length")
-    msg = asha_rungs_fit(searcher_cfg("adaptive_asha", divisor=1.0))
-    assert msg is not None and msg.startswith("searcher.divisor")
-    msg = asha_rungs_fit(searcher_cfg("adaptive_asha", mode="reckless"))
-    assert msg is not None and msg.startswith("searcher.mode")
+    # A sub-unit length, a divisor <= 1 or an unknown mode never reaches the plan: the model refuses it.
+    for bad in ({"max_length": {"batches": 0}}, {"divisor": 1.0}, {"mode": "reckless"}):
+        with pytest.raises(ValidationError):
+            searcher_cfg("adaptive_asha", **bad)
+
+
+def test_max_time_with_its_metric_is_the_length() -> None:
+    cfg = searcher_cfg("adaptive_asha", max_length=None, max_time=30, time_metric="seconds", max_trials=1,
+                       mode="aggressive", max_rungs=1)
+    s = new_search_method(cfg, HPARAMS, 0)
+    assert s.initial_operations()[1] == ValidateAfter(s.snapshot()["requested"][0], 30)
 
 
 # ---- behaviour on hand-checked cases ----------------------------------------------------------
 
 
-def run_constant_trials(cfg: dict[str, Any], values: list[float], exit_at_first: set[int] = frozenset()) -> list[tuple]:
+def run_constant_trials(cfg: SearcherConfig, values: list[float], exit_at_first: set[int] = frozenset()) -> list[tuple]:
     """Each trial reports values[creation index] at every rung; trials in exit_at_first error out
     instead of reporting. Returns (value, trained, lengths validated) per trial."""
     sim = SearchSimulation(new_search_method(cfg, HPARAMS, 0))
@@ -186,7 +193,7 @@ def test_nan_metrics_rank_last() -> None:
     cfg = searcher_cfg("adaptive_asha", max_length={"batches": 4}, max_trials=2, mode="aggressive", divisor=2,
                        max_rungs=2, max_concurrent_trials=2)
     for smaller in (True, False):
-        trials = run_constant_trials(dict(cfg, smaller_is_better=smaller), [math.nan, 1e9 if smaller else -1e9])
+        trials = run_constant_trials(cfg.model_copy(update={"smaller_is_better": smaller}), [math.nan, 1e9 if smaller else -1e9])
         assert [t[1] for t in trials] == [2, 4]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from control_plane.core.expconf import SearcherConfig
 from control_plane.core.searcher import (
     ExitedReason,
     Operation,
@@ -27,7 +28,7 @@ HP: dict[str, Any] = {
     "batch": 32,
 }
 
-CONFIGS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
+CONFIGS: dict[str, st.SearchStrategy[SearcherConfig]] = {
     "single": st.builds(lambda: searcher_cfg("single")),
     "random": st.builds(
         lambda mt, mct: searcher_cfg("random", max_trials=mt, max_concurrent_trials=mct),
@@ -68,7 +69,7 @@ def normalized(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def drive(
-    cfg: dict[str, Any], seed: int, choices: list[int], metrics: list[float], restore_every_step: bool
+    cfg: SearcherConfig, seed: int, choices: list[int], metrics: list[float], restore_every_step: bool
 ) -> tuple[list[Operation], list[float], dict[str, Any]]:
     sim = SearchSimulation(new_search_method(cfg, HP, seed))
     sim.start()
@@ -96,7 +97,7 @@ def drive(
 @settings(max_examples=100, deadline=None)
 @given(cfg=configs, seed=st.integers(0, 2**32 - 1), choices=event_choices, metrics=metric_values)
 def test_restoring_at_every_step_continues_exactly(
-    cfg: dict[str, Any], seed: int, choices: list[int], metrics: list[float]
+    cfg: SearcherConfig, seed: int, choices: list[int], metrics: list[float]
 ) -> None:
     uninterrupted = drive(cfg, seed, choices, metrics, restore_every_step=False)
     restored = drive(cfg, seed, choices, metrics, restore_every_step=True)
@@ -106,11 +107,11 @@ def test_restoring_at_every_step_continues_exactly(
 @settings(max_examples=200, deadline=None)
 @given(cfg=configs, seed=st.integers(0, 2**32 - 1), choices=event_choices, metrics=metric_values)
 def test_budget_concurrency_and_shutdown_hold_under_any_event_order(
-    cfg: dict[str, Any], seed: int, choices: list[int], metrics: list[float]
+    cfg: SearcherConfig, seed: int, choices: list[int], metrics: list[float]
 ) -> None:
-    name = cfg["name"]
-    budget = {"single": 1, "random": cfg["max_trials"], "grid": grid_size(HP), "adaptive_asha": cfg["max_trials"]}[name]
-    mct = 0 if name == "single" else cfg["max_concurrent_trials"]
+    name = cfg.name
+    budget = {"single": 1, "grid": grid_size(HP)}.get(name) or cfg.max_trials  # type: ignore[union-attr]
+    mct = 0 if name == "single" else cfg.max_concurrent_trials  # type: ignore[union-attr]
     sim = SearchSimulation(new_search_method(cfg, HP, seed))
     sim.start()
 
