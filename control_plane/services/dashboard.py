@@ -39,6 +39,7 @@ from control_plane.db.models import (
 from control_plane.master import Master
 from control_plane.services import checkpoints, experiments, jobs, models
 from control_plane.services.metrics import VALIDATION, searcher_goal
+from control_plane.services.pool_settings import effective_pool
 from shipyard_common import clouds
 
 # -- experiments ---------------------------------------------------------------------------------
@@ -382,12 +383,14 @@ class InstanceRow:
 class PoolView:
     name: str
     description: str
-    provider: str
+    provider: str  # the provider type, or "agents join" for a pool without one
     state: str
     error: str | None
     backoff_until: datetime | None
     min_instances: int
     max_instances: int
+    # Every effective elastic setting but the unshown ones: (name, value), durations as timedelta.
+    settings: list[tuple[str, Any]]
     agents: list[AgentRow]
     slots_total: int
     slots_busy: int
@@ -405,7 +408,7 @@ class PoolView:
 
 def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, queue: list[jobs.JobView]) -> PoolView:
     cfg = master.config.pool(row.name)
-    provider: dict[str, Any] = dict((cfg.provider if cfg else None) or {})
+    ep = effective_pool(cfg) if cfg is not None else None
     agents = list(s.scalars(select(Agent).where(Agent.pool == row.name).order_by(Agent.id)))
     busy: dict[str, int] = defaultdict(int)
     for a in s.scalars(select(Allocation).where(Allocation.pool == row.name, Allocation.state.in_(st.ALLOC_ON_AGENT))):
@@ -414,7 +417,7 @@ def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, que
     agent_rows = [AgentRow(a.id, a.state, bool(a.enabled), a.drain_started_at is not None, len(a.slots or []),
                            busy.get(a.id, 0), a.instance_id, a.last_seen) for a in agents]
     live = [a for a in agent_rows if a.state == st.AGENT_CONNECTED]
-    spot = bool(provider.get("spot") or provider.get("preemptible"))
+    spot = bool(ep and ep.instances.spot)
     instances = []
     for i in s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != st.InstanceState.TERMINATED)
                        .order_by(Instance.requested_at)):
@@ -426,9 +429,10 @@ def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, que
             (now - (i.launched_at or i.requested_at)).total_seconds(), spot, price, i.terminate_reason))
     priced = [i.cost_per_hour for i in instances if i.cost_per_hour is not None]
     return PoolView(
-        name=row.name, description=row.description, provider=str(provider.get("type") or "static"), state=row.state,
+        name=row.name, description=row.description, provider=(ep.provider if ep else None) or "agents join", state=row.state,
         error=row.error, backoff_until=row.backoff_until if row.backoff_until and row.backoff_until > now else None,
-        min_instances=int(provider.get("min_instances") or 0), max_instances=int(provider.get("max_instances") or 0),
+        min_instances=ep.min_instances if ep else 0, max_instances=ep.max_instances if ep else 0,
+        settings=list(ep.shown_settings()) if ep else [],
         agents=agent_rows, slots_total=sum(a.slots for a in live), slots_busy=sum(a.busy for a in live),
         slots_disabled=sum(a.slots - a.busy for a in live if not a.enabled), instances=instances, queue=queue,
         last_decision=row.last_decision, last_decision_at=row.last_decision_at,
