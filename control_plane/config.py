@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from control_plane.core import scheduling
+from control_plane.core.scheduling.policy import DEFAULT_PRIORITY
 from provisioners.factory import PoolSettings, resolve
+from shipyard_common.settings import SettingsError, validate
 
 ENV_PREFIX = "SHIPYARD_"
 DEFAULT_POOL = "default"
@@ -36,7 +38,7 @@ class SchedulerConfig(_Strict):
     # A policy registered in control_plane.core.scheduling; only what runs is accepted.
     type: str = scheduling.DEFAULT_POLICY
     preemption: bool = True
-    default_priority: int = Field(42, ge=1, le=99)
+    default_priority: int = Field(DEFAULT_PRIORITY, ge=1, le=99)
     # Where a gang goes among agents that can hold it: "best" packs (fewest free slots that fit),
     # "worst" spreads (most free slots).
     fitting_policy: Literal["best", "worst"] = "best"
@@ -275,10 +277,6 @@ def load_config(path: str | Path | None = None, env: dict[str, str] | None = Non
             raw[name] = value
     raw.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return MasterConfig.model_validate(raw)
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            lines.append(f"{loc}: {err['msg']}")
-        raise ConfigError("invalid master config: " + "; ".join(lines)) from None
+        return validate(MasterConfig, raw)
+    except SettingsError as e:  # every problem, each with its path (resource_pools[0].scheduler.type)
+        raise ConfigError(f"invalid master config: {e}") from None

@@ -1,8 +1,9 @@
 """Domain errors: what the master refuses and why, in the domain's words.
 
-Services, cores' shells and the API raise these; `control_plane/api/errors.py` is the one place
-that maps each kind to an HTTP status (and to Determined's error body). Nothing below the API
-knows about HTTP."""
+Services, cores' shells and the API raise these. Each kind's HTTP status is in one table here
+(`HTTP_STATUS`, read through `http_status`); `frontdoor/error_shape.py` builds Determined's error
+body from it, which the routes (`api/errors.py`) and the web UI answer with. Nothing else below the
+HTTP layer knows about HTTP."""
 
 from __future__ import annotations
 

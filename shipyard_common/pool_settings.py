@@ -1,7 +1,7 @@
 """The elastic settings of a resource pool: the one home of their defaults.
 
 A pool's `provider:` section holds these settings, common to every provider, beside the provider's
-own (region, instance type …: its config model in `provisioners/`). `provisioners.settings.resolve`
+own (region, instance type …: its config model in `provisioners/`). `provisioners.factory.resolve`
 reads both, applies the provider's defaults that depend on its section (a static pool keeps all its
 hosts), and is the only way anything — the autoscaler, the API, the CLI through it, the web UI —
 learns a pool's effective settings. The scale decider's limits (`control_plane.core.scaling`) take

@@ -207,7 +207,7 @@ def agent_json(agent: Agent, allocs: list[Allocation]) -> dict[str, Any]:
         "slotStats": {"typeStats": {}, "brandStats": {}},
         "instanceId": agent.instance_id,
         "idleSince": ts(agent.idle_since),
-        "connected": agent.state == st.AGENT_CONNECTED,
+        "connected": agent.state == st.AgentState.CONNECTED,
     }
 
 

@@ -46,7 +46,7 @@ class CheckpointIn(StrictWire):
     report_time: str | None = None
     resources: dict[str, Count64 | str] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    state: str = st.CKPT_COMPLETED
+    state: str = st.CheckpointState.COMPLETED
     training: TrainingIn | None = None
     storage_id: Int32 | None = None
 

@@ -87,7 +87,7 @@ def trial_workloads(
                           {m.group_name: _metrics_workload(m, includeBatchMetrics)}))
     if "checkpoint" in kinds:
         for c in checkpoints.of_trial(db, trial.id):
-            if removeDeletedCheckpoints and st.checkpoint_wire_state(c.state) == st.CKPT_DELETED:
+            if removeDeletedCheckpoints and st.checkpoint_wire_state(c.state) == st.CheckpointState.DELETED:
                 continue
             items.append((c.steps_completed, _KIND_ORDER["checkpoint"], {"checkpoint": _checkpoint_workload(c)}))
     items.sort(key=lambda i: (i[0], i[1]), reverse=desc)

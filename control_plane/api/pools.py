@@ -23,7 +23,7 @@ router = APIRouter()
 def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
     cfg = master.config.pool(row.name)
     agents = list(s.scalars(select(Agent).where(Agent.pool == row.name)))
-    connected = [a for a in agents if a.state == st.AGENT_CONNECTED]
+    connected = [a for a in agents if a.state == st.AgentState.CONNECTED]
     allocs = list(s.scalars(select(Allocation).where(Allocation.pool == row.name, Allocation.state.in_(st.ALLOC_LIVE))))
     instances = list(s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != st.InstanceState.TERMINATED)))
     slots_total = sum(len(a.slots) for a in connected)
@@ -48,7 +48,7 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         # Every effective elastic setting (durations in seconds), as the autoscaler acts on them;
         # null for a pool without a provider or with an unusable one (then `error` says why).
         "settings": _settings_json(ep),
-        "queuedAllocations": sum(1 for a in allocs if a.state == st.ALLOC_PENDING),
+        "queuedAllocations": sum(1 for a in allocs if a.state == st.AllocationState.PENDING),
         "runningAllocations": sum(1 for a in allocs if a.state in st.ALLOC_ON_AGENT),
         "state": row.state,
         "error": row.error,
@@ -109,7 +109,7 @@ def _determined_pool_fields(master: Master, ep: EffectivePool | None, slots_tota
         "clusterName": master.config.cluster_name,
         "resourceManagerMetadata": {},
         "accelerator": "",
-        "stats": {"queuedCount": sum(1 for a in allocs if a.state == st.ALLOC_PENDING),
+        "stats": {"queuedCount": sum(1 for a in allocs if a.state == st.AllocationState.PENDING),
                   "scheduledCount": sum(1 for a in allocs if a.state in st.ALLOC_ON_AGENT)},
     }
 

@@ -169,56 +169,33 @@ def experiment_action(name: str) -> ExperimentAction | None:
         return None
 
 
-# Module-level names kept as aliases of the enum members: the rest of the tree compares and
-# stores these, and a StrEnum member is the same string.
-# experiments (experimentv1State)
-EXP_ACTIVE = ExperimentState.ACTIVE
-EXP_PAUSED = ExperimentState.PAUSED
-EXP_STOPPING_CANCELED = ExperimentState.STOPPING_CANCELED
-EXP_STOPPING_KILLED = ExperimentState.STOPPING_KILLED
-EXP_STOPPING_COMPLETED = ExperimentState.STOPPING_COMPLETED
-EXP_STOPPING_ERROR = ExperimentState.STOPPING_ERROR
-EXP_COMPLETED = ExperimentState.COMPLETED
-EXP_CANCELED = ExperimentState.CANCELED
-EXP_ERROR = ExperimentState.ERROR
-EXP_TERMINAL = frozenset({EXP_COMPLETED, EXP_CANCELED, EXP_ERROR})
-EXP_STOPPING = frozenset({EXP_STOPPING_CANCELED, EXP_STOPPING_KILLED, EXP_STOPPING_COMPLETED, EXP_STOPPING_ERROR})
+# Sets of states the rest of the tree filters by (members of the enums above and below).
+EXP_TERMINAL = frozenset({_E.COMPLETED, _E.CANCELED, _E.ERROR})
+EXP_STOPPING = frozenset({_E.STOPPING_CANCELED, _E.STOPPING_KILLED, _E.STOPPING_COMPLETED, _E.STOPPING_ERROR})
+TRIAL_TERMINAL = frozenset({_T.COMPLETED, _T.CANCELED, _T.ERROR})
+ALLOC_ON_AGENT = frozenset({_A.ASSIGNED, _A.PULLING, _A.STARTING, _A.RUNNING})
+ALLOC_LIVE = ALLOC_ON_AGENT | {_A.PENDING}
 
-# trials (trialv1State)
-TRIAL_QUEUED = TrialState.QUEUED
-TRIAL_PULLING = TrialState.PULLING
-TRIAL_STARTING = TrialState.STARTING
-TRIAL_RUNNING = TrialState.RUNNING
-TRIAL_PAUSED = TrialState.PAUSED
-TRIAL_STOPPING_COMPLETED = TrialState.STOPPING_COMPLETED
-TRIAL_STOPPING_CANCELED = TrialState.STOPPING_CANCELED
-TRIAL_STOPPING_KILLED = TrialState.STOPPING_KILLED
-TRIAL_COMPLETED = TrialState.COMPLETED
-TRIAL_CANCELED = TrialState.CANCELED
-TRIAL_ERROR = TrialState.ERROR
-TRIAL_TERMINAL = frozenset({TRIAL_COMPLETED, TRIAL_CANCELED, TRIAL_ERROR})
 
-# allocations (internal)
-ALLOC_PENDING = AllocationState.PENDING
-ALLOC_ASSIGNED = AllocationState.ASSIGNED
-ALLOC_PULLING = AllocationState.PULLING
-ALLOC_STARTING = AllocationState.STARTING
-ALLOC_RUNNING = AllocationState.RUNNING
-ALLOC_TERMINATED = AllocationState.TERMINATED
-ALLOC_LIVE = frozenset({ALLOC_PENDING, ALLOC_ASSIGNED, ALLOC_PULLING, ALLOC_STARTING, ALLOC_RUNNING})
-ALLOC_ON_AGENT = frozenset({ALLOC_ASSIGNED, ALLOC_PULLING, ALLOC_STARTING, ALLOC_RUNNING})
+class ExitCause(StrEnum):
+    """Why an allocation ended (stored on the allocation)."""
 
-# why an allocation ended
-CAUSE_EXITED = "exited"  # the process's own doing: counts against max_restarts when non-zero
-CAUSE_KILLED = "killed"  # the master asked (kill, cancel)
-CAUSE_PREEMPTED = "preempted"  # the master asked it to stop gracefully
-CAUSE_AGENT_LOST = "agent_lost"
-CAUSE_INSTANCE_TERMINATED = "instance_terminated"
-INFRA_CAUSES = frozenset({CAUSE_KILLED, CAUSE_PREEMPTED, CAUSE_AGENT_LOST, CAUSE_INSTANCE_TERMINATED})
+    EXITED = "exited"  # the process's own doing: counts against max_restarts when non-zero
+    KILLED = "killed"  # the master asked (kill, cancel)
+    PREEMPTED = "preempted"  # the master asked it to stop gracefully
+    AGENT_LOST = "agent_lost"
+    INSTANCE_TERMINATED = "instance_terminated"
 
-# agents
-AGENT_CONNECTED = "connected"
-AGENT_DISCONNECTED = "disconnected"
+
+# Causes outside the trial's own doing: they never count against max_restarts.
+INFRA_CAUSES = frozenset({ExitCause.KILLED, ExitCause.PREEMPTED, ExitCause.AGENT_LOST, ExitCause.INSTANCE_TERMINATED})
+
+
+class AgentState(StrEnum):
+    """Whether an agent is polling the master (stored on the agent)."""
+
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
 
 
 # -- wire state sets (the API filters by these) ----------------------------------------------------
@@ -240,18 +217,23 @@ TRIAL_STATES = frozenset(
 # Trials are stored in their active sub-states; Determined's STATE_ACTIVE filter means all of them.
 TRIAL_ACTIVE_SUBSTATES = frozenset({"STATE_ACTIVE", "STATE_QUEUED", "STATE_PULLING", "STATE_STARTING", "STATE_RUNNING"})
 
-# Checkpoints. STATE_DELETING is Shipyard-internal: deletion was requested and the GC worker has
-# not removed the files yet. Determined's checkpointv1State has no such value, and the deletion
-# cannot be undone, so the API shows it as STATE_DELETED.
-CKPT_ACTIVE = "STATE_ACTIVE"
-CKPT_COMPLETED = "STATE_COMPLETED"
-CKPT_ERROR = "STATE_ERROR"
-CKPT_DELETING = "STATE_DELETING"
-CKPT_DELETED = "STATE_DELETED"
-CKPT_PARTIALLY_DELETED = "STATE_PARTIALLY_DELETED"
-CKPT_WIRE_STATES = frozenset({CKPT_ACTIVE, CKPT_COMPLETED, CKPT_ERROR, CKPT_DELETED, CKPT_PARTIALLY_DELETED})
-CKPT_LIVE = frozenset({CKPT_ACTIVE, CKPT_COMPLETED, CKPT_PARTIALLY_DELETED})
-CKPT_GONE = frozenset({CKPT_DELETING, CKPT_DELETED})
+class CheckpointState(StrEnum):
+    """Determined's checkpointv1State wire strings, plus STATE_DELETING: Shipyard-internal, deletion
+    was requested and the GC worker has not removed the files yet. Determined has no such value,
+    and the deletion cannot be undone, so the API shows it as STATE_DELETED."""
+
+    ACTIVE = "STATE_ACTIVE"
+    COMPLETED = "STATE_COMPLETED"
+    ERROR = "STATE_ERROR"
+    DELETING = "STATE_DELETING"
+    DELETED = "STATE_DELETED"
+    PARTIALLY_DELETED = "STATE_PARTIALLY_DELETED"
+
+
+_C = CheckpointState
+CKPT_WIRE_STATES = frozenset({_C.ACTIVE, _C.COMPLETED, _C.ERROR, _C.DELETED, _C.PARTIALLY_DELETED})
+CKPT_LIVE = frozenset({_C.ACTIVE, _C.COMPLETED, _C.PARTIALLY_DELETED})
+CKPT_GONE = frozenset({_C.DELETING, _C.DELETED})
 
 
 def state_name(value: str) -> str:
@@ -261,7 +243,7 @@ def state_name(value: str) -> str:
 
 def checkpoint_wire_state(value: str) -> str:
     s = state_name(value)
-    return CKPT_DELETED if s == CKPT_DELETING else s
+    return CheckpointState.DELETED if s == CheckpointState.DELETING else s
 
 
 # -- instances and pools: the autoscaler's record (control_plane/loops/autoscaler/) ------------

@@ -24,6 +24,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from control_plane.core.states import AgentState, CheckpointState, PoolState
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -201,7 +203,7 @@ class Checkpoint(Base):
     experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     task_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     allocation_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    state: Mapped[str] = mapped_column(String(32), default="STATE_COMPLETED")
+    state: Mapped[str] = mapped_column(String(32), default=CheckpointState.COMPLETED)  # a CheckpointState
     report_time: Mapped[datetime] = mapped_column(default=utcnow)
     steps_completed: Mapped[int] = mapped_column(BigInteger, default=0)
     resources: Mapped[dict[str, Any]] = mapped_column(default=dict)  # relative path -> size
@@ -216,7 +218,7 @@ class ResourcePool(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     provider_type: Mapped[str | None] = mapped_column(String(16), nullable=True)
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    state: Mapped[str] = mapped_column(String(32), default="ok")  # ok | error | backoff
+    state: Mapped[str] = mapped_column(String(32), default=PoolState.OK)  # a PoolState
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     backoff_until: Mapped[datetime | None] = mapped_column(nullable=True)
     launch_failures: Mapped[int] = mapped_column(Integer, default=0)
@@ -228,7 +230,7 @@ class Agent(Base):
     __tablename__ = "agents"
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     pool: Mapped[str] = mapped_column(String(64), index=True)
-    state: Mapped[str] = mapped_column(String(32), default="connected")  # connected | disconnected | draining
+    state: Mapped[str] = mapped_column(String(32), default=AgentState.CONNECTED)  # an AgentState
     slots: Mapped[list[Any]] = mapped_column(default=list)  # [{id, type, uuid, brand, memoryMb}]
     session_id: Mapped[str] = mapped_column(String(64))
     instance_id: Mapped[str | None] = mapped_column(String(128), nullable=True)

@@ -22,7 +22,7 @@ def delete_pending(master: Master, limit: int = 100) -> int:
 
     with master.sessions() as s:
         rows = [(c.uuid, dict(c.storage or {})) for c in s.scalars(
-            select(Checkpoint).where(Checkpoint.state == st.CKPT_DELETING).limit(limit))]
+            select(Checkpoint).where(Checkpoint.state == st.CheckpointState.DELETING).limit(limit))]
     done = 0
     for uuid, storage in rows:
         try:
@@ -35,8 +35,8 @@ def delete_pending(master: Master, limit: int = 100) -> int:
             continue
         with transaction(master.sessions) as s:
             c = s.get(Checkpoint, uuid)
-            if c is not None and c.state == st.CKPT_DELETING:
-                c.state, c.resources, c.size_bytes = st.CKPT_DELETED, {}, 0
+            if c is not None and c.state == st.CheckpointState.DELETING:
+                c.state, c.resources, c.size_bytes = st.CheckpointState.DELETED, {}, 0
                 done += 1
         log.info("event=checkpoint_deleted uuid=%s", uuid)
     return done

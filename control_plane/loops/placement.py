@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from control_plane.config import SchedulerConfig
 from control_plane.core import gang_run
 from control_plane.core import states as st
 from control_plane.core.expconf import ConfigInvalid, ExperimentConfig, Resources
@@ -24,9 +26,9 @@ from control_plane.core.scheduling import (
     Part,
     PendingAllocation,
     RunningAllocation,
+    ScheduleDecision,
     scheduling_policy,
 )
-from control_plane.core.scheduling.policy import DEFAULT_PRIORITY
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Experiment, Instance
 from control_plane.master import Master
@@ -67,14 +69,14 @@ def expire_agents(s: Session, master: Master) -> None:
     if since_start < timeout:
         return
     cutoff = now - timeout
-    for agent in s.scalars(select(Agent).where(Agent.state == st.AGENT_CONNECTED, Agent.last_seen < cutoff)):
-        agent.state = st.AGENT_DISCONNECTED
+    for agent in s.scalars(select(Agent).where(Agent.state == st.AgentState.CONNECTED, Agent.last_seen < cutoff)):
+        agent.state = st.AgentState.DISCONNECTED
         agent.disconnected_at = now
         log.warning("event=agent_disconnected agent_id=%s pool=%s last_seen=%s", agent.id, agent.pool, agent.last_seen)
     if since_start < grace:
         return
     lost_cutoff = now - grace
-    silent = select(Agent.id).where(Agent.state != st.AGENT_CONNECTED, Agent.last_seen < lost_cutoff)
+    silent = select(Agent.id).where(Agent.state != st.AgentState.CONNECTED, Agent.last_seen < lost_cutoff)
     # Its part of a gang across agents is gone too: the gang's other parts are stopped, and the
     # allocation ends (agent_lost) once they have exited (services/allocations.py).
     lost = set(s.scalars(silent))
@@ -87,7 +89,7 @@ def expire_agents(s: Session, master: Master) -> None:
         holding.update(p["agent"] for p in gangs.parts(alloc) if p["agent"] in lost and p["state"] != "exited")
     for agent_id in sorted(holding):
         log.warning("event=agent_lost agent_id=%s", agent_id)
-        allocations.end_agent_allocations(s, master, agent_id, st.CAUSE_AGENT_LOST, f"agent {agent_id} stopped answering")
+        allocations.end_agent_allocations(s, master, agent_id, st.ExitCause.AGENT_LOST, f"agent {agent_id} stopped answering")
 
 
 def escalate_preemptions(s: Session, master: Master) -> None:
@@ -107,11 +109,41 @@ def escalate_preemptions(s: Session, master: Master) -> None:
             log.warning("event=preemption_timeout allocation_id=%s", alloc.id)
 
 
+@dataclass
+class _Snapshot:
+    """What one placement pass of a pool reads: its agents, the allocations on them, and its queue."""
+
+    agents: list[Agent]
+    on_agents: list[Allocation]
+    pending: list[Any]  # rows: id, slots_needed, priority, weight, created_at, experiment_id, waiting_reason
+    used: dict[str, set[str]]  # agent id -> slot ids in use
+
+
 def place(s: Session, master: Master, pool: str) -> None:
     """Read the pool's snapshot (agents, allocations on them, the queue with each job's priority,
     weight, queue position and max_slots), ask the pool's policy, and apply its decision: gangs
     assigned whole (every agent of a gang claimed, or none), preemptions asked for, and every
     waiting allocation's reason recorded (`det job list` shows it)."""
+    snap = _read(s, pool)
+    now = master.clock()
+    _track_idle(snap, now)
+    if not snap.pending:
+        return
+    pool_cfg = master.config.pool(pool)
+    # A pool row left from an older config is still drained, with the scheduler's defaults.
+    scheduler = pool_cfg.scheduler if pool_cfg is not None else SchedulerConfig()
+    queue, running = _queue_and_running(s, snap, scheduler.default_priority)
+    decision = scheduling_policy(scheduler.type).schedule(
+        queue, running,
+        [AgentSlots(agent.id, tuple(str(sl["id"]) for sl in agent.slots), frozenset(snap.used.get(agent.id, set())),
+                    schedulable=agent.state == st.AgentState.CONNECTED and agent.enabled)
+         for agent in snap.agents],
+        preemption=scheduler.preemption, fitting=scheduler.fitting_policy,
+    )
+    _apply(s, master, snap, decision, now)
+
+
+def _read(s: Session, pool: str) -> _Snapshot:
     agents = list(s.scalars(select(Agent).where(Agent.pool == pool)))
     on_agents = list(
         s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state.in_(st.ALLOC_ON_AGENT)))
@@ -120,70 +152,64 @@ def place(s: Session, master: Master, pool: str) -> None:
     pending = list(s.execute(
         select(Allocation.id, Allocation.slots_needed, Allocation.priority, Allocation.weight,
                Allocation.created_at, Allocation.experiment_id, Allocation.waiting_reason)
-        .where(Allocation.pool == pool, Allocation.state == st.ALLOC_PENDING)))
-    now = master.clock()
+        .where(Allocation.pool == pool, Allocation.state == st.AllocationState.PENDING)))
     used: dict[str, set[str]] = {}
-    busy_agents: set[str] = set()
     for a in on_agents:
         for agent_id, slot_ids in parts_of(a):
             used.setdefault(agent_id, set()).update(slot_ids)
-            busy_agents.add(agent_id)
-    for agent in agents:
-        # Idle tracking feeds the autoscaler's scale-down.
-        if agent.id in busy_agents:
+    return _Snapshot(agents, on_agents, pending, used)
+
+
+def _track_idle(snap: _Snapshot, now: datetime) -> None:
+    """Idle tracking feeds the autoscaler's scale-down: an agent with no allocation is idle since
+    the first pass that saw it so."""
+    for agent in snap.agents:
+        if agent.id in snap.used:
             agent.idle_since = None
-        elif agent.idle_since is None and agent.state == st.AGENT_CONNECTED:
+        elif agent.idle_since is None and agent.state == st.AgentState.CONNECTED:
             agent.idle_since = now
-    if not pending:
-        return
-    pool_cfg = master.config.pool(pool)
-    default_priority = pool_cfg.scheduler.default_priority if pool_cfg else DEFAULT_PRIORITY
-    jobs = _jobs(s, {a.experiment_id for a in pending} | {a.experiment_id for a in on_agents}, default_priority)
+
+
+def _queue_and_running(s: Session, snap: _Snapshot,
+                       default_priority: int) -> tuple[list[PendingAllocation], list[RunningAllocation]]:
+    """The scheduler's view of the queue and of what runs, each with its job's attributes."""
+    jobs = _jobs(s, {a.experiment_id for a in snap.pending} | {a.experiment_id for a in snap.on_agents},
+                 default_priority)
 
     def job_of(a: Any) -> dict[str, Any]:
         return jobs.get(a.experiment_id or -1) or {"job_id": "", "priority": a.priority, "weight": a.weight,
                                                     "queue_position": None, "max_slots": None}
 
     queue = []
-    for a in pending:
+    for a in snap.pending:
         j = job_of(a)
         queue.append(PendingAllocation(a.id, a.slots_needed, j["priority"], a.created_at.timestamp(), j["job_id"],
                                        j["weight"], j["queue_position"], j["max_slots"]))
     running = []
-    for a in on_agents:
+    for a in snap.on_agents:
         j = job_of(a)
         since = a.started_at or a.assigned_at or a.created_at
         running.append(RunningAllocation(
             a.id, tuple(Part(agent_id, tuple(ids)) for agent_id, ids in parts_of(a)), j["priority"],
             stopping=a.preempt_requested or a.kill_requested, job_id=j["job_id"], weight=j["weight"],
             order=since.timestamp(), max_slots=j["max_slots"]))
-    decision = scheduling_policy(pool_cfg.scheduler.type if pool_cfg else None).schedule(
-        queue,
-        running,
-        [
-            AgentSlots(
-                agent.id,
-                tuple(str(sl["id"]) for sl in agent.slots),
-                frozenset(used.get(agent.id, set())),
-                schedulable=agent.state == st.AGENT_CONNECTED and agent.enabled,
-            )
-            for agent in agents
-        ],
-        preemption=pool_cfg.scheduler.preemption if pool_cfg else True,
-        fitting=pool_cfg.scheduler.fitting_policy if pool_cfg else "best",
-    )
+    return queue, running
+
+
+def _apply(s: Session, master: Master, snap: _Snapshot, decision: ScheduleDecision, now: datetime) -> None:
+    """Assign the gangs whose agents are all claimed, record waiting reasons, ask for preemptions."""
     claimed = claim_agents(s, sorted({p.agent_id for asg in decision.assignments for p in asg.parts}))
     ids = [asg.allocation_id for asg in decision.assignments]
     rows = {a.id: a for n in range(0, len(ids), 1000)
             for a in s.scalars(select(Allocation).where(Allocation.id.in_(ids[n:n + 1000])))}
     with s.no_autoflush:  # one flush at the end (batched), not one per allocation
         _assign(s, master, decision.assignments, claimed, rows)
-    known = {a.id: a.waiting_reason for a in pending}
+    known = {a.id: a.waiting_reason for a in snap.pending}
     changed = [{"id": alloc_id, "waiting_reason": reason} for alloc_id, reason in decision.reasons.items()
                if known.get(alloc_id) != reason]
     if changed:  # one executemany by primary key (the rows are not loaded as objects)
         s.execute(update(Allocation), changed)
-    running_by_id = {a.id: a for a in on_agents}
+    running_by_id = {a.id: a for a in snap.on_agents}
     for victim in decision.preemptions:
         alloc = running_by_id[victim]
         if lifecycle.request_preemption(alloc, now):
@@ -203,9 +229,9 @@ def _assign(s: Session, master: Master, assignments: Sequence[Assignment], claim
                      missing[0], "the agent was disabled or its instance is being terminated since the snapshot")
             continue  # stays pending, whole: the next tick places it elsewhere
         alloc = rows.get(asg.allocation_id)
-        if alloc is None or alloc.state != st.ALLOC_PENDING:
+        if alloc is None or alloc.state != st.AllocationState.PENDING:
             continue
-        alloc.state = st.ALLOC_ASSIGNED
+        alloc.state = st.AllocationState.ASSIGNED
         alloc.agent_id = asg.agent_id
         alloc.slot_ids = list(asg.slot_ids)
         alloc.placement = (gang_run.new_parts((p.agent_id, p.slot_ids) for p in asg.parts)
@@ -261,7 +287,7 @@ def claim_agents(s: Session, agent_ids: list[str]) -> set[str]:
     """Of the agents the scheduler assigned work to, those still connected and enabled, with no
     termination begun on their instance: each checked by a compare-and-set on its row, which also
     marks it busy (idle_since NULL). The autoscaler disables an agent it terminates as idle under a
-    lock on the same row (loops/autoscaler.py `_claim_idle`), so whichever commits first wins: on
+    lock on the same row (loops/autoscaler/decision.py `claim_idle`), so whichever commits first wins: on
     PostgreSQL this UPDATE waits for that lock and re-checks `enabled` on the row as committed.
     Agents go in id order, the autoscaler's too, so the two never wait on each other in a cycle."""
     s.flush()  # this tick's idle tracking first: the UPDATE below bypasses the session
@@ -272,7 +298,7 @@ def claim_agents(s: Session, agent_ids: list[str]) -> set[str]:
     for agent_id in agent_ids:
         result = s.execute(
             update(Agent)
-            .where(Agent.id == agent_id, Agent.enabled.is_(True), Agent.state == st.AGENT_CONNECTED,
+            .where(Agent.id == agent_id, Agent.enabled.is_(True), Agent.state == st.AgentState.CONNECTED,
                    or_(Agent.instance_id.is_(None), Agent.instance_id.not_in(ending)))
             .values(idle_since=None)
             .execution_options(synchronize_session=False))

@@ -169,7 +169,7 @@ def register_agent(s: Session, master: Master, p: Principal, req: RegisterReques
     wanted = {a.id for a in _on_agent(s, agent.id)}
     keep = reported & wanted
     kill = sorted(reported - wanted)
-    allocations.end_agent_allocations(s, master, agent.id, st.CAUSE_AGENT_LOST, "agent restarted without it", keep=keep)
+    allocations.end_agent_allocations(s, master, agent.id, st.ExitCause.AGENT_LOST, "agent restarted without it", keep=keep)
     log.info("event=agent_registered agent_id=%s pool=%s slots=%d keep=%d kill=%d",
              agent.id, agent.pool, len(slots), len(keep), len(kill))
     master.notify(s)
@@ -186,7 +186,7 @@ def _record_registration(s: Session, p: Principal, req: RegisterRequest, agent: 
         agent = Agent(id=req.agent_id, pool=req.resource_pool, session_id=session_id, registered_at=now)
         s.add(agent)
     agent.session_id = session_id
-    agent.state = st.AGENT_CONNECTED
+    agent.state = st.AgentState.CONNECTED
     agent.slots = slots
     agent.version = req.version
     agent.addresses = req.addresses
@@ -230,7 +230,7 @@ def touch_agent(s: Session, master: Master, p: Principal, agent_id: str, session
         raise not_found(f"agent {agent_id}")
     if p.pool != agent.pool:
         raise forbidden(f"this credential is for resource pool {p.pool!r}, not {agent.pool!r}")
-    if agent.session_id != session_id or agent.state != st.AGENT_CONNECTED:
+    if agent.session_id != session_id or agent.state != st.AgentState.CONNECTED:
         raise Conflict("stale agent session: register again")
     agent.last_seen = master.clock()
     return agent
@@ -253,7 +253,7 @@ def pending_commands(s: Session, master: Master, p: Principal, agent_id: str, se
 def _owed(master: Master, alloc: Allocation, agent_id: str) -> str | None:
     if gangs.is_gang(alloc):  # each agent of a gang is owed its own part's start or kill
         return gangs.owes(alloc, agent_id, master.clock().timestamp())
-    return "kill" if alloc.kill_requested else "start" if alloc.state == st.ALLOC_ASSIGNED else None
+    return "kill" if alloc.kill_requested else "start" if alloc.state == st.AllocationState.ASSIGNED else None
 
 
 def has_news(s: Session, master: Master, p: Principal, agent_id: str, session_id: str) -> bool:
@@ -270,7 +270,7 @@ def apply_events(s: Session, master: Master, p: Principal, agent_id: str, req: E
     agent = touch_agent(s, master, p, agent_id, req.session_id)
     for ev in req.events:
         alloc = s.get(Allocation, ev.allocation_id)
-        if alloc is None or alloc.state == st.ALLOC_TERMINATED:
+        if alloc is None or alloc.state == st.AllocationState.TERMINATED:
             continue
         if gangs.is_gang(alloc):
             _apply_gang_event(s, master, alloc, agent.id, ev)
@@ -292,7 +292,7 @@ def _apply_gang_event(s: Session, master: Master, alloc: Allocation, agent_id: s
 
 def _apply_event(s: Session, master: Master, alloc: Allocation, ev: TaskEvent) -> None:
     if ev.type == "exited":
-        allocations.end_allocation(s, master, alloc, cause=st.CAUSE_EXITED, reason=ev.message, exit_code=ev.exit_code)
+        allocations.end_allocation(s, master, alloc, cause=st.ExitCause.EXITED, reason=ev.message, exit_code=ev.exit_code)
         return
     alloc_state, trial_state = _EVENT_STATES[ev.type]
     _move(s, master, alloc, alloc_state, trial_state)
@@ -304,10 +304,10 @@ def _move(s: Session, master: Master, alloc: Allocation, alloc_state: st.Allocat
     if alloc.state == alloc_state or not st.can_transition(alloc.state, alloc_state):
         return
     alloc.state = alloc_state
-    if alloc_state == st.ALLOC_RUNNING:
+    if alloc_state == st.AllocationState.RUNNING:
         alloc.started_at = master.clock()
     trial = s.get(Trial, alloc.trial_id) if alloc.trial_id else None
-    if trial is not None and trial.state not in st.TRIAL_TERMINAL and trial.state != st.TRIAL_STOPPING_KILLED:
+    if trial is not None and trial.state not in st.TRIAL_TERMINAL and trial.state != st.TrialState.STOPPING_KILLED:
         trial.state = trial_state
 
 
@@ -515,7 +515,7 @@ def agents_with_news(s: Session, master: Master, polls: dict[str, tuple[Principa
         p, sid = polls[aid]
         agent = rows.get(aid)
         if (p.token_id not in live or agent is None or p.pool != agent.pool or agent.session_id != sid
-                or agent.state != st.AGENT_CONNECTED):
+                or agent.state != st.AgentState.CONNECTED):
             news.add(aid)
     waiting = set(asked) - news
     return news | _owing(s, master, waiting) if waiting else news
@@ -529,7 +529,7 @@ def _owing(s: Session, master: Master, waiting: set[str]) -> set[str]:
     maybe_owing = select(Allocation.id, Allocation.agent_id, Allocation.state, Allocation.kill_requested,
                          Allocation.placement).where(
         Allocation.state.in_(st.ALLOC_ON_AGENT),
-        or_(Allocation.kill_requested.is_(True), Allocation.state == st.ALLOC_ASSIGNED,
+        or_(Allocation.kill_requested.is_(True), Allocation.state == st.AllocationState.ASSIGNED,
             Allocation.placement.is_not(None)))
     for alloc in s.execute(maybe_owing):
         members = {alloc.agent_id} | {str(part.get("agent")) for part in alloc.placement or ()}
@@ -552,7 +552,7 @@ def record_heartbeats(s: Session, master: Master, seen: set[tuple[str, str]]) ->
     pairs = sorted(seen)  # one order for every process: concurrent flushes cannot deadlock on PostgreSQL
     for i in range(0, len(pairs), _HEARTBEAT_CHUNK):
         stmt = (update(Agent.__table__).where(tuple_(t.id, t.session_id).in_(pairs[i:i + _HEARTBEAT_CHUNK]),
-                                              t.state == st.AGENT_CONNECTED).values(last_seen=master.clock()))
+                                              t.state == st.AgentState.CONNECTED).values(last_seen=master.clock()))
         moved += int(s.connection().execute(stmt).rowcount or 0)
     return moved
 

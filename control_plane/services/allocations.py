@@ -53,7 +53,7 @@ def part_exited(s: Session, master: Master, alloc: Allocation, agent_id: str, ex
     end = gang_run.outcome(changed)
     if end is None:
         return
-    cause = end.gone or st.CAUSE_EXITED
+    cause = end.gone or st.ExitCause.EXITED
     end_allocation(s, master, alloc, cause=cause, reason=end.reason, exit_code=end.exit_code)
 
 
@@ -70,17 +70,17 @@ def agent_gone(s: Session, master: Master, agent_id: str, cause: str, reason: st
 
 def end_allocation(s: Session, master: Master, alloc: Allocation, *, cause: str, reason: str | None,
                    exit_code: int | None) -> None:
-    if alloc.state == st.ALLOC_TERMINATED:
+    if alloc.state == st.AllocationState.TERMINATED:
         return
-    alloc.state = st.ALLOC_TERMINATED
+    alloc.state = st.AllocationState.TERMINATED
     alloc.ended_at = master.clock()
     alloc.exit_code = exit_code
     alloc.exit_reason = reason
     # A process that exits after the master asked it to stop was stopped by the master.
-    if cause == st.CAUSE_EXITED and alloc.kill_requested:
-        cause = st.CAUSE_KILLED
-    elif cause == st.CAUSE_EXITED and alloc.preempt_requested and exit_code == 0:
-        cause = st.CAUSE_PREEMPTED
+    if cause == st.ExitCause.EXITED and alloc.kill_requested:
+        cause = st.ExitCause.KILLED
+    elif cause == st.ExitCause.EXITED and alloc.preempt_requested and exit_code == 0:
+        cause = st.ExitCause.PREEMPTED
     alloc.end_cause = cause
     # The allocation's session token dies with it.
     for t in s.scalars(select(Token).where(Token.allocation_id == alloc.id, Token.revoked_at.is_(None))):

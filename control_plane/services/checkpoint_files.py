@@ -24,7 +24,7 @@ def archive(ckpt: Checkpoint, fmt: str) -> Path:
     the checkpoint's root."""
     from harness.storage import CheckpointNotFound, StorageError, from_config
 
-    if ckpt.state not in (st.CKPT_COMPLETED, st.CKPT_PARTIALLY_DELETED):
+    if ckpt.state not in (st.CheckpointState.COMPLETED, st.CheckpointState.PARTIALLY_DELETED):
         raise Conflict(f"checkpoint {ckpt.uuid} is {st.checkpoint_wire_state(ckpt.state)}: only COMPLETED or "
                        "PARTIALLY_DELETED checkpoints can be downloaded")
     if not ckpt.storage:

@@ -53,7 +53,7 @@ def mark_for_gc(s: Session, exp: Experiment) -> list[str]:
     doomed = checkpoints_to_delete(infos, policy_of(exp), protected)
     for c in ckpts:
         if c.uuid in doomed:
-            c.state = st.CKPT_DELETING
+            c.state = st.CheckpointState.DELETING
     log.info("event=checkpoint_gc_marked experiment_id=%s total=%d delete=%d", exp.id, len(ckpts), len(doomed))
     return sorted(doomed)
 

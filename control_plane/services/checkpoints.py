@@ -29,7 +29,7 @@ from control_plane.services.metrics import searcher_goal
 
 log = logging.getLogger("shipyard.checkpoints")
 
-REPORTABLE_STATES = (st.CKPT_ACTIVE, st.CKPT_COMPLETED, st.CKPT_ERROR)
+REPORTABLE_STATES = (st.CheckpointState.ACTIVE, st.CheckpointState.COMPLETED, st.CheckpointState.ERROR)
 
 
 # -- checked values --------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def record(s: Session, master: Master, trial: Trial, exp: Experiment, report: Ch
     )
     s.add(ckpt)
     s.flush()
-    if report.state == st.CKPT_COMPLETED:
+    if report.state == st.CheckpointState.COMPLETED:
         latest = s.get(Checkpoint, trial.latest_checkpoint_uuid) if trial.latest_checkpoint_uuid else None
         if latest is None or report.steps_completed >= latest.steps_completed:
             trial.latest_checkpoint_uuid = report.uuid
@@ -332,7 +332,7 @@ def request_deletion(s: Session, master: Master, ckpts: list[Checkpoint], by: Pr
     marked = 0
     for c in ckpts:
         if c.state not in st.CKPT_GONE:
-            c.state = st.CKPT_DELETING
+            c.state = st.CheckpointState.DELETING
             marked += 1
     doomed = {c.uuid for c in ckpts}
     trial_ids = {c.trial_id for c in ckpts if c.trial_id is not None}
@@ -340,7 +340,7 @@ def request_deletion(s: Session, master: Master, ckpts: list[Checkpoint], by: Pr
         if trial.latest_checkpoint_uuid in doomed:
             trial.latest_checkpoint_uuid = s.scalar(
                 select(Checkpoint.uuid)
-                .where(Checkpoint.trial_id == trial.id, Checkpoint.state == st.CKPT_COMPLETED)
+                .where(Checkpoint.trial_id == trial.id, Checkpoint.state == st.CheckpointState.COMPLETED)
                 .order_by(Checkpoint.steps_completed.desc(), Checkpoint.report_time.desc())
                 .limit(1)
             )
@@ -353,10 +353,10 @@ def set_resources(ckpt: Checkpoint, resources: dict[str, int]) -> None:
     """Determined's semantics: no files left → the checkpoint is deleted; otherwise its file list
     (and size) shrink to what is left."""
     if not resources:
-        ckpt.state, ckpt.resources, ckpt.size_bytes = st.CKPT_DELETED, {}, 0
+        ckpt.state, ckpt.resources, ckpt.size_bytes = st.CheckpointState.DELETED, {}, 0
         return
     if set(resources) < set(ckpt.resources or {}):
-        ckpt.state = st.CKPT_PARTIALLY_DELETED
+        ckpt.state = st.CheckpointState.PARTIALLY_DELETED
     ckpt.resources, ckpt.size_bytes = resources, sum(resources.values())
 
 

@@ -416,7 +416,7 @@ def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, que
             busy[str(part.get("agent"))] += len(part.get("slots") or []) or (a.slots_needed if not a.placement else 0)
     agent_rows = [AgentRow(a.id, a.state, bool(a.enabled), a.drain_started_at is not None, len(a.slots or []),
                            busy.get(a.id, 0), a.instance_id, a.last_seen) for a in agents]
-    live = [a for a in agent_rows if a.state == st.AGENT_CONNECTED]
+    live = [a for a in agent_rows if a.state == st.AgentState.CONNECTED]
     spot = bool(ep and ep.instances.spot)
     instances = []
     for i in s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != st.InstanceState.TERMINATED)
@@ -473,7 +473,7 @@ def slot_history(s: Session, pool: str, now: datetime, window: timedelta = HISTO
     for a in agents:
         if a.id in on_instance or a.instance_id:
             continue
-        end = a.disconnected_at if a.state == st.AGENT_DISCONNECTED else None
+        end = a.disconnected_at if a.state == st.AgentState.DISCONNECTED else None
         provisioned.append(Interval(a.registered_at, end, len(a.slots or [])))
     used = [Interval(a.assigned_at, a.ended_at, a.slots_needed) for a in s.scalars(
         select(Allocation).where(Allocation.pool == pool, Allocation.assigned_at.is_not(None))

@@ -161,7 +161,7 @@ def create(s: Session, master: Master, owner: Principal, new: NewExperiment) -> 
         labels=list(dict.fromkeys(v.config.labels)),
         config=v.config_dict,
         original_config=new.config_text,
-        state=st.EXP_ACTIVE if new.activate else st.EXP_PAUSED,
+        state=st.ExperimentState.ACTIVE if new.activate else st.ExperimentState.PAUSED,
         owner_id=owner.user_id,
         archived=False,
         model_definition_id=md.id,
@@ -286,7 +286,7 @@ def delete_experiment(s: Session, master: Master, exp: Experiment, by: Principal
     s.execute(
         update(Checkpoint)
         .where(Checkpoint.experiment_id == exp_id, Checkpoint.state.not_in(st.CKPT_GONE))
-        .values(state=st.CKPT_DELETING)
+        .values(state=st.CheckpointState.DELETING)
     )
     s.execute(update(Checkpoint).where(Checkpoint.experiment_id == exp_id).values(trial_id=None))
     if trial_ids:
@@ -466,14 +466,14 @@ def job_summary(s: Session, exp: Experiment) -> JobSummary | None:
     )
     requested = sum(a.slots_needed for a in allocs)
     allocated = sum(a.slots_needed for a in allocs if a.state in st.ALLOC_ON_AGENT)
-    pending = [a for a in allocs if a.state == st.ALLOC_PENDING]
+    pending = [a for a in allocs if a.state == st.AllocationState.PENDING]
     jobs_ahead = 0
     if pending:
         first = min(a.created_at for a in pending)
         jobs_ahead = s.scalar(
             select(func.count(func.distinct(Allocation.experiment_id))).where(
                 Allocation.pool == exp.resource_pool,
-                Allocation.state == st.ALLOC_PENDING,
+                Allocation.state == st.AllocationState.PENDING,
                 Allocation.created_at < first,
                 Allocation.experiment_id != exp.id,
             )

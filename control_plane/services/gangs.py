@@ -15,8 +15,8 @@ from control_plane.core import states as st
 from control_plane.db.models import Agent, Allocation
 from control_plane.errors import not_found
 
-_ALLOC_STATE = {"assigned": st.ALLOC_ASSIGNED, "pulling": st.ALLOC_PULLING, "starting": st.ALLOC_STARTING,
-                "running": st.ALLOC_RUNNING}
+_ALLOC_STATE = {"assigned": st.AllocationState.ASSIGNED, "pulling": st.AllocationState.PULLING, "starting": st.AllocationState.STARTING,
+                "running": st.AllocationState.RUNNING}
 
 
 def is_gang(alloc: Allocation) -> bool:

@@ -126,7 +126,7 @@ def list_jobs(s: Session, master: Master, *, pool: str | None = None, states: Se
     for name in sorted(queue):
         for ahead, (exp, allocs) in enumerate(queue[name]):
             placed = [a for a in allocs if a.state in st.ALLOC_ON_AGENT]
-            pending = [a for a in allocs if a.state == st.ALLOC_PENDING]
+            pending = [a for a in allocs if a.state == st.AllocationState.PENDING]
             views.append(JobView(
                 exp=exp, username=owners.get(exp.owner_id, ""), priority=effective_priority(master, exp),
                 state=JOB_SCHEDULED if placed else JOB_QUEUED, jobs_ahead=ahead,
@@ -248,7 +248,7 @@ def _apply(s: Session, master: Master, p: Principal, u: QueueUpdate, where: str)
     for alloc in _live_allocations(s, [exp.id]).get(exp.id, []):
         alloc.priority = priority
         alloc.weight = exp.weight
-        if alloc.state == st.ALLOC_PENDING:
+        if alloc.state == st.AllocationState.PENDING:
             alloc.pool = exp.resource_pool
     log.info("event=job_updated job_id=%s experiment_id=%s pool=%s priority=%s weight=%s queue_position=%s",
              exp.job_id, exp.id, exp.resource_pool, priority, exp.weight, exp.queue_position)

@@ -91,7 +91,7 @@ def _apply(s: Session, master: Master, exp: Experiment, method: BaseSearchMethod
                         request_id=op.request_id,
                         hparams=op.hparams,
                         seed=op.trial_seed,
-                        state=st.TRIAL_QUEUED,
+                        state=st.TrialState.QUEUED,
                         task_id=f"{exp.id}.{op.request_id}",
                         start_time=master.clock(),
                     )
@@ -199,10 +199,10 @@ def kill_trial(s: Session, master: Master, trial: Trial) -> None:
     assert exp is not None
     exp = _lock(s, exp)
     s.refresh(trial)
-    if trial.state in st.TRIAL_TERMINAL or trial.state == st.TRIAL_STOPPING_KILLED:
+    if trial.state in st.TRIAL_TERMINAL or trial.state == st.TrialState.STOPPING_KILLED:
         return
     log.info("event=trial_kill_requested experiment_id=%s trial_id=%s", exp.id, trial.id)
-    trial.state = st.TRIAL_STOPPING_KILLED
+    trial.state = st.TrialState.STOPPING_KILLED
     trial.exit_reason = "killed by the user"
     if not trial.searcher_closed:
         trial.searcher_closed = True
@@ -227,9 +227,9 @@ def on_allocation_exited(s: Session, master: Master, alloc: Allocation) -> None:
     assert exp is not None
     exp = _lock(s, exp)
     failure: str | None = None
-    if alloc.end_cause == st.CAUSE_EXITED and alloc.exit_code not in (0, None):
+    if alloc.end_cause == st.ExitCause.EXITED and alloc.exit_code not in (0, None):
         failure = f"exited with code {alloc.exit_code}"
-    elif alloc.end_cause == st.CAUSE_EXITED and alloc.exit_code == 0 and _wants_slot(exp, trial):
+    elif alloc.end_cause == st.ExitCause.EXITED and alloc.exit_code == 0 and _wants_slot(exp, trial):
         # A clean exit while the searcher still has work for the trial is no success. As in
         # Determined, the trial runs again from its latest checkpoint (like a preemption). A run
         # that saved no checkpoint made no progress: running it again would loop, so it counts as
@@ -255,7 +255,7 @@ def on_allocation_exited(s: Session, master: Master, alloc: Allocation) -> None:
         _master_line(s, master, alloc, f"{failure} ({trial.restarts} of {max_restarts} restarts).")
     if trial.restarts > max_restarts:
         trial.exit_reason = f"{failure}; {max_restarts} restarts used up"
-        _end_trial(s, master, exp, trial, st.TRIAL_ERROR)
+        _end_trial(s, master, exp, trial, st.TrialState.ERROR)
         method = _method(exp)
         _apply(s, master, exp, method, method.trial_exited_early(trial.request_id, ExitedReason.ERRORED))
 
@@ -283,11 +283,11 @@ def _end_trial(s: Session, master: Master, exp: Experiment, trial: Trial, state:
 
 # -- level-triggered reconciliation ----------------------------------------------------------------
 _ALLOC_TO_TRIAL = {
-    st.ALLOC_PENDING: st.TRIAL_QUEUED,
-    st.ALLOC_ASSIGNED: st.TRIAL_STARTING,
-    st.ALLOC_PULLING: st.TRIAL_PULLING,
-    st.ALLOC_STARTING: st.TRIAL_STARTING,
-    st.ALLOC_RUNNING: st.TRIAL_RUNNING,
+    st.AllocationState.PENDING: st.TrialState.QUEUED,
+    st.AllocationState.ASSIGNED: st.TrialState.STARTING,
+    st.AllocationState.PULLING: st.TrialState.PULLING,
+    st.AllocationState.STARTING: st.TrialState.STARTING,
+    st.AllocationState.RUNNING: st.TrialState.RUNNING,
 }
 
 
@@ -315,14 +315,14 @@ def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
         if trial.state in st.TRIAL_TERMINAL:
             continue
         alloc = live.get(trial.id)
-        if trial.state == st.TRIAL_STOPPING_KILLED:  # the user killed this trial (kill_trial)
+        if trial.state == st.TrialState.STOPPING_KILLED:  # the user killed this trial (kill_trial)
             if alloc is None:
-                _end_trial(s, master, exp, trial, st.TRIAL_CANCELED)
-            elif alloc.state == st.ALLOC_PENDING:  # not started anywhere yet: withdraw it
-                alloc.state = st.ALLOC_TERMINATED
-                alloc.end_cause = st.CAUSE_KILLED
+                _end_trial(s, master, exp, trial, st.TrialState.CANCELED)
+            elif alloc.state == st.AllocationState.PENDING:  # not started anywhere yet: withdraw it
+                alloc.state = st.AllocationState.TERMINATED
+                alloc.end_cause = st.ExitCause.KILLED
                 alloc.ended_at = master.clock()
-                _end_trial(s, master, exp, trial, st.TRIAL_CANCELED)
+                _end_trial(s, master, exp, trial, st.TrialState.CANCELED)
             else:
                 alloc.kill_requested = True
             continue
@@ -330,14 +330,14 @@ def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
             _steer_live(master, exp, trial, alloc)
             continue
         if exp.state in st.EXP_STOPPING:
-            _end_trial(s, master, exp, trial, st.TRIAL_CANCELED if exp.state != st.EXP_STOPPING_COMPLETED else st.TRIAL_COMPLETED)
+            _end_trial(s, master, exp, trial, st.TrialState.CANCELED if exp.state != st.ExperimentState.STOPPING_COMPLETED else st.TrialState.COMPLETED)
         elif trial.searcher_closed:
-            _end_trial(s, master, exp, trial, st.TRIAL_COMPLETED)
+            _end_trial(s, master, exp, trial, st.TrialState.COMPLETED)
             closed_now.append(trial)
-        elif exp.state == st.EXP_ACTIVE and _wants_slot(exp, trial):
+        elif exp.state == st.ExperimentState.ACTIVE and _wants_slot(exp, trial):
             _allocate(s, master, exp, trial)
         else:
-            trial.state = st.TRIAL_PAUSED if exp.state == st.EXP_PAUSED else st.TRIAL_QUEUED
+            trial.state = st.TrialState.PAUSED if exp.state == st.ExperimentState.PAUSED else st.TrialState.QUEUED
     if closed_now:
         method = _method(exp)
         ops: list[Operation] = []
@@ -349,20 +349,20 @@ def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
 
 def _steer_live(master: Master, exp: Experiment, trial: Trial, alloc: Allocation) -> None:
     trial.state = _ALLOC_TO_TRIAL.get(alloc.state, trial.state)
-    stop = exp.state != st.EXP_ACTIVE or not _wants_slot(exp, trial)
-    if stop and alloc.state == st.ALLOC_PENDING:
+    stop = exp.state != st.ExperimentState.ACTIVE or not _wants_slot(exp, trial)
+    if stop and alloc.state == st.AllocationState.PENDING:
         # Not started anywhere yet: simply withdraw it.
-        alloc.state = st.ALLOC_TERMINATED
-        alloc.end_cause = st.CAUSE_KILLED
+        alloc.state = st.AllocationState.TERMINATED
+        alloc.end_cause = st.ExitCause.KILLED
         alloc.ended_at = master.clock()
         log.info("event=allocation_withdrawn allocation_id=%s trial_id=%s", alloc.id, trial.id)
-    elif exp.state == st.EXP_STOPPING_KILLED:
+    elif exp.state == st.ExperimentState.STOPPING_KILLED:
         if not alloc.kill_requested:
             alloc.kill_requested = True
             log.info("event=kill_requested allocation_id=%s trial_id=%s", alloc.id, trial.id)
     elif stop and request_preemption(alloc, master.clock()):
         log.info("event=preempt_requested allocation_id=%s trial_id=%s reason=%s", alloc.id, trial.id,
-                 "searcher" if exp.state == st.EXP_ACTIVE else exp.state)
+                 "searcher" if exp.state == st.ExperimentState.ACTIVE else exp.state)
 
 
 def request_preemption(alloc: Allocation, now: datetime) -> bool:
@@ -389,13 +389,13 @@ def _allocate(s: Session, master: Master, exp: Experiment, trial: Trial) -> None
         slots_needed=_config(exp).resources.slots_per_trial,
         priority=exp.priority if exp.priority is not None else default_priority,
         weight=exp.weight,
-        state=st.ALLOC_PENDING,
+        state=st.AllocationState.PENDING,
         run_id=trial.run_id,
         restored_checkpoint_uuid=trial.latest_checkpoint_uuid,
         created_at=master.clock(),
     )
     s.add(alloc)
-    trial.state = st.TRIAL_QUEUED
+    trial.state = st.TrialState.QUEUED
     log.info("event=allocation_requested allocation_id=%s trial_id=%s pool=%s slots=%s",
              alloc.id, trial.id, alloc.pool, alloc.slots_needed)
     master.notify(s)
@@ -410,19 +410,19 @@ def _finish_experiment_if_done(
         return
     shutdown = (exp.searcher_state or {}).get("shutdown")
     final: str | None = None
-    if exp.state == st.EXP_STOPPING_CANCELED:
-        final = st.EXP_CANCELED
-    elif exp.state == st.EXP_STOPPING_KILLED:
-        final = st.EXP_CANCELED
-    elif exp.state == st.EXP_STOPPING_ERROR:
-        final = st.EXP_ERROR
-    elif exp.state in (st.EXP_ACTIVE, st.EXP_STOPPING_COMPLETED) and shutdown is not None:
-        final = st.EXP_ERROR if shutdown.get("failure") else st.EXP_COMPLETED
+    if exp.state == st.ExperimentState.STOPPING_CANCELED:
+        final = st.ExperimentState.CANCELED
+    elif exp.state == st.ExperimentState.STOPPING_KILLED:
+        final = st.ExperimentState.CANCELED
+    elif exp.state == st.ExperimentState.STOPPING_ERROR:
+        final = st.ExperimentState.ERROR
+    elif exp.state in (st.ExperimentState.ACTIVE, st.ExperimentState.STOPPING_COMPLETED) and shutdown is not None:
+        final = st.ExperimentState.ERROR if shutdown.get("failure") else st.ExperimentState.COMPLETED
     if final is None:
         return
     exp.state = st.transition(exp.state, final)
     exp.end_time = master.clock()
-    if final == st.EXP_COMPLETED:
+    if final == st.ExperimentState.COMPLETED:
         exp.progress = 1.0
     log.info("event=experiment_ended experiment_id=%s state=%s", exp.id, final)
     from control_plane.services import checkpoint_gc

@@ -24,7 +24,7 @@ def pool_capacity(s: Session, master: Master, pool: str) -> PoolCapacity | None:
     if cfg is None:
         return None
     agents = [len(a.slots or []) for a in s.scalars(select(Agent).where(Agent.pool == pool,
-                                                                           Agent.state == st.AGENT_CONNECTED))]
+                                                                           Agent.state == st.AgentState.CONNECTED))]
     largest_agent = max(agents, default=None)
     sizes: dict[int, int] = {}
     for n in agents:
@@ -70,7 +70,7 @@ def pending_reasons(s: Session, master: Master, *, trial_ids: list[int] | None =
     """For trials (keyed by trial id) or experiments (keyed by experiment id, the first such trial's
     reason): why their pending allocation can never be placed. Read from the pool as it is now, so
     a pool reconfigured after submission shows on the next read, and a fix clears it."""
-    q = select(Allocation).where(Allocation.state == st.ALLOC_PENDING)
+    q = select(Allocation).where(Allocation.state == st.AllocationState.PENDING)
     if trial_ids is not None:
         q = q.where(Allocation.trial_id.in_(trial_ids))
     if experiment_ids is not None:

@@ -34,14 +34,14 @@ class PoolSnapshot:
 def pool_snapshots(s: Session, pools: Sequence[str], now: datetime) -> list[PoolSnapshot]:
     """One snapshot per pool: the configured ones in order, then any other pool the record names."""
     slots: dict[str, int] = defaultdict(int)
-    for pool, agent_slots in s.execute(select(Agent.pool, Agent.slots).where(Agent.state == st.AGENT_CONNECTED)):
+    for pool, agent_slots in s.execute(select(Agent.pool, Agent.slots).where(Agent.state == st.AgentState.CONNECTED)):
         slots[pool] += len(agent_slots or [])
     used = {pool: int(total or 0) for pool, total in s.execute(
         select(Allocation.pool, func.sum(Allocation.slots_needed))
         .where(Allocation.state.in_(st.ALLOC_ON_AGENT)).group_by(Allocation.pool))}
     queued = {pool: (count, oldest) for pool, count, oldest in s.execute(
         select(Allocation.pool, func.count(), func.min(Allocation.created_at))
-        .where(Allocation.state == st.ALLOC_PENDING).group_by(Allocation.pool))}
+        .where(Allocation.state == st.AllocationState.PENDING).group_by(Allocation.pool))}
     instances: dict[str, dict[str, int]] = defaultdict(dict)
     for pool, state, count in s.execute(select(Instance.pool, Instance.state, func.count())
                                         .where(Instance.state != InstanceState.TERMINATED)

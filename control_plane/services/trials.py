@@ -33,7 +33,7 @@ def searcher_operation(s: Session, trial: Trial) -> SearcherOperation:
     if trial.searcher_closed or trial.state in st.TRIAL_TERMINAL:
         return SearcherOperation(None, True)
     exp = s.get(Experiment, trial.experiment_id)
-    stopping = exp is None or exp.state != st.EXP_ACTIVE
+    stopping = exp is None or exp.state != st.ExperimentState.ACTIVE
     target = trial.searcher_target_length
     done = trial.searcher_completed_length
     if target is not None and (done is None or done < target) and not stopping:
@@ -58,7 +58,7 @@ def must_stop(alloc: Allocation) -> bool:
 
 
 def _must_stop(preempt_requested: bool | None, kill_requested: bool | None, state: str) -> bool:
-    return bool(preempt_requested or kill_requested or state == st.ALLOC_TERMINATED)
+    return bool(preempt_requested or kill_requested or state == st.AllocationState.TERMINATED)
 
 
 _STOP_ROW = select(Allocation.preempt_requested, Allocation.kill_requested, Allocation.state).where(

@@ -52,7 +52,7 @@ def test_scheduler_type_must_be_a_registered_policy(tmp_path, policy: str) -> No
     with pytest.raises(ConfigError) as e:
         load_config(path, env={})
     message = str(e.value)
-    assert "resource_pools.0.scheduler.type" in message
+    assert "resource_pools[0].scheduler.type" in message
     assert f"unknown scheduler type {policy!r}; expected one of: priority, fair_share" in message
 
 

@@ -213,7 +213,7 @@ def stop_for_teardown(s: Session, master: Master, pool: str, memory: PoolMemory,
             begin_termination(s, row, now, reason)
         agent = agent_of(s, row)
         if agent is not None:
-            allocations.end_agent_allocations(s, master, agent.id, st.CAUSE_INSTANCE_TERMINATED,
+            allocations.end_agent_allocations(s, master, agent.id, st.ExitCause.INSTANCE_TERMINATED,
                                               f"instance {row.instance_id} is being terminated: {reason}")
         memory.terminations.pop(row.instance_id, None)  # sent now, whatever was due
         count += 1

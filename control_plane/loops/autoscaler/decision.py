@@ -96,7 +96,7 @@ def decide_and_apply(master: Master, pool: str, memory: PoolMemory, orphans: lis
 def _pending_shapes(s: Session, pool: str, slots_per_instance: int) -> dict[int, int]:
     """The pool's pending allocations, counted by shape (slots on one instance)."""
     shapes: dict[int, int] = {}
-    for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state == st.ALLOC_PENDING)):
+    for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state == st.AllocationState.PENDING)):
         # A gang larger than an instance goes on whole instances (core/scheduling/gang.py):
         # demand that many full instances; one that cannot be split stays unschedulable.
         parts = whole_agent_parts(a.slots_needed, slots_per_instance)
@@ -131,7 +131,7 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
         agent = agent_of(s, row)
         if agent is not None and row.agent_id is None:
             links[row.launch_id] = agent.id
-        connected = agent is not None and agent.state == st.AGENT_CONNECTED
+        connected = agent is not None and agent.state == st.AgentState.CONNECTED
         views.append(InstanceView(
             id=row.launch_id,
             state=InstanceState(row.state),

@@ -51,11 +51,11 @@ def close_row(s: Session, master: Master, row: Instance, now: datetime, reason: 
     for t in s.scalars(select(Token).where(Token.launch_id == row.launch_id, Token.revoked_at.is_(None))):
         t.revoked_at = now
     agent = agent_of(s, row)
-    if agent is not None and agent.state == st.AGENT_CONNECTED:
-        agent.state = st.AGENT_DISCONNECTED
+    if agent is not None and agent.state == st.AgentState.CONNECTED:
+        agent.state = st.AgentState.DISCONNECTED
         agent.disconnected_at = now
     if agent is not None:
-        allocations.end_agent_allocations(s, master, agent.id, st.CAUSE_INSTANCE_TERMINATED,
+        allocations.end_agent_allocations(s, master, agent.id, st.ExitCause.INSTANCE_TERMINATED,
                                           f"instance {row.instance_id} terminated: {reason}")
     log.info("event=instance_closed pool=%s launch_id=%s instance_id=%s reason=%r", row.pool, row.launch_id,
              row.instance_id, reason)

@@ -47,6 +47,6 @@ def test_download_through_the_master(client, admin_headers, master, tmp_path: Pa
     (tmp_path / uuid).rmdir()
     assert client.get(f"/checkpoints/{uuid}", headers=admin_headers).status_code == 404
     with transaction(master.sessions) as s:
-        s.get(Checkpoint, uuid).state = st.CKPT_DELETED
+        s.get(Checkpoint, uuid).state = st.CheckpointState.DELETED
     gone = client.get(f"/checkpoints/{uuid}", headers=admin_headers)
     assert gone.status_code == 409 and "STATE_DELETED" in gone.text

@@ -57,26 +57,26 @@ def test_kill_trial_pending_and_running(client, admin_headers, master) -> None: 
     assert client.post(f"/api/v1/trials/{queued.id}/kill", headers=bob).status_code == 403  # not bob's
     assert client.post(f"/api/v1/trials/{queued.id}/kill", headers=admin_headers).status_code == 200
     trial, alloc = _trial_and_alloc(master, queued.id)
-    assert trial.state == st.TRIAL_CANCELED and alloc.state == st.ALLOC_TERMINATED
+    assert trial.state == st.TrialState.CANCELED and alloc.state == st.AllocationState.TERMINATED
     assert client.post(f"/api/v1/trials/{queued.id}/kill", headers=admin_headers).status_code == 200  # idempotent
 
     # Running: the agent is told to kill it; it stays STOPPING_KILLED until the process exits.
     running = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
     with transaction(master.sessions) as s:
         a = s.scalars(select(Allocation).where(Allocation.trial_id == running.id)).one()
-        a.state = st.ALLOC_RUNNING
-        s.get(Trial, running.id).state = st.TRIAL_RUNNING
+        a.state = st.AllocationState.RUNNING
+        s.get(Trial, running.id).state = st.TrialState.RUNNING
     assert client.post(f"/api/v1/trials/{running.id}/kill", headers=admin_headers).status_code == 200
     trial, alloc = _trial_and_alloc(master, running.id)
-    assert trial.state == st.TRIAL_STOPPING_KILLED and alloc.kill_requested
+    assert trial.state == st.TrialState.STOPPING_KILLED and alloc.kill_requested
     shown = client.get(f"/api/v1/trials/{running.id}", headers=admin_headers).json()["trial"]
     assert shown["state"] == "STATE_STOPPING_KILLED"
     with transaction(master.sessions) as s:
         a = s.get(Allocation, alloc.id)
-        allocations.end_allocation(s, master, a, cause=st.CAUSE_EXITED, reason="killed", exit_code=137)
+        allocations.end_allocation(s, master, a, cause=st.ExitCause.EXITED, reason="killed", exit_code=137)
         lifecycle.reconcile_all(s, master)
     trial, _ = _trial_and_alloc(master, running.id)
-    assert trial.state == st.TRIAL_CANCELED and trial.restarts == 0  # a kill is not a failure
+    assert trial.state == st.TrialState.CANCELED and trial.restarts == 0  # a kill is not a failure
 
 
 def test_trial_workloads(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]

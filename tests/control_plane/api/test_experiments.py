@@ -79,7 +79,7 @@ def allocation_headers(master, trial: Trial, *, user_id: int | None = None) -> d
     return {"Authorization": f"Bearer {token}"}
 
 
-def finish_experiment(master, experiment_id: int, state: str = st.EXP_COMPLETED) -> None:  # type: ignore[no-untyped-def]
+def finish_experiment(master, experiment_id: int, state: str = st.ExperimentState.COMPLETED) -> None:  # type: ignore[no-untyped-def]
     """What the lifecycle does when an experiment ends (the loops do not run in these tests)."""
     from control_plane.db.models import Allocation
 
@@ -88,10 +88,10 @@ def finish_experiment(master, experiment_id: int, state: str = st.EXP_COMPLETED)
         exp.state = state
         exp.end_time = master.clock()
         for t in s.scalars(select(Trial).where(Trial.experiment_id == experiment_id)):
-            t.state = st.TRIAL_COMPLETED
+            t.state = st.TrialState.COMPLETED
             t.end_time = master.clock()
         for a in s.scalars(select(Allocation).where(Allocation.experiment_id == experiment_id)):
-            a.state = st.ALLOC_TERMINATED
+            a.state = st.AllocationState.TERMINATED
 
 
 def row_counts(master) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
@@ -337,7 +337,7 @@ def test_state_changes_and_archive(client, admin_headers, master) -> None:
     assert client.post(f"/api/v1/experiments/{eid}/archive", headers=admin_headers).status_code == 409
     assert client.post(f"/api/v1/experiments/{eid}/cancel", headers=admin_headers).status_code == 200
     assert state() == "STATE_STOPPING_CANCELED"
-    finish_experiment(master, eid, st.EXP_CANCELED)
+    finish_experiment(master, eid, st.ExperimentState.CANCELED)
     assert client.post(f"/api/v1/experiments/{eid}/activate", headers=admin_headers).status_code == 409
     assert client.post(f"/api/v1/experiments/{eid}/kill", headers=admin_headers).status_code == 200  # no-op
     assert client.post(f"/api/v1/experiments/{eid}/archive", headers=admin_headers).status_code == 200

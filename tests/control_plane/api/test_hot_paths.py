@@ -220,7 +220,7 @@ def test_long_poll_checks(master) -> None:  # type: ignore[no-untyped-def]
         assert news(s, master, p, "a1", session)
     agent_steps.report(master, p, session, cmd.allocation_id, "exited", exit_code=0)
     with master.read_sessions() as s:
-        assert s.get(Allocation, cmd.allocation_id).state == st.ALLOC_TERMINATED  # type: ignore[union-attr]
+        assert s.get(Allocation, cmd.allocation_id).state == st.AllocationState.TERMINATED  # type: ignore[union-attr]
         assert trials.must_stop_by_id(s, cmd.allocation_id) is True and not news(s, master, p, "a1", session)
 
 

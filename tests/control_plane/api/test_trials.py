@@ -219,7 +219,7 @@ def test_trial_list_sorting(client, admin_headers, master) -> None:
     ids = [t["id"] for t in trials]
     for tid, loss in zip(ids, [0.5, 0.2, 0.9], strict=True):
         post(client, admin_headers, tid, report(tid, 10, {"val_loss": loss}, group="validation"))
-    set_trial_state(master, ids[2], st.TRIAL_COMPLETED)
+    set_trial_state(master, ids[2], st.TrialState.COMPLETED)
 
     def listed(**params: Any) -> list[int]:
         r = client.get(f"/api/v1/experiments/{eid}/trials", headers=admin_headers, params=params)
@@ -352,7 +352,7 @@ def test_log_follow_until_trial_ends(client, admin_headers, master) -> None:
                                 json={"logs": [{"taskId": trial.task_id, "log": f"during {i}\n"}]})
                 if r.status_code != 200:
                     errors.append(r.text)
-            set_trial_state(master, trial.id, st.TRIAL_COMPLETED)
+            set_trial_state(master, trial.id, st.TrialState.COMPLETED)
         except Exception as e:  # surfaced by the assertion below
             errors.append(repr(e))
 

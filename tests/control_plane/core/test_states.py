@@ -25,15 +25,15 @@ def test_values_are_the_wire_and_stored_strings() -> None:
     assert TrialState.QUEUED == "STATE_QUEUED"
     assert AllocationState.PENDING == "pending"
     # Module-level names stay, as the very enum members.
-    assert st.EXP_ACTIVE is ExperimentState.ACTIVE and st.TRIAL_QUEUED is TrialState.QUEUED
-    assert st.ALLOC_PENDING is AllocationState.PENDING and st.ALLOC_TERMINATED is AllocationState.TERMINATED
-    assert f"{st.EXP_ACTIVE}" == "STATE_ACTIVE" and str(st.ALLOC_RUNNING) == "running"
+    assert st.ExperimentState.ACTIVE is ExperimentState.ACTIVE and st.TrialState.QUEUED is TrialState.QUEUED
+    assert st.AllocationState.PENDING is AllocationState.PENDING and st.AllocationState.TERMINATED is AllocationState.TERMINATED
+    assert f"{st.ExperimentState.ACTIVE}" == "STATE_ACTIVE" and str(st.AllocationState.RUNNING) == "running"
 
 
 @pytest.mark.parametrize("table, enum, ends", [
     (EXPERIMENT_TRANSITIONS, ExperimentState, st.EXP_TERMINAL),
     (TRIAL_TRANSITIONS, TrialState, st.TRIAL_TERMINAL),
-    (ALLOCATION_TRANSITIONS, AllocationState, {st.ALLOC_TERMINATED}),
+    (ALLOCATION_TRANSITIONS, AllocationState, {st.AllocationState.TERMINATED}),
 ])
 def test_every_state_has_a_row_and_terminal_states_lead_nowhere(table, enum, ends) -> None:  # type: ignore[no-untyped-def]
     assert set(table) == set(enum)

@@ -154,7 +154,7 @@ class Soak:
                 if inst is None or inst.state != CloudState.RUNNING:
                     continue  # stopped or gone behind our back: its tasks are dead anyway
                 agent = s.scalar(select(Agent).where(Agent.instance_id == iid))
-                if agent is None or agent.state != st.AGENT_CONNECTED:
+                if agent is None or agent.state != st.AgentState.CONNECTED:
                     continue
                 busy = s.scalars(select(Allocation.id).where(Allocation.agent_id == agent.id,
                                                              Allocation.state.in_(st.ALLOC_ON_AGENT))).all()
@@ -190,14 +190,14 @@ class Soak:
             for agent in known.values():
                 if agent.instance_id in running:  # its VM runs: it heartbeats (reconnects if needed)
                     agent.last_seen = now
-                    if agent.state != st.AGENT_CONNECTED:
-                        agent.state, agent.disconnected_at = st.AGENT_CONNECTED, None
+                    if agent.state != st.AgentState.CONNECTED:
+                        agent.state, agent.disconnected_at = st.AgentState.CONNECTED, None
             for alloc in s.scalars(select(Allocation).where(Allocation.state.in_(st.ALLOC_ON_AGENT))):
-                if alloc.state == st.ALLOC_ASSIGNED:  # the agent started it
-                    alloc.state, alloc.started_at = st.ALLOC_RUNNING, now
+                if alloc.state == st.AllocationState.ASSIGNED:  # the agent started it
+                    alloc.state, alloc.started_at = st.AllocationState.RUNNING, now
                     self.finish_at[alloc.id] = now + timedelta(minutes=self.rng.choice([2, 5, 10, 20, 40]))
                 elif self.finish_at.get(alloc.id, now) <= now:
-                    alloc.state, alloc.ended_at, alloc.end_cause = st.ALLOC_TERMINATED, now, "exited"
+                    alloc.state, alloc.ended_at, alloc.end_cause = st.AllocationState.TERMINATED, now, "exited"
         new_agents = [iid for iid in running if iid not in known]
         for iid in new_agents:
             add_agent(self.master, f"agent-{iid}", slots=2, instance_id=iid)

@@ -102,7 +102,7 @@ def test_waiting_polls_are_the_heartbeat_written_together(master) -> None:  # ty
     with transaction(master.sessions) as s:
         for a in s.query(Agent):
             a.last_seen = long_ago
-        s.get(Agent, "h5").state = st.AGENT_DISCONNECTED  # lost meanwhile: a heartbeat must not revive it
+        s.get(Agent, "h5").state = st.AgentState.DISCONNECTED  # lost meanwhile: a heartbeat must not revive it
     hub = AgentPolls(master)
     statements: list[str] = []
 

@@ -118,7 +118,7 @@ def test_register_records_the_agent_under_a_new_session(master) -> None:  # type
     assert first.heartbeat_interval_s == min(10.0, master.config.agent_heartbeat_timeout_s / 2)
     with transaction(master.sessions) as s:
         agent = s.get(Agent, "a1")
-        assert agent is not None and agent.state == st.AGENT_CONNECTED and agent.pool == "default"
+        assert agent is not None and agent.state == st.AgentState.CONNECTED and agent.pool == "default"
         assert [sl["id"] for sl in agent.slots] == ["0", "1"] and agent.version == "test"
     cred = credential(master, first)
     second = register(master, cred, slots=2)
@@ -191,21 +191,21 @@ def test_a_gpu_agent_gets_the_cuda_variables(master) -> None:  # type: ignore[no
 def test_events_move_the_allocation_forward_only(master) -> None:  # type: ignore[no-untyped-def]
     p, session, cmd = one_task(master)
     alloc = cmd.allocation_id
-    assert states(master, alloc) == (st.ALLOC_ASSIGNED, st.TRIAL_QUEUED)
+    assert states(master, alloc) == (st.AllocationState.ASSIGNED, st.TrialState.QUEUED)
     report(master, p, session, alloc, "pulling")
-    assert states(master, alloc) == (st.ALLOC_PULLING, st.TRIAL_PULLING)
+    assert states(master, alloc) == (st.AllocationState.PULLING, st.TrialState.PULLING)
     assert commands(master, p, session) == []  # reported: no more start
     report(master, p, session, alloc, "starting")
-    assert states(master, alloc) == (st.ALLOC_STARTING, st.TRIAL_STARTING)
+    assert states(master, alloc) == (st.AllocationState.STARTING, st.TrialState.STARTING)
     report(master, p, session, alloc, "running")
-    assert states(master, alloc) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    assert states(master, alloc) == (st.AllocationState.RUNNING, st.TrialState.RUNNING)
     with transaction(master.sessions) as s:
         started_at = s.get(Allocation, alloc).started_at  # type: ignore[union-attr]
     assert started_at is not None
     # Late or repeated events change nothing.
     report(master, p, session, alloc, "pulling")
     report(master, p, session, alloc, "running")
-    assert states(master, alloc) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    assert states(master, alloc) == (st.AllocationState.RUNNING, st.TrialState.RUNNING)
     with transaction(master.sessions) as s:
         assert s.get(Allocation, alloc).started_at == started_at  # type: ignore[union-attr]
     # An event for an allocation that is not there is ignored, not an error.
@@ -219,8 +219,8 @@ def test_exit_ends_the_allocation_and_revokes_its_token(master) -> None:  # type
     report(master, p, session, alloc, "exited", exit_code=3, message="exited with code 3")
     with transaction(master.sessions) as s:
         row = s.get(Allocation, alloc)
-        assert row is not None and row.state == st.ALLOC_TERMINATED
-        assert (row.end_cause, row.exit_code, row.exit_reason) == (st.CAUSE_EXITED, 3, "exited with code 3")
+        assert row is not None and row.state == st.AllocationState.TERMINATED
+        assert (row.end_cause, row.exit_code, row.exit_reason) == (st.ExitCause.EXITED, 3, "exited with code 3")
         tokens = list(s.scalars(select(Token).where(Token.allocation_id == alloc)))
         assert tokens and all(t.revoked_at is not None for t in tokens)
         assert auth.resolve_token(s, cmd.spec.token or "", now=master.clock()) is None
@@ -240,7 +240,7 @@ def test_kill_is_commanded_until_the_exit_is_reported(master) -> None:  # type: 
     assert kill.grace_seconds == master.config.task_kill_grace_s
     report(master, p, session, cmd.allocation_id, "exited", exit_code=143)
     with transaction(master.sessions) as s:
-        assert s.get(Allocation, cmd.allocation_id).end_cause == st.CAUSE_KILLED  # type: ignore[union-attr]
+        assert s.get(Allocation, cmd.allocation_id).end_cause == st.ExitCause.KILLED  # type: ignore[union-attr]
     assert commands(master, p, session) == []
 
 
@@ -257,14 +257,14 @@ def test_reregistration_after_an_agent_restart_reconciles_its_tasks(master) -> N
     # The agent comes back still running one task, plus one the master never gave it.
     again = register(master, p, slots=2, running=[kept, "from-before"])
     assert again.kill == ["from-before"]
-    assert states(master, kept) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    assert states(master, kept) == (st.AllocationState.RUNNING, st.TrialState.RUNNING)
     with transaction(master.sessions) as s:
         row = s.get(Allocation, lost)
-        assert row is not None and row.state == st.ALLOC_TERMINATED and row.end_cause == st.CAUSE_AGENT_LOST
+        assert row is not None and row.state == st.AllocationState.TERMINATED and row.end_cause == st.ExitCause.AGENT_LOST
     # The old session is stale for events too.
     with pytest.raises(Conflict):
         report(master, p, session, kept, "exited", exit_code=0)
-    assert states(master, kept)[0] == st.ALLOC_RUNNING
+    assert states(master, kept)[0] == st.AllocationState.RUNNING
     assert [v.allocations[0].id for v in _list(master) if v.allocations] == [kept]
 
 
@@ -290,7 +290,7 @@ def test_an_enrolled_agent_id_refuses_the_enrolment_token_and_keeps_its_tasks(ma
             register(master, intruder, running=[])
     # Nothing changed: a1's session, its allocation and its trial's token are as they were.
     assert commands(master, p, session) == []
-    assert states(master, cmd.allocation_id) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    assert states(master, cmd.allocation_id) == (st.AllocationState.RUNNING, st.TrialState.RUNNING)
     with transaction(master.sessions) as s:
         assert auth.resolve_token(s, cmd.spec.token or "", now=master.clock()) is not None
 
@@ -304,7 +304,7 @@ def test_reregistration_with_the_credential_keeps_allocations(master) -> None:  
     again = register(master, cred, running=[cmd.allocation_id])
     assert again.kill == [] and again.agent_credential is None  # the same identity, no new credential
     assert again.reconnect_backoff_max_s == master.config.agent_reconnect_cap_s
-    assert states(master, cmd.allocation_id) == (st.ALLOC_RUNNING, st.TRIAL_RUNNING)
+    assert states(master, cmd.allocation_id) == (st.AllocationState.RUNNING, st.TrialState.RUNNING)
     assert commands(master, cred, again.session_id) == []
 
 
@@ -317,7 +317,7 @@ def test_one_agent_cannot_register_poll_or_post_for_another(master) -> None:  # 
         commands(master, y, session)
     with pytest.raises(PermissionDenied, match="belongs to agent 'y', not 'a1'"):
         report(master, y, session, cmd.allocation_id, "exited", exit_code=0)
-    assert states(master, cmd.allocation_id)[0] == st.ALLOC_ASSIGNED
+    assert states(master, cmd.allocation_id)[0] == st.AllocationState.ASSIGNED
 
 
 def test_the_pool_token_only_enrols_it_never_acts_as_an_agent(master) -> None:  # type: ignore[no-untyped-def]
@@ -337,7 +337,7 @@ def test_the_pool_token_only_enrols_it_never_acts_as_an_agent(master) -> None:  
             commands(master, pool_p, session)
         with pytest.raises(PermissionDenied, match="cannot act as agent 'a1': it only enrols"):
             report(master, pool_p, session, cmd.allocation_id, "exited", exit_code=0)
-    assert states(master, cmd.allocation_id)[0] == st.ALLOC_ASSIGNED
+    assert states(master, cmd.allocation_id)[0] == st.AllocationState.ASSIGNED
     assert [c.allocation_id for c in commands(master, cred, session)] == [cmd.allocation_id]
 
 

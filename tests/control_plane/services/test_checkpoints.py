@@ -26,7 +26,7 @@ def a_trial(master) -> tuple[int, int]:  # type: ignore[no-untyped-def]
 
 
 def report(master, trial_id: int, steps: int, ckpt_uuid: str | None = None,  # type: ignore[no-untyped-def]
-           state: str = st.CKPT_COMPLETED) -> str:
+           state: str = st.CheckpointState.COMPLETED) -> str:
     ckpt_uuid = ckpt_uuid or str(uuid.uuid4())
     by = Principal(kind=TokenKind.ALLOCATION, token_id=0, trial_id=trial_id, allocation_id=None)
     rpt = CheckpointReport(uuid=ckpt_uuid, state=state, resources={"model.pt": 10, "opt.pt": 5},
@@ -47,7 +47,7 @@ def test_report_is_idempotent_and_tracks_the_latest(master) -> None:  # type: ig
     first = report(master, tid, 10)
     assert report(master, tid, 10, first) == first  # the retry is a no-op
     second = report(master, tid, 20)
-    report(master, tid, 30, state=st.CKPT_ACTIVE)  # not completed: never the latest
+    report(master, tid, 30, state=st.CheckpointState.ACTIVE)  # not completed: never the latest
     report(master, tid, 5)  # an older step: not the latest either
     assert latest_of(master, tid) == second
     with master.read_sessions() as s:
@@ -63,13 +63,13 @@ def test_reports_name_one_trial(master) -> None:  # type: ignore[no-untyped-def]
     user = admin(master)
     with master.read_sessions() as s:
         task = s.get(Trial, tid).task_id
-        rpt = CheckpointReport(uuid=str(uuid.uuid4()), state=st.CKPT_COMPLETED, resources={}, steps_completed=1,
+        rpt = CheckpointReport(uuid=str(uuid.uuid4()), state=st.CheckpointState.COMPLETED, resources={}, steps_completed=1,
                                metadata={}, task_id=task, trial_id=tid + 1)
         with pytest.raises(Invalid) as err:
             checkpoints.reporting_trial(s, user, rpt)
         assert err.value.details[0].field == "training.trialId" and "different trials" in err.value.message
         with pytest.raises(Invalid) as err:
-            checkpoints.reporting_trial(s, user, CheckpointReport(str(uuid.uuid4()), st.CKPT_COMPLETED, {}, 1, {}))
+            checkpoints.reporting_trial(s, user, CheckpointReport(str(uuid.uuid4()), st.CheckpointState.COMPLETED, {}, 1, {}))
         assert err.value.details[0].field == "training.trialId"
 
 
@@ -83,7 +83,7 @@ def test_checked_values() -> None:
         checkpoints.steps_of({"steps_completed": True})
     with pytest.raises(Invalid):
         checkpoints.reportable_state("STATE_DELETED")
-    assert checkpoints.reportable_state("COMPLETED") == st.CKPT_COMPLETED
+    assert checkpoints.reportable_state("COMPLETED") == st.CheckpointState.COMPLETED
 
 
 def test_deletion_refuses_registered_checkpoints_and_moves_the_latest_back(master) -> None:  # type: ignore[no-untyped-def]
@@ -101,14 +101,14 @@ def test_deletion_refuses_registered_checkpoints_and_moves_the_latest_back(maste
         checkpoints.request_deletion(s, master, ckpts, by)
     assert [(d.field, registered in d.reason) for d in err.value.details] == [("checkpointUuids", True)]
     with master.read_sessions() as s:
-        assert {c.state for c in s.scalars(select(Checkpoint))} == {st.CKPT_COMPLETED}  # nothing marked
+        assert {c.state for c in s.scalars(select(Checkpoint))} == {st.CheckpointState.COMPLETED}  # nothing marked
 
     with transaction(master.sessions) as s:
         ckpts = checkpoints.owned_checkpoints(s, by, [newer, newer.upper()], "checkpointUuids")
         assert [c.uuid for c in ckpts] == [newer]
         assert checkpoints.request_deletion(s, master, ckpts, by) == 1
     with master.read_sessions() as s:
-        assert s.get(Checkpoint, newer).state == st.CKPT_DELETING
+        assert s.get(Checkpoint, newer).state == st.CheckpointState.DELETING
     assert latest_of(master, tid) == older
 
 
@@ -132,9 +132,9 @@ def test_shrinking_resources(master) -> None:  # type: ignore[no-untyped-def]
     with transaction(master.sessions) as s:
         c = s.get(Checkpoint, ckpt)
         checkpoints.set_resources(c, {"model.pt": 10})
-        assert (c.state, c.size_bytes) == (st.CKPT_PARTIALLY_DELETED, 10)
+        assert (c.state, c.size_bytes) == (st.CheckpointState.PARTIALLY_DELETED, 10)
         checkpoints.set_resources(c, {})
-        assert (c.state, c.resources, c.size_bytes) == (st.CKPT_DELETED, {}, 0)
+        assert (c.state, c.resources, c.size_bytes) == (st.CheckpointState.DELETED, {}, 0)
 
 
 def test_model_registry_rules(master) -> None:  # type: ignore[no-untyped-def]
@@ -153,7 +153,7 @@ def test_model_registry_rules(master) -> None:  # type: ignore[no-untyped-def]
         with pytest.raises(Invalid):
             models.register_version(s, master, by, m, NewModelVersion(str(uuid.uuid4())))
         assert [models.register_version(s, master, by, m, NewModelVersion(ckpt)).version for _ in range(2)] == [1, 2]
-        s.get(Checkpoint, ckpt).state = st.CKPT_DELETING
+        s.get(Checkpoint, ckpt).state = st.CheckpointState.DELETING
         with pytest.raises(Conflict):
             models.register_version(s, master, by, m, NewModelVersion(ckpt))
     with master.read_sessions() as s:
@@ -174,7 +174,7 @@ def test_lists_order_by_the_searcher_metric_best_first(master) -> None:  # type:
         trial, exp = metrics.lock_for_reports(s, tid, {"validation"})
         metrics.store_reports(s, master, trial, exp, reports)
     with transaction(master.sessions) as s:
-        s.get(Checkpoint, by_step[40]).state = st.CKPT_DELETING
+        s.get(Checkpoint, by_step[40]).state = st.CheckpointState.DELETING
     with master.read_sessions() as s:
         ckpts = checkpoints.of_trial(s, tid)
         ctx = checkpoints.context(s, ckpts)

@@ -45,11 +45,11 @@ def test_create_stores_the_config_the_archive_and_the_searchers_first_trials(mas
     with master.read_sessions() as s:
         exp = s.get(Experiment, exp_id)
         assert exp.name == f"Experiment {exp_id}"  # no name in the config
-        assert exp.state == st.EXP_ACTIVE and exp.owner_id == admin(master).user_id
+        assert exp.state == st.ExperimentState.ACTIVE and exp.owner_id == admin(master).user_id
         assert exp.config["searcher"]["max_trials"] == 3 and exp.original_config == RANDOM
         assert s.get(ModelDefinition, exp.model_definition_id).file_count == 1
         trials = list(s.scalars(select(Trial).where(Trial.experiment_id == exp_id)))
-        assert len(trials) == 3 and {t.state for t in trials} == {st.TRIAL_QUEUED}
+        assert len(trials) == 3 and {t.state for t in trials} == {st.TrialState.QUEUED}
         assert len({t.hparams["lr"] for t in trials}) == 3
         assert experiments.model_definition(s, exp)[:2] == b"\x1f\x8b"  # gzip
 
@@ -103,18 +103,18 @@ def test_delete_removes_the_data_and_leaves_checkpoints_to_gc(master) -> None:  
         s.add(Metric(trial_id=trial.id, group_name="training", steps_completed=1, trial_run_id=1,
                      metrics={"avg_metrics": {}}, report_time=master.clock()))
         s.add(Checkpoint(uuid="6f1c2f3e-0000-4000-8000-000000000001", trial_id=trial.id, experiment_id=exp_id,
-                         task_id=trial.task_id, state=st.CKPT_COMPLETED, report_time=master.clock(),
+                         task_id=trial.task_id, state=st.CheckpointState.COMPLETED, report_time=master.clock(),
                          steps_completed=1, resources={}, metadata_={}, storage={}, size_bytes=0))
-        exp.state = st.EXP_COMPLETED
+        exp.state = st.ExperimentState.COMPLETED
         for alloc in s.scalars(select(Allocation).where(Allocation.experiment_id == exp_id)):
-            alloc.state = st.ALLOC_TERMINATED
+            alloc.state = st.AllocationState.TERMINATED
     with transaction(master.sessions) as s:
         experiments.delete_experiment(s, master, s.get(Experiment, exp_id), admin(master))
     assert counts(master) == (0, 0, 0)
     with master.read_sessions() as s:
         assert s.scalar(select(func.count()).select_from(Metric)) == 0
         (ckpt,) = s.scalars(select(Checkpoint))
-        assert ckpt.state == st.CKPT_DELETING and ckpt.trial_id is None
+        assert ckpt.state == st.CheckpointState.DELETING and ckpt.trial_id is None
 
 
 def test_list_by_searcher_metric_puts_experiments_without_one_last(master) -> None:  # type: ignore[no-untyped-def]
@@ -127,7 +127,7 @@ def test_list_by_searcher_metric_puts_experiments_without_one_last(master) -> No
             found = experiments.list_experiments(s, ExperimentFilter(), sort_by="SORT_BY_SEARCHER_METRIC_VAL",
                                                  desc=desc, offset=0, limit=0)
             assert [e.id for e in found] == expected
-        flt = ExperimentFilter(id_gt=ids[0], states={st.EXP_ACTIVE})
+        flt = ExperimentFilter(id_gt=ids[0], states={st.ExperimentState.ACTIVE})
         assert experiments.count_experiments(s, flt) == 2
         page = experiments.list_experiments(s, flt, sort_by="SORT_BY_ID", desc=True, offset=1, limit=1)
         assert [e.id for e in page] == [ids[1]]

@@ -87,7 +87,7 @@ def update(m: Master, p: Principal, *updates: QueueUpdate) -> None:
 def pending_of(m: Master, exp: Experiment) -> list[Allocation]:
     with m.sessions() as s:
         return list(s.scalars(select(Allocation).where(Allocation.experiment_id == exp.id,
-                                                       Allocation.state == st.ALLOC_PENDING)))
+                                                       Allocation.state == st.AllocationState.PENDING)))
 
 
 def test_queue_order_priority_then_position_then_submission(m: Master, clock: FakeClock) -> None:
@@ -227,14 +227,14 @@ def test_disable_without_drain_kills_and_the_trial_is_placed_again(m: Master, cl
     with transaction(m.sessions) as s:
         alloc = s.get(Allocation, first.id)
         assert alloc is not None
-        allocations.end_allocation(s, m, alloc, cause=st.CAUSE_EXITED, reason="killed", exit_code=137)
+        allocations.end_allocation(s, m, alloc, cause=st.ExitCause.EXITED, reason="killed", exit_code=137)
     placement.tick(m)
     with m.sessions() as s:
         allocs = list(s.scalars(select(Allocation).where(Allocation.experiment_id == a.id)
                                 .order_by(Allocation.created_at, Allocation.id)))
         trial_restarts = [t.restarts for t in s.scalars(select(Trial).where(Trial.experiment_id == a.id))]
-    assert allocs[0].end_cause == st.CAUSE_KILLED and trial_restarts == [0]
-    live = [x for x in allocs if x.state != st.ALLOC_TERMINATED]
+    assert allocs[0].end_cause == st.ExitCause.KILLED and trial_restarts == [0]
+    live = [x for x in allocs if x.state != st.AllocationState.TERMINATED]
     assert len(live) == 1 and live[0].agent_id != first.agent_id
 
 
@@ -268,7 +268,7 @@ def test_disabled_or_draining_agent_takes_no_new_work(m: Master, clock: FakeCloc
         agents.disable_agent(s, m, "a1", drain=True)
     a = submit(m, clock)
     placement.tick(m)
-    assert [x.state for x in pending_of(m, a)] == [st.ALLOC_PENDING]
+    assert [x.state for x in pending_of(m, a)] == [st.AllocationState.PENDING]
     with transaction(m.sessions) as s:
         agents.enable_agent(s, m, "a1")
     placement.tick(m)

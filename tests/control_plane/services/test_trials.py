@@ -23,11 +23,11 @@ def test_the_searcher_operation_of_a_trial(master) -> None:  # type: ignore[no-u
         (trial,) = trials.trials_of(s, exp_id)
         assert trials.searcher_operation(s, trial) == SearcherOperation(100, False)
     with transaction(master.sessions) as s:
-        s.get(Experiment, exp_id).state = st.EXP_PAUSED
+        s.get(Experiment, exp_id).state = st.ExperimentState.PAUSED
     with master.read_sessions() as s:
         assert trials.searcher_operation(s, s.get(Trial, trial.id)) == SearcherOperation(None, False)
     with transaction(master.sessions) as s:
-        s.get(Experiment, exp_id).state = st.EXP_ACTIVE
+        s.get(Experiment, exp_id).state = st.ExperimentState.ACTIVE
         t = s.get(Trial, trial.id)
         with pytest.raises(Invalid) as err:
             trials.complete_operation(s, master, t, 50, 0.1)
@@ -47,8 +47,8 @@ def test_trials_are_filtered_and_ordered(master) -> None:  # type: ignore[no-unt
     now = master.clock()
     with transaction(master.sessions) as s:
         a, b, c = trials.trials_of(s, exp_id)
-        a.state, a.best_validation, a.end_time = st.TRIAL_COMPLETED, 0.4, now - timedelta(seconds=5)
-        b.state, b.best_validation = st.TRIAL_RUNNING, float("nan")
+        a.state, a.best_validation, a.end_time = st.TrialState.COMPLETED, 0.4, now - timedelta(seconds=5)
+        b.state, b.best_validation = st.TrialState.RUNNING, float("nan")
         c.best_validation = 0.1
         ids = [a.id, b.id, c.id]
     with master.read_sessions() as s:
