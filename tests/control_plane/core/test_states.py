@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import pytest
 
 from control_plane.core import states as st
@@ -24,10 +26,13 @@ def test_values_are_the_wire_and_stored_strings() -> None:
     assert ExperimentState.STOPPING_CANCELED == "STATE_STOPPING_CANCELED"
     assert TrialState.QUEUED == "STATE_QUEUED"
     assert AllocationState.PENDING == "pending"
-    # Module-level names stay, as the very enum members.
-    assert st.ExperimentState.ACTIVE is ExperimentState.ACTIVE and st.TrialState.QUEUED is TrialState.QUEUED
-    assert st.AllocationState.PENDING is AllocationState.PENDING and st.AllocationState.TERMINATED is AllocationState.TERMINATED
-    assert f"{st.ExperimentState.ACTIVE}" == "STATE_ACTIVE" and str(st.AllocationState.RUNNING) == "running"
+    assert f"{ExperimentState.ACTIVE}" == "STATE_ACTIVE" and str(AllocationState.RUNNING) == "running"
+    assert st.AgentState.CONNECTED == "connected" and st.ExitCause.AGENT_LOST == "agent_lost"
+    assert st.CheckpointState.PARTIALLY_DELETED == "STATE_PARTIALLY_DELETED"
+    # Every state is an enum member: no module-level alias of one (issue 25).
+    aliases = [name for name, value in vars(st).items()
+               if name.isupper() and isinstance(value, StrEnum) and not name.startswith("_")]
+    assert aliases == []
 
 
 @pytest.mark.parametrize("table, enum, ends", [
