@@ -38,6 +38,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from control_plane.core.expconf import (  # noqa: E402
+    AdaptiveASHASearcher,
+    GridSearcher,
+    RandomSearcher,
+    SearcherConfig,
+    SingleSearcher,
+)
 from control_plane.core.searcher import (  # noqa: E402
     Close,
     Create,
@@ -139,7 +146,7 @@ class _Trial:
     losses: dict[int, float] = field(default_factory=dict)
 
 
-def run_shipyard(problem: Problem, searcher_cfg: dict[str, Any], seed: int, max_length: int) -> RunResult:
+def run_shipyard(problem: Problem, searcher_cfg: SearcherConfig, seed: int, max_length: int) -> RunResult:
     method = new_search_method(searcher_cfg, HPARAMS, seed)
     trials: dict[str, _Trial] = {}
     finishing: list[tuple[float, int, str, int]] = []  # (sim time, tiebreak, request id, length)
@@ -264,7 +271,7 @@ class TimedMethod:
         return self.method.snapshot()
 
 
-def time_searcher(searcher_cfg: dict[str, Any]) -> dict[str, float]:
+def time_searcher(searcher_cfg: SearcherConfig) -> dict[str, float]:
     timed = TimedMethod(new_search_method(searcher_cfg, HPARAMS, 0))
     sim = SearchSimulation(timed)
     result = sim.run(lambda t, n: PROBLEMS[0].observed_loss(t.hparams, n, f"timing/{t.trial_seed}"))
@@ -287,14 +294,21 @@ def time_searcher(searcher_cfg: dict[str, Any]) -> dict[str, float]:
 # ---- main -------------------------------------------------------------------------------------
 
 
-def searcher_cfg(name: str, **overrides: Any) -> dict[str, Any]:
+_SEARCHERS = {"single": SingleSearcher, "random": RandomSearcher, "grid": GridSearcher,
+              "adaptive_asha": AdaptiveASHASearcher}
+
+
+def searcher_cfg(name: str, **overrides: Any) -> SearcherConfig:
+    """The typed searcher config the master would hand over: the benchmark's settings, each kept
+    only where that searcher has the field."""
     cfg: dict[str, Any] = {
         "name": name, "metric": "loss", "smaller_is_better": True, "max_length": {"batches": 512},
         "max_time": None, "time_metric": None, "max_trials": 100, "max_concurrent_trials": 8,
         "mode": "aggressive", "divisor": 4.0, "max_rungs": 5, "stop_once": False,
     }
     cfg.update(overrides)
-    return cfg
+    model = _SEARCHERS[name]
+    return model.model_validate({k: v for k, v in cfg.items() if k in model.model_fields})
 
 
 def compare(problem: Problem, args: argparse.Namespace, common: dict[str, Any], rungs: tuple[int, ...],

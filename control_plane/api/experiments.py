@@ -14,6 +14,7 @@ from control_plane.api import deps, serializers
 from control_plane.api.wire import INT32_MAX, Id, Int32, StrictWire
 from control_plane.auth import Principal
 from control_plane.core import states as st
+from control_plane.core.expconf.secrets import redact_config
 from control_plane.db.models import Experiment
 from control_plane.errors import bad_request
 from control_plane.master import Master
@@ -64,12 +65,12 @@ def create_experiment(
     if body.validate_only:
         v = experiments.validate(db, master, new)
         # Determined answers an empty (zero-valued) experiment here; its client parses it.
-        return {"experiment": _EMPTY_EXPERIMENT, "config": serializers.redact_config(v.config_dict), "warnings": [],
+        return {"experiment": _EMPTY_EXPERIMENT, "config": redact_config(v.config_dict), "warnings": [],
                 "configWarnings": v.warnings}
     exp, v = experiments.create(db, master, p, new)
     return {
         "experiment": serializers.experiments_json(db, [exp])[0],
-        "config": serializers.redact_config(v.config_dict),
+        "config": redact_config(v.config_dict),
         "warnings": [],
         "configWarnings": v.warnings,
     }
@@ -145,7 +146,7 @@ def get_experiment(
     access.require_read_experiment(db, p, exp)
     return {
         "experiment": serializers.experiments_json(db, [exp], master)[0],
-        "config": serializers.redact_config(exp.config),
+        "config": redact_config(exp.config),
         "jobSummary": _job_summary_json(experiments.job_summary(db, exp)),
     }
 

@@ -3,7 +3,6 @@ the query parameters the experiment, trial, metric, log and checkpoint API share
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from sqlalchemy.orm import Session
 from control_plane.api.wire import pagination, ts
 from control_plane.core import states as st
 from control_plane.core.expconf import ExperimentConfig
+from control_plane.core.expconf.secrets import redact_config, redact_config_text
 from control_plane.core.metrics import wire_float
 from control_plane.db.models import Checkpoint, Experiment, ModelDefinition, Trial, User
 from control_plane.errors import bad_request
@@ -84,29 +84,6 @@ def parse_time(value: str | None, field_name: str) -> datetime | None:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
-REDACTED = "********"
-
-
-# `secret_key: value` in block or flow YAML (and JSON): the value up to the end of the scalar.
-_SECRET_VALUE = re.compile(r"""(\bsecret_key["']?\s*:[ \t]*)("[^"\n]*"|'[^'\n]*'|[^\s,}\]#][^,}\]\n#]*)""")
-
-
-def redact_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Like Determined, never show the storage secret key back (the row keeps it for the agents)."""
-    storage = config.get("checkpoint_storage")
-    if not isinstance(storage, dict) or not storage.get("secret_key"):
-        return config
-    return {**config, "checkpoint_storage": {**storage, "secret_key": REDACTED}}
-
-
-def redact_original_config(text: str) -> str:
-    def hide(m: re.Match[str]) -> str:
-        value = m.group(2)
-        return f'{m.group(1)}"{REDACTED}"{value[len(value.rstrip()):]}'
-
-    return _SECRET_VALUE.sub(hide, text)
-
-
 @dataclass
 class ExperimentExtras:
     """Aggregates shown with an experiment, loaded for a whole page at once."""
@@ -119,13 +96,6 @@ class ExperimentExtras:
     checkpoint_count: int = 0
     checkpoint_size: int = 0
     model_definition_size: int | None = None
-
-
-def searcher_settings(config: dict[str, Any]) -> tuple[str | None, bool]:
-    """The searcher metric and its direction, read through the typed config (which holds the
-    defaults)."""
-    searcher = ExperimentConfig.from_stored(config).searcher
-    return searcher.metric, searcher.smaller_is_better
 
 
 def experiment_extras(s: Session, exps: Sequence[Experiment]) -> dict[int, ExperimentExtras]:
@@ -164,7 +134,7 @@ def experiment_extras(s: Session, exps: Sequence[Experiment]) -> dict[int, Exper
 
 
 def experiment_json(exp: Experiment, extra: ExperimentExtras, pending_reason: str | None = None) -> dict[str, Any]:
-    metric, _ = searcher_settings(exp.config)
+    searcher = ExperimentConfig.from_stored(exp.config).searcher
     duration = None
     if exp.end_time is not None:
         duration = int((exp.end_time - exp.start_time).total_seconds())  # seconds, like Determined
@@ -185,8 +155,8 @@ def experiment_json(exp: Experiment, extra: ExperimentExtras, pending_reason: st
         "username": extra.username,
         "displayName": extra.display_name,
         "resourcePool": exp.resource_pool,
-        "searcherType": (exp.config.get("searcher") or {}).get("name", ""),
-        "searcherMetric": metric,
+        "searcherType": searcher.name,
+        "searcherMetric": searcher.metric,
         "jobId": exp.job_id,
         "forkedFrom": exp.parent_id,
         "progress": float(exp.progress or 0.0),
@@ -197,7 +167,7 @@ def experiment_json(exp: Experiment, extra: ExperimentExtras, pending_reason: st
         "workspaceName": "Uncategorized",
         "parentArchived": False,
         "config": redact_config(exp.config),
-        "originalConfig": redact_original_config(exp.original_config),
+        "originalConfig": redact_config_text(exp.original_config),
         "hyperparameters": exp.config.get("hyperparameters") or {},
         "checkpointSize": str(extra.checkpoint_size),
         "checkpointCount": extra.checkpoint_count,

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from control_plane.core import states as st
 from control_plane.core.downsample import lttb
 from control_plane.core.expconf import ExperimentConfig
+from control_plane.core.expconf.secrets import redact_config
 from control_plane.core.timeline import Interval, step_series
 from control_plane.db.models import (
     Agent,
@@ -143,16 +144,9 @@ def usernames(s: Session) -> list[str]:
 
 
 # -- one experiment ------------------------------------------------------------------------------
-_SECRET_KEYS = ("secret_key",)
-REDACTED = "********"
-
-
 def config_yaml(config: dict[str, Any]) -> str:
     """The stored (fully defaulted) config as YAML, storage secrets hidden as the API hides them."""
-    storage = config.get("checkpoint_storage")
-    if isinstance(storage, dict) and any(storage.get(k) for k in _SECRET_KEYS):
-        config = {**config, "checkpoint_storage": {**storage, **{k: REDACTED for k in _SECRET_KEYS if storage.get(k)}}}
-    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(redact_config(config), sort_keys=False, default_flow_style=False)
 
 
 @dataclass(frozen=True)

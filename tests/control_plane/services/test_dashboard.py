@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import insert, select, update
 
+from control_plane.core.expconf.secrets import REDACTED
 from control_plane.db.engine import transaction
 from control_plane.db.models import Experiment, Metric, Trial
 from control_plane.services import dashboard
@@ -92,4 +93,4 @@ def test_views_of_experiment_trial_cluster_and_models(master) -> None:  # type: 
 
 def test_config_yaml_hides_secrets() -> None:
     text = dashboard.config_yaml({"checkpoint_storage": {"type": "s3", "secret_key": "s3cr3t"}, "name": "x"})
-    assert "s3cr3t" not in text and dashboard.REDACTED in text
+    assert "s3cr3t" not in text and REDACTED in text
