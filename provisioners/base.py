@@ -176,7 +176,7 @@ class InstanceSummary:
     image: str = ""
     instance_type: str = ""
     spot: bool = False
-    slots_per_instance: int | None = None  # None: known only once the provider is built (AWS GPUs)
+    slots_per_instance: int | None = None  # None: known only once the provider is built (an unlisted AWS type)
 
 
 class ProviderSettings(StrictSettings):

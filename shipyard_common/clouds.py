@@ -116,6 +116,13 @@ def gcp_gpu_of(machine_type: str) -> str:
     return t.gpu_model if t else ""
 
 
+def aws_gpus(instance_type: str) -> int | None:
+    """The GPUs of an AWS instance type (0 for one without); None for a type these tables do not
+    know (the provider then asks DescribeInstanceTypes)."""
+    known = AWS_INSTANCE_TYPES.get(instance_type)
+    return known.gpus if known else None
+
+
 def on_demand_usd_per_hour(instance_type: str) -> float | None:
     """The on-demand list price of an AWS instance type or a GCP machine type (without attached
     GPUs); None for a type these tables do not know."""

@@ -155,7 +155,7 @@ def _read(s: Session, pool: str) -> _Snapshot:
         .where(Allocation.pool == pool, Allocation.state == st.AllocationState.PENDING)))
     used: dict[str, set[str]] = {}
     for a in on_agents:
-        for agent_id, slot_ids in parts_of(a):
+        for agent_id, slot_ids in gangs.held(a):
             used.setdefault(agent_id, set()).update(slot_ids)
     return _Snapshot(agents, on_agents, pending, used)
 
@@ -190,7 +190,7 @@ def _queue_and_running(s: Session, snap: _Snapshot,
         j = job_of(a)
         since = a.started_at or a.assigned_at or a.created_at
         running.append(RunningAllocation(
-            a.id, tuple(Part(agent_id, tuple(ids)) for agent_id, ids in parts_of(a)), j["priority"],
+            a.id, tuple(Part(agent_id, tuple(ids)) for agent_id, ids in gangs.held(a)), j["priority"],
             stopping=a.preempt_requested or a.kill_requested, job_id=j["job_id"], weight=j["weight"],
             order=since.timestamp(), max_slots=j["max_slots"]))
     return queue, running
@@ -242,15 +242,6 @@ def _assign(s: Session, master: Master, assignments: Sequence[Assignment], claim
         log.info("event=allocation_assigned allocation_id=%s agent_id=%s slots=%s%s",
                  alloc.id, asg.agent_id, list(asg.slot_ids),
                  "" if len(asg.parts) == 1 else " gang=" + ",".join(f"{p.agent_id}:{len(p.slot_ids)}" for p in asg.parts))
-
-
-def parts_of(alloc: Allocation) -> list[tuple[str, list[str]]]:
-    """(agent id, slot ids) of every agent an allocation is placed on, the chief first."""
-    if alloc.placement:
-        return [(str(p["agent"]), [str(x) for x in p["slots"]]) for p in alloc.placement]
-    if alloc.agent_id is None:
-        return []
-    return [(alloc.agent_id, [str(x) for x in alloc.slot_ids])]
 
 
 def _resources(experiment_id: int, config: dict[str, Any]) -> Resources:

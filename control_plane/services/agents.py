@@ -166,7 +166,7 @@ def register_agent(s: Session, master: Master, p: Principal, req: RegisterReques
         raise Conflict(f"agent {req.agent_id!r} was enrolled by another registration at the same moment: "
                        f"only one enrolment of an agent id succeeds") from None
     reported = set(req.running_allocations)
-    wanted = {a.id for a in _on_agent(s, agent.id)}
+    wanted = {a.id for a in gangs.holding(s, agent.id)}
     keep = reported & wanted
     kill = sorted(reported - wanted)
     allocations.end_agent_allocations(s, master, agent.id, st.ExitCause.AGENT_LOST, "agent restarted without it", keep=keep)
@@ -241,7 +241,7 @@ def pending_commands(s: Session, master: Master, p: Principal, agent_id: str, se
     until the agent reports the task, a kill until it reports the exit."""
     agent = touch_agent(s, master, p, agent_id, session_id)
     commands: list[Command] = []
-    for alloc in _on_agent(s, agent.id):
+    for alloc in gangs.holding(s, agent.id):
         owed = _owed(master, alloc, agent.id)
         if owed == "kill":
             commands.append(KillCommand(allocation_id=alloc.id, grace_seconds=master.config.task_kill_grace_s))
@@ -376,8 +376,7 @@ def list_agents(s: Session, pool: str | None = None) -> list[AgentView]:
         q = q.where(Agent.pool == pool)
     by_agent: dict[str, list[Allocation]] = {}
     for a in s.scalars(select(Allocation).where(Allocation.state.in_(st.ALLOC_ON_AGENT))):
-        members = [str(part.get("agent")) for part in a.placement or ()] or [a.agent_id or ""]
-        for agent_id in members:  # a gang across agents shows on each of them
+        for agent_id, _ in gangs.held(a):  # a gang across agents shows on each of them
             by_agent.setdefault(agent_id, []).append(a)
     return [AgentView(agent, by_agent.get(agent.id, [])) for agent in s.scalars(q)]
 
@@ -386,25 +385,12 @@ def get_agent(s: Session, agent_id: str) -> AgentView:
     agent = s.get(Agent, agent_id)
     if agent is None:
         raise not_found(f"agent {agent_id}")
-    return AgentView(agent, list(_on_agent(s, agent_id)))
-
-
-def _on_agent(s: Session, agent_id: str) -> list[Allocation]:
-    """The allocations placed on the agent: those it is the chief of, and gangs across agents it is
-    a member of (`placement`, few at a time: filtered here rather than in JSON SQL)."""
-    rows = s.scalars(select(Allocation).where(
-        or_(Allocation.agent_id == agent_id, Allocation.placement.is_not(None)),
-        Allocation.state.in_(st.ALLOC_ON_AGENT)))
-    return [a for a in rows if a.agent_id == agent_id
-            or any(str(part.get("agent")) == agent_id for part in a.placement or ())]
+    return AgentView(agent, list(gangs.holding(s, agent_id)))
 
 
 def _slots_on(alloc: Allocation, agent_id: str) -> list[str]:
     """The slot ids of an allocation on one of its agents."""
-    for part in alloc.placement or ():
-        if str(part.get("agent")) == agent_id:
-            return [str(x) for x in part.get("slots", ())]
-    return [str(x) for x in alloc.slot_ids]
+    return dict(gangs.held(alloc)).get(agent_id, [str(x) for x in alloc.slot_ids])
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,7 +451,7 @@ def disable_agent(s: Session, master: Master, agent_id: str, *, drain: bool) -> 
             agent.drain_started_at = now
     else:
         agent.drain_started_at = None
-        for alloc in _on_agent(s, agent.id):
+        for alloc in gangs.holding(s, agent.id):
             if not alloc.kill_requested:
                 alloc.kill_requested = True
                 log.info("event=kill_requested allocation_id=%s agent_id=%s reason=%r", alloc.id, agent.id,
@@ -483,7 +469,7 @@ def expire_drains(s: Session, master: Master) -> None:
     overdue = s.scalars(select(Agent.id).where(Agent.enabled.is_(False), Agent.drain_started_at.is_not(None),
                                                Agent.drain_started_at <= cutoff))
     for agent_id in overdue.all():
-        for alloc in _on_agent(s, agent_id):  # a gang across agents too, when the agent is a member
+        for alloc in gangs.holding(s, agent_id):  # a gang across agents too, when the agent is a member
             if not alloc.kill_requested and lifecycle.request_preemption(alloc, master.clock()):
                 log.warning("event=drain_timeout allocation_id=%s agent_id=%s", alloc.id, agent_id)
 
@@ -526,13 +512,13 @@ def _owing(s: Session, master: Master, waiting: set[str]) -> set[str]:
     owing: set[str] = set()
     # Plain rows with the columns `_owed` reads, not ORM objects: every waiting poll of a process
     # is checked with this on each wake-up, and while a cluster starts, hundreds are assigned.
-    maybe_owing = select(Allocation.id, Allocation.agent_id, Allocation.state, Allocation.kill_requested,
-                         Allocation.placement).where(
+    maybe_owing = select(Allocation.id, Allocation.agent_id, Allocation.slot_ids, Allocation.state,
+                         Allocation.kill_requested, Allocation.placement).where(
         Allocation.state.in_(st.ALLOC_ON_AGENT),
         or_(Allocation.kill_requested.is_(True), Allocation.state == st.AllocationState.ASSIGNED,
             Allocation.placement.is_not(None)))
     for alloc in s.execute(maybe_owing):
-        members = {alloc.agent_id} | {str(part.get("agent")) for part in alloc.placement or ()}
+        members = {agent_id for agent_id, _ in gangs.held(alloc)}
         for aid in members & waiting:
             if _owed(master, alloc, aid) is not None:
                 owing.add(aid)

@@ -38,7 +38,7 @@ from control_plane.db.models import (
     User,
 )
 from control_plane.master import Master
-from control_plane.services import checkpoints, experiments, jobs, models
+from control_plane.services import checkpoints, experiments, gangs, jobs, models
 from control_plane.services.metrics import VALIDATION, searcher_goal
 from control_plane.services.pool_settings import effective_pool
 from shipyard_common import clouds
@@ -404,10 +404,8 @@ def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, que
     cfg = master.config.pool(row.name)
     ep = effective_pool(cfg) if cfg is not None else None
     agents = list(s.scalars(select(Agent).where(Agent.pool == row.name).order_by(Agent.id)))
-    busy: dict[str, int] = defaultdict(int)
-    for a in s.scalars(select(Allocation).where(Allocation.pool == row.name, Allocation.state.in_(st.ALLOC_ON_AGENT))):
-        for part in a.placement or [{"agent": a.agent_id, "slots": a.slot_ids or []}]:
-            busy[str(part.get("agent"))] += len(part.get("slots") or []) or (a.slots_needed if not a.placement else 0)
+    busy = gangs.busy_slots(s.scalars(select(Allocation).where(Allocation.pool == row.name,
+                                                               Allocation.state.in_(st.ALLOC_ON_AGENT))))
     agent_rows = [AgentRow(a.id, a.state, bool(a.enabled), a.drain_started_at is not None, len(a.slots or []),
                            busy.get(a.id, 0), a.instance_id, a.last_seen) for a in agents]
     live = [a for a in agent_rows if a.state == st.AgentState.CONNECTED]

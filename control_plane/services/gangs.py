@@ -1,13 +1,16 @@
-"""Allocations placed across several agents (gangs): their parts' progress, the agents owed a start
-or a kill, and the rendezvous of the parts. (A part's exit, and the end of the whole gang, are in
-services/allocations.py, with the other ends of allocations.)
+"""Allocations placed across several agents (gangs): the agents an allocation holds, their parts'
+progress, the agents owed a start or a kill, and the rendezvous of the parts. (A part's exit, and
+the end of the whole gang, are in services/allocations.py, with the other ends of allocations.)
 
 The rules are the pure `core/gang_run.py`; this module reads and writes `Allocation.placement`
 (a new list on every change, so the JSON column is saved)."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from control_plane.core import gang_run
@@ -19,8 +22,54 @@ _ALLOC_STATE = {"assigned": st.AllocationState.ASSIGNED, "pulling": st.Allocatio
                 "running": st.AllocationState.RUNNING}
 
 
-def is_gang(alloc: Allocation) -> bool:
+def is_gang(alloc: Any) -> bool:
     return bool(alloc.placement) and len(alloc.placement) > 1
+
+
+def held(alloc: Any) -> list[tuple[str, list[str]]]:
+    """The agents an allocation holds, each with the slot ids it holds there, the chief first: every
+    part of a gang across agents (`placement`), else its one agent (`agent_id`). `alloc` is an
+    Allocation or a row with its `agent_id`, `slot_ids` and `placement`.
+
+    The one home of "which agents does this allocation occupy": placement's used slots, the
+    autoscaler's busy instances and its idle re-check (`holding`), the web UI's busy slots and the
+    agents' commands all read it, so a gang's second agent is never taken for idle."""
+    if alloc.placement:
+        return [(str(p["agent"]), [str(x) for x in p.get("slots") or ()]) for p in alloc.placement]
+    if alloc.agent_id is None:
+        return []
+    return [(str(alloc.agent_id), [str(x) for x in alloc.slot_ids or ()])]
+
+
+def busy_slots(allocs: Iterable[Any]) -> dict[str, int]:
+    """Slots held per agent by `allocs` (allocations on agents), every agent of a gang included; an
+    agent holding only zero-slot tasks is a key with 0. A gang's part holds its slots; an allocation
+    on one agent holds the slots it needs."""
+    busy: dict[str, int] = {}
+    for a in allocs:
+        gang = is_gang(a)
+        for agent_id, slot_ids in held(a):
+            busy[agent_id] = busy.get(agent_id, 0) + (len(slot_ids) if gang else a.slots_needed)
+    return busy
+
+
+def holding(s: Session, agent_id: str, pool: str | None = None) -> list[Allocation]:
+    """The allocations on agents that hold `agent_id`: those it is the chief of, and gangs it is a
+    part of, re-read from the database (objects already in the session are refreshed: the
+    autoscaler's idle re-check runs it right after locking the agent's row, and must see what a
+    placement committed meanwhile).
+
+    A part that is not the chief is found by reading the live allocations with a `placement` (of
+    `pool`, when given) and filtering their parts here, rather than through a table of parts
+    indexed by agent: live gangs are few (each takes two or more whole agents, so at most half the
+    pool's agents), the JSON column is the record every gang rule reads and writes, and a second
+    copy of it would have to be kept in step on every assignment and part exit."""
+    q = select(Allocation).where(or_(Allocation.agent_id == agent_id, Allocation.placement.is_not(None)),
+                                 Allocation.state.in_(st.ALLOC_ON_AGENT))
+    if pool is not None:
+        q = q.where(Allocation.pool == pool)
+    rows = s.scalars(q.execution_options(populate_existing=True))
+    return [a for a in rows if any(held_id == agent_id for held_id, _ in held(a))]
 
 
 def parts(alloc: Allocation) -> list[gang_run.Part]:

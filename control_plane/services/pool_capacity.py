@@ -3,9 +3,11 @@ fit check (core/scheduling/fit.py), used to refuse a submission no instance can 
 why a queued trial waits forever (a pool reconfigured to smaller instances after it was submitted).
 
 Elastic pools: the slots one instance brings — from the provider section when it says
-(`instance_slots`, `slots_per_instance`, `slots_per_host`, GCP's `gpu_num`), else as the autoscaler
-recorded it on the pool (AWS reads an instance type's GPUs from the cloud). Pools without a provider:
-the largest connected agent. A manually joined bigger agent counts too. Unknown: no verdict."""
+(`instance_slots`, `slots_per_instance`, `slots_per_host`, GCP's `gpu_num`, an AWS type's GPUs when
+shipyard_common/clouds.py lists the type), else as the autoscaler recorded it on the pool (AWS reads
+an unlisted type's GPUs from the cloud on the first tick). A gang across instances takes whole
+ones, at most `max_instances`. Pools without a provider: the largest connected agent. A manually
+joined bigger agent counts too. Unknown: no verdict."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from provisioners.base import InstanceSummary, ProviderSettings
 from provisioners.capacity import DEFAULT_CAPACITY_COOLDOWN_S
+from shipyard_common import clouds
 from shipyard_common.settings import boolean, check_all, http_url, integer, str_mapping, text, text_list
 
 MAX_TAGS_PER_RESOURCE = 50
@@ -89,7 +90,10 @@ class AwsPoolConfig(ProviderSettings):
     keep_stopped_disks: Annotated[bool, boolean()] = False
 
     def summary(self) -> InstanceSummary:
-        return InstanceSummary(self.region, self.image_id, self.instance_type, self.spot, self.instance_slots)
+        """Without `instance_slots`, the slots are the type's GPUs, known here when the catalogue
+        (shipyard_common/clouds.py) lists the type; else only once DescribeInstanceTypes answered."""
+        slots = self.instance_slots if self.instance_slots is not None else (clouds.aws_gpus(self.instance_type) or None)
+        return InstanceSummary(self.region, self.image_id, self.instance_type, self.spot, slots)
 
     @model_validator(mode="after")
     def _fields_agree(self) -> AwsPoolConfig:

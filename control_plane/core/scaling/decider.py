@@ -25,6 +25,9 @@ How it differs from Determined's provisioner scale decider (which it otherwise f
 * A termination that presumes the instance has no work (idle, or shed while booting) is marked
   `presumes_idle`: the shell applies it only if the database still agrees (a compare-and-set on the
   agent), so a placement committed after the snapshot wins over the idle decision.
+* A gang across instances is demand for that many whole instances at once; one that needs more
+  than `max_instances` can never be placed, so it launches nothing and keeps no idle instance, and
+  the decision says so (Determined's decider would hold the instances for it forever).
 * Instances being stopped still bill until the cloud says they are gone: they leave no room under
   `max_instances` for a launch (with max 2, never more than 2 billed), though they are no capacity.
 
@@ -56,16 +59,21 @@ from shipyard_common.pool_settings import (
 @dataclass(frozen=True)
 class PendingDemand:
     """`count` tasks, each needing `slots` slots on one instance (a gang). `slots == 0` is a task
-    that needs an instance but no slot; it fits on any instance."""
+    that needs an instance but no slot; it fits on any instance. `instances` > 1: each task is a
+    gang across that many whole instances of `slots` slots at once (core/scheduling/gang.py); one
+    that needs more than `max_instances` can never be placed, so it launches and keeps nothing."""
 
     slots: int
     count: int
+    instances: int = 1
 
     def __post_init__(self) -> None:
         if self.slots < 0:
             raise ValueError(f"slots must be >= 0, got {self.slots}")
         if self.count < 0:
             raise ValueError(f"count must be >= 0, got {self.count}")
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
 
 
 @dataclass(frozen=True)
@@ -151,12 +159,14 @@ class ScaleDecision:
 
 @dataclass(frozen=True)
 class _Shapes:
-    """Demand aggregated by shape: schedulable slot shapes largest first, zero-slot tasks, and shapes
-    that can never fit on one instance."""
+    """Demand aggregated by shape: schedulable slot shapes largest first (a gang across instances as
+    that many tasks of a whole instance), zero-slot tasks, shapes that can never fit on one
+    instance, and gangs needing more instances than the pool may have: (instances, slots, tasks)."""
 
     sized: tuple[tuple[int, int], ...]
     zero_slot: int
     unschedulable: tuple[tuple[int, int], ...]
+    too_wide: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def tasks(self) -> int:
@@ -167,15 +177,22 @@ class _Shapes:
         return sum(s * c for s, c in self.sized)
 
 
-def _aggregate(demand: Iterable[PendingDemand], slots_per_instance: int) -> _Shapes:
+def _aggregate(demand: Iterable[PendingDemand], slots_per_instance: int, max_instances: int | None = None) -> _Shapes:
+    """`max_instances`: gangs across more instances than that are `too_wide` (None: no bound)."""
     by_shape: dict[int, int] = {}
+    too_wide: dict[tuple[int, int], int] = {}
     for d in demand:
-        if d.count:
-            by_shape[d.slots] = by_shape.get(d.slots, 0) + d.count
+        if not d.count:
+            continue
+        if max_instances is not None and d.instances > max_instances:
+            too_wide[(d.instances, d.slots)] = too_wide.get((d.instances, d.slots), 0) + d.count
+        else:
+            by_shape[d.slots] = by_shape.get(d.slots, 0) + d.count * d.instances
     zero = by_shape.pop(0, 0)
     sized = tuple(sorted(((s, c) for s, c in by_shape.items() if s <= slots_per_instance), reverse=True))
     unsched = tuple(sorted(((s, c) for s, c in by_shape.items() if s > slots_per_instance), reverse=True))
-    return _Shapes(sized=sized, zero_slot=zero, unschedulable=unsched)
+    wide = tuple(sorted(((n, s, c) for (n, s), c in too_wide.items()), reverse=True))
+    return _Shapes(sized=sized, zero_slot=zero, unschedulable=unsched, too_wide=wide)
 
 
 @dataclass(frozen=True)
@@ -345,9 +362,9 @@ def decide(
     A pipeline of stages over one draft, in this order (each may read what the earlier ones
     decided): retire broken instances, shed above max_instances, launch for the pending demand, reap
     idle instances (with the hysteresis); the reasons follow the same order, terminations last."""
-    shapes = _aggregate(demand, limits.slots_per_instance)
+    shapes = _aggregate(demand, limits.slots_per_instance, limits.max_instances)
     draft = _retire_broken(instances, limits, now)
-    _describe_demand(draft, shapes, limits.slots_per_instance)
+    _describe_demand(draft, shapes, limits)
     _shed_above_max(draft, limits)
     _launch_for_demand(draft, shapes, limits)
     _reap_idle(draft, limits, now, arrivals)
@@ -396,15 +413,22 @@ def _retire_broken(instances: Sequence[InstanceView], limits: PoolLimits, now: d
     return draft
 
 
-def _describe_demand(draft: _Draft, shapes: _Shapes, capacity: int) -> None:
-    """The pending demand as the decision's first reasons, and the shapes no instance can host (no
-    launch is made for them)."""
+def _describe_demand(draft: _Draft, shapes: _Shapes, limits: PoolLimits) -> None:
+    """The pending demand as the decision's first reasons, and the shapes no instance can host or
+    no allowed number of instances can (no launch is made for them, no idle instance kept)."""
+    capacity = limits.slots_per_instance
     if shapes.tasks:
         draft.reasons.append(f"demand: {_fmt_demand(shapes)} for {capacity}-slot instances")
     for size, count in shapes.unschedulable:
         draft.reasons.append(
             f"unschedulable: {_plural(count, 'task')} need {size} slots on one instance but instances "
             f"have {capacity}; not launching for them"
+        )
+    for parts, size, count in shapes.too_wide:
+        draft.reasons.append(
+            f"unschedulable: {_plural(count, 'task')} need {parts} whole instances of {size} slots at once "
+            f"({parts * size} slots) but max_instances is {limits.max_instances}; not launching or keeping "
+            f"instances for them"
         )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.core import states as st
@@ -38,6 +38,7 @@ from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, close_row
 from control_plane.master import Master
+from control_plane.services import gangs
 from provisioners.base import CloudInstance
 from provisioners.capacity import cooldowns_of
 from provisioners.factory import PoolProvider
@@ -93,24 +94,27 @@ def decide_and_apply(master: Master, pool: str, memory: PoolMemory, orphans: lis
     return decision, launch_ids
 
 
-def _pending_shapes(s: Session, pool: str, slots_per_instance: int) -> dict[int, int]:
-    """The pool's pending allocations, counted by shape (slots on one instance)."""
+def _pending_demand(s: Session, pool: str, slots_per_instance: int) -> tuple[list[PendingDemand], dict[int, int]]:
+    """The pool's pending allocations as the decider's demand, and counted by slots (the record)."""
     shapes: dict[int, int] = {}
-    for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state == st.AllocationState.PENDING)):
-        # A gang larger than an instance goes on whole instances (core/scheduling/gang.py):
-        # demand that many full instances; one that cannot be split stays unschedulable.
-        parts = whole_agent_parts(a.slots_needed, slots_per_instance)
-        size = slots_per_instance if parts is not None and parts > 1 else a.slots_needed
-        shapes[size] = shapes.get(size, 0) + (parts if parts is not None and parts > 1 else 1)
-    return shapes
+    for slots in s.scalars(select(Allocation.slots_needed).where(Allocation.pool == pool,
+                                                                  Allocation.state == st.AllocationState.PENDING)):
+        shapes[slots] = shapes.get(slots, 0) + 1
+    demand: dict[tuple[int, int], int] = {}
+    for slots, count in shapes.items():
+        # A gang larger than an instance goes on whole instances (core/scheduling/gang.py): demand
+        # for that many full instances at once; one that cannot be split stays unschedulable.
+        parts = whole_agent_parts(slots, slots_per_instance)
+        key = (slots_per_instance, parts) if parts is not None and parts > 1 else (slots, 1)
+        demand[key] = demand.get(key, 0) + count
+    return [PendingDemand(slots, count, instances) for (slots, instances), count in sorted(demand.items())], shapes
 
 
 def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: PoolLimits,
                   now: datetime, *, hysteresis: bool = True) -> Snapshot:
     """The pending demand, the demand arrivals of the window, and a view of every billed instance
     (live rows, stopping rows, orphans) with its agent's state and work."""
-    shapes = _pending_shapes(s, pool, limits.slots_per_instance)
-    demand = [PendingDemand(slots, count) for slots, count in sorted(shapes.items())]
+    demand, shapes = _pending_demand(s, pool, limits.slots_per_instance)
     # The demand arrivals of the window (every allocation created in it, whatever it became):
     # they predict the next one (scale-down hysteresis).
     arrivals = [] if not hysteresis else [Arrival(at, slots) for at, slots in s.execute(
@@ -120,11 +124,10 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
                                                     Instance.state.in_(st.INSTANCE_BILLED))))
     rows = [r for r in billed if r.state in st.INSTANCE_LIVE]
     stopping = [r for r in billed if r.state == InstanceState.STOPPING]
-    busy: dict[str, int] = {}
-    running: set[str] = set()  # agents with any task, zero-slot ones included
-    for a in s.scalars(select(Allocation).where(Allocation.pool == pool, Allocation.state.in_(st.ALLOC_ON_AGENT))):
-        busy[a.agent_id or ""] = busy.get(a.agent_id or "", 0) + a.slots_needed
-        running.add(a.agent_id or "")
+    # Every agent an allocation holds is busy, each part of a gang across instances included.
+    busy = gangs.busy_slots(s.scalars(select(Allocation).where(Allocation.pool == pool,
+                                                               Allocation.state.in_(st.ALLOC_ON_AGENT))))
+    running = set(busy)  # agents with any task, zero-slot ones included
     views = []
     links: dict[str, str] = {}
     for row in rows:
@@ -247,8 +250,9 @@ def claim_idle(s: Session, row: Instance) -> str | None:
     """Whether the instance is still without work, decided under a lock on its agent's row; if
     so its agent is disabled in the same transaction (nothing new lands on it). The reason it is
     not, else. The lock (FOR UPDATE on PostgreSQL; SQLite's write transaction already holds the
-    database) waits for a placement writing to that agent to commit, and the check for
-    allocations runs after it, so it sees that placement's assignment."""
+    database) waits for a placement writing to that agent to commit (a gang's placement claims
+    every agent it takes), and the check for allocations runs after it, so it sees that
+    placement's assignment, whether the agent is the allocation's chief or another of its parts."""
     agent_id = row.agent_id or (s.scalar(select(Agent.id).where(Agent.instance_id == row.instance_id))
                                 if row.instance_id else None)
     if agent_id is None:
@@ -257,8 +261,7 @@ def claim_idle(s: Session, row: Instance) -> str | None:
                      .execution_options(populate_existing=True))
     if agent is None:
         return None
-    held = s.scalar(select(func.count()).select_from(Allocation).where(
-        Allocation.agent_id == agent.id, Allocation.state.in_(st.ALLOC_ON_AGENT)))
+    held = len(gangs.holding(s, agent.id, agent.pool))  # a part of a gang holds it too
     if held:
         return f"its agent {agent.id} took {_plural(held, 'allocation')} since the decision"
     agent.enabled = False

@@ -92,3 +92,25 @@ def test_a_pool_shrunk_after_submission_shows_why_on_the_trial_and_the_experimen
 
     pool.provider["slots_per_instance"] = 8  # level-triggered: the reason goes with its cause
     assert client.get(f"/api/v1/trials/{trial.id}", headers=headers).json()["trial"]["pendingReason"] is None
+
+
+def test_an_aws_pool_without_instance_slots_refuses_before_its_first_tick(db_url: str, tmp_path: Path) -> None:
+    """Issue 28: the slots of an AWS instance were known only once the autoscaler had asked the cloud
+    (its first tick), so a trial wider than max_instances whole instances was accepted before it. A
+    type the catalogue lists (p3.8xlarge: 4 GPUs) is known at once."""
+    aws = {"type": "aws", "region": "us-east-1", "image_id": "ami-12345678", "instance_type": "p3.8xlarge",
+           "max_instances": 2}
+    config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
+                         resource_pools=[{"name": "default"}, {"name": "aws4", "provider": aws}])
+    m = Master(config)
+    m.prepare()
+    try:
+        with TestClient(create_app(m)) as client:
+            headers = login(client)
+            r = create(client, headers, _config(12, "aws4"))  # more than max_instances (2) x 4 GPUs
+            assert r.status_code == 400 and "at most 8 slots across its agents" in r.text, r.text
+            r = create(client, headers, _config(6, "aws4"))
+            assert r.status_code == 400 and "6 is not a multiple of 4" in r.text, r.text
+            create_ok(client, headers, _config(8, "aws4"))  # two whole instances
+    finally:
+        m.stop()

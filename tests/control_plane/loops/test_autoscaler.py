@@ -15,6 +15,7 @@ from control_plane import auth
 from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool, Token
+from control_plane.loops import placement
 from control_plane.loops.autoscaler import REQUEST_GRACE, Autoscaler
 from control_plane.master import Master
 from provisioners.base import (
@@ -798,3 +799,80 @@ def test_a_gang_larger_than_an_instance_is_demand_for_that_many_whole_instances(
     scaler.tick()
 
     assert sum(len(batch) for batch in cloud.launches) == 2
+
+
+# -- gangs across instances (issue 28) -------------------------------------------------------------
+
+
+def two_booted(master: Master, scaler: Autoscaler, cloud: FakeCloud, clock: FakeClock) -> list[str]:
+    """The pending demand launches two instances; both run and their agents connect. Their ids."""
+    scaler.tick()
+    ids = sorted(cloud.instances)
+    assert len(ids) == 2
+    for iid in ids:
+        cloud.set_state(iid, CloudState.RUNNING)
+    clock.advance(seconds=5)
+    for iid in ids:
+        add_agent(master, iid, instance_id=iid)
+    scaler.tick()
+    return ids
+
+
+def gang_on_two_instances(master: Master, cloud: FakeCloud, clock: FakeClock) -> tuple[Autoscaler, list[str]]:
+    """A 4-slot trial placed by the placement loop across two whole 2-slot instances (chief first)."""
+    scaler = scaler_for(master, cloud)
+    add_allocation(master, "gang", slots=4)
+    ids = two_booted(master, scaler, cloud, clock)
+    with transaction(master.sessions) as s:
+        placement.place(s, master, ELASTIC)
+    gang = allocation(master, "gang")
+    assert gang.state == "assigned" and [p["agent"] for p in gang.placement or ()] == ids
+    return scaler, ids
+
+
+def test_every_instance_of_a_trial_across_instances_is_busy_for_the_demand(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    """Issue 28: the gang's second instance was taken for idle ("1 idle instance absorbs 1 pending
+    task"), so nothing was launched and the pending trial waited for the gang to end."""
+    scaler, _ids = gang_on_two_instances(loop_master, cloud, clock)
+    add_allocation(loop_master, "b", slots=2)
+    clock.advance(seconds=5)
+    scaler.tick()
+    assert sum(len(batch) for batch in cloud.launches) == 3
+    reasons = pool_row(loop_master).last_decision["reasons"]  # type: ignore[index]
+    assert not any("idle instance" in r for r in reasons), reasons
+
+
+def test_lowering_max_instances_never_sheds_an_instance_of_a_running_gang(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock, db_url: str, tmp_path: Path,
+) -> None:
+    """Issue 28: after max_instances was lowered and the master restarted, the gang's second
+    instance was terminated as "shedding newest idle instance"."""
+    _scaler, ids = gang_on_two_instances(loop_master, cloud, clock)
+    clock.advance(seconds=5)
+    restarted = make_master(db_url, tmp_path / "state", clock, {**ELASTIC_PROVIDER, "max_instances": 1})
+    try:
+        scaler_for(restarted, cloud).tick()
+        assert cloud.terminate_calls == [] and sorted(cloud.instances) == ids
+        reasons = pool_row(restarted).last_decision["reasons"]  # type: ignore[index]
+        assert "1 busy instance above max_instances 1; shedding once idle" in reasons
+    finally:
+        restarted.stop()
+
+
+def test_a_gang_wider_than_max_instances_launches_nothing_and_keeps_no_idle_instance(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    """Issue 28: a gang needing more whole instances than max_instances (a pool shrunk after the
+    trial was queued) held paid instances forever ("keeping ... idle instances for pending demand")."""
+    scaler, inst = idle_for_a_while(loop_master, cloud, clock)
+    add_allocation(loop_master, "wide", slots=8)  # 4 whole 2-slot instances; max_instances is 3
+    scaler.tick()
+    assert cloud.terminated == [inst.id] and len(cloud.launches) == 1
+    reasons = pool_row(loop_master).last_decision["reasons"]  # type: ignore[index]
+    assert ("unschedulable: 1 task need 4 whole instances of 2 slots at once (8 slots) but max_instances is 3; "
+            "not launching or keeping instances for them") in reasons
+    clock.advance(seconds=60)
+    scaler.tick()  # and nothing is launched for it later either
+    assert len(cloud.launches) == 1 and cloud.billed() == 0

@@ -27,7 +27,14 @@ from tests.control_plane.loops.conftest import (
     agent,
     allocation,
 )
-from tests.control_plane.loops.test_autoscaler import idle_for_a_while, instance_rows, pool_row
+from tests.control_plane.loops.test_autoscaler import (
+    go_idle,
+    idle_for_a_while,
+    instance_rows,
+    pool_row,
+    scaler_for,
+    two_booted,
+)
 
 
 @pytest.fixture
@@ -171,3 +178,37 @@ def test_a_termination_committed_after_placements_snapshot_wins_over_the_placeme
         assert after.terminate_reason == "idle for 1m1s (max_idle_agent_period 1m)"
         assert cloud.terminated == [inst.id]
         assert not agent(loop_master, inst.id).enabled
+
+
+def test_a_gang_placed_after_the_idle_decision_keeps_every_instance_it_took(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28: the re-check under the agent's lock counted only the allocations the agent is the
+    chief of, so a gang placed across two idle instances between the decision and its write lost
+    its second instance."""
+    scaler = scaler_for(loop_master, cloud)
+    for alloc_id in ("a1", "a2"):
+        add_allocation(loop_master, alloc_id, slots=2)
+    ids = two_booted(loop_master, scaler, cloud, clock)
+    for alloc_id, iid in zip(("a1", "a2"), ids, strict=True):
+        go_idle(loop_master, alloc_id, iid)
+    clock.advance(seconds=61)
+    decided: list[list[str]] = []
+
+    def gang_arrives_and_is_placed(decision: Any) -> None:
+        decided.append(sorted(t.id for t in decision.terminate if t.presumes_idle))
+        add_allocation(loop_master, "gang", slots=4)
+        place_now(loop_master)  # commits between the autoscaler's read and its write
+        assert [p["agent"] for p in allocation(loop_master, "gang").placement or ()] == ids
+
+    decide_then(monkeypatch, gang_arrives_and_is_placed)
+    scaler.tick_pool(ELASTIC)
+
+    assert decided == [sorted(r.launch_id for r in instance_rows(loop_master))]  # both idle in the snapshot
+    assert cloud.terminate_calls == [] and sorted(cloud.instances) == ids
+    assert [r.state for r in instance_rows(loop_master)] == [InstanceState.RUNNING] * 2
+    assert all(agent(loop_master, iid).enabled for iid in ids)
+    last = pool_row(loop_master).last_decision
+    assert last is not None and last["terminate"] == []
+    for iid in ids:
+        assert any(f"its agent {iid} took 1 allocation since the decision" in r for r in last["reasons"])

@@ -10,9 +10,15 @@ or timing out after the cloud acted; instances stopped (an agent powering its VM
 (spot) behind the master's back; and the master itself restarting (a new process: its in-memory
 state is gone, the database stays).
 
+Some trials span two whole instances (a gang across agents); when one of its agents is gone, the
+other part's agent reports its exit once the master asks it to stop (as a real agent would).
+
 The invariants, checked at every step and at the end:
 - the account never pays for more than `max_instances` instances at once;
-- no instance is terminated while its agent is connected and holds an allocation;
+- no instance is terminated while its agent is connected and holds an allocation (a part of a gang
+  included);
+- the autoscaler never counts an instance as idle (absorbing pending demand) while its agent holds
+  an allocation, a gang's part included (issue 28: the gang's second instance was taken for idle);
 - at the end, once faults stop and demand drains, every instance the cloud still has is one the
   master accounts for (a live row), and none is left running idle past the idle period.
 The figures (launches, terminate calls, faults injected, peak billed) are printed with `-s`."""
@@ -20,6 +26,7 @@ The figures (launches, terminate calls, faults injected, peak billed) are printe
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,13 +35,16 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from control_plane.core import gang_run
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Allocation, Instance
+from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
 from control_plane.loops import placement
 from control_plane.loops.autoscaler import Autoscaler
 from control_plane.master import Master
+from control_plane.services import allocations, gangs
 from provisioners.base import (
     CloudInstance,
     CloudState,
@@ -57,6 +67,7 @@ from tests.control_plane.loops.conftest import (
 MAX_INSTANCES = 4
 SOAK_PROVIDER = {**ELASTIC_PROVIDER, "max_instances": MAX_INSTANCES, "max_idle_agent_period": "5m",
                  "launch_error_backoff": "30s", "launch_error_backoff_max": "10m", "list_miss_grace": "2m"}
+GANG_SLOTS = 4  # two whole 2-slot instances
 STEP = timedelta(seconds=20)
 HOURS = 3
 BOOT = timedelta(seconds=60)  # pending → running in the cloud, then the agent connects
@@ -128,6 +139,7 @@ class Soak:
         self.master = self._start_master()
         self.scaler = self._scaler()
         self.allocs = 0
+        self.gangs_run = 0  # gangs across two instances that started
         self.finish_at: dict[str, object] = {}
         self.peak_billed = 0
         self.restarts = 0
@@ -147,8 +159,19 @@ class Soak:
         self.restarts += 1
 
     # -- invariants ---------------------------------------------------------------------------------
+    @staticmethod
+    def _held(s: Session) -> dict[str, list[str]]:
+        """Agent id -> the allocations on agents that hold it, read from the rows as they are (the
+        chief, and every agent of a gang's `placement`): the test's own reading, not the product's."""
+        held: dict[str, list[str]] = {}
+        for a in s.scalars(select(Allocation).where(Allocation.state.in_(st.ALLOC_ON_AGENT))):
+            for agent_id in {a.agent_id} | {str(p["agent"]) for p in a.placement or ()}:
+                held.setdefault(agent_id, []).append(a.id)
+        return held
+
     def _check_not_busy(self, ids: Sequence[str]) -> None:
         with self.master.sessions() as s:
+            held = self._held(s)
             for iid in ids:
                 inst = self.cloud.instances.get(iid)
                 if inst is None or inst.state != CloudState.RUNNING:
@@ -156,11 +179,29 @@ class Soak:
                 agent = s.scalar(select(Agent).where(Agent.instance_id == iid))
                 if agent is None or agent.state != st.AgentState.CONNECTED:
                     continue
-                busy = s.scalars(select(Allocation.id).where(Allocation.agent_id == agent.id,
-                                                             Allocation.state.in_(st.ALLOC_ON_AGENT))).all()
+                busy = held.get(agent.id, [])
                 if busy:
                     self.violations.append(f"{self.clock().isoformat()}: terminated {iid} (agent {agent.id}, "
                                            f"connected) while it held {sorted(busy)}")
+
+    def _idle_agents(self) -> int:
+        """Connected agents of the pool that hold nothing: at most that many instances are idle."""
+        with self.master.sessions() as s:
+            held = self._held(s)
+            return sum(1 for a in s.scalars(select(Agent).where(Agent.pool == ELASTIC,
+                                                                Agent.state == st.AgentState.CONNECTED))
+                       if a.id not in held)
+
+    def _check_idle_claims(self, idle: int) -> None:
+        """The decision just made never packs pending demand onto more idle instances than there are."""
+        with self.master.sessions() as s:
+            pool = s.get(ResourcePool, ELASTIC)
+            if pool is None or pool.last_decision_at != self.clock() or not pool.last_decision:
+                return  # no decision this tick (a list error, a backoff)
+            for reason in pool.last_decision.get("reasons") or []:
+                claimed = re.match(r"(\d+) idle instances? absorb ", reason)
+                if claimed and int(claimed.group(1)) > idle:
+                    self.violations.append(f"{self.clock().isoformat()}: {reason!r} with {idle} idle agents")
 
     def _check_billed(self) -> None:
         billed = self.cloud.billed()
@@ -192,8 +233,16 @@ class Soak:
                     agent.last_seen = now
                     if agent.state != st.AgentState.CONNECTED:
                         agent.state, agent.disconnected_at = st.AgentState.CONNECTED, None
+            alive = {a.id for a in known.values() if a.instance_id in running}
             for alloc in s.scalars(select(Allocation).where(Allocation.state.in_(st.ALLOC_ON_AGENT))):
+                # A gang that lost a part: its other agents stop their part when asked, and say so.
+                for agent_id in gang_run.to_kill(gangs.parts(alloc), alloc.kill_requested) if gangs.is_gang(alloc) else ():
+                    if agent_id in alive:
+                        allocations.part_exited(s, self.master, alloc, agent_id, 137, "killed")
+                if alloc.state == st.AllocationState.TERMINATED:
+                    continue
                 if alloc.state == st.AllocationState.ASSIGNED:  # the agent started it
+                    self.gangs_run += gangs.is_gang(alloc)
                     alloc.state, alloc.started_at = st.AllocationState.RUNNING, now
                     self.finish_at[alloc.id] = now + timedelta(minutes=self.rng.choice([2, 5, 10, 20, 40]))
                 elif self.finish_at.get(alloc.id, now) <= now:
@@ -204,7 +253,7 @@ class Soak:
         if arrivals and self.rng.random() < 0.04:  # bursts: several trials at once, minutes apart
             for _ in range(self.rng.randint(1, 5)):
                 self.allocs += 1
-                add_allocation(self.master, f"a{self.allocs:04d}", slots=self.rng.choice([1, 1, 2]))
+                add_allocation(self.master, f"a{self.allocs:04d}", slots=self.rng.choice([1, 1, 2, 2, GANG_SLOTS]))
 
     def live_allocations(self) -> list[str]:
         with self.master.sessions() as s:
@@ -213,7 +262,9 @@ class Soak:
     def step(self, *, arrivals: bool = True) -> None:
         self.clock.advance(seconds=STEP.total_seconds())
         self._world(arrivals=arrivals)
+        idle = self._idle_agents()
         self.scaler.tick()
+        self._check_idle_claims(idle)
         self._check_billed()
         placement.tick(self.master)
         if self.cloud.faulty and self.rng.random() < 0.01:
@@ -240,12 +291,13 @@ def test_soak_with_random_faults_leaks_nothing_and_never_kills_busy_instances(db
         with soak.master.sessions() as s:
             live = {r.instance_id for r in s.scalars(select(Instance).where(Instance.state.in_(st.INSTANCE_BILLED)))}
         cloud_has = set(soak.cloud.instances)
-        print(f"\nsoak seed={seed} {HOURS}h: trials={soak.allocs} launches={sum(len(b) for b in soak.cloud.launches)} "
+        print(f"\nsoak seed={seed} {HOURS}h: trials={soak.allocs} gangs_run={soak.gangs_run} launches={sum(len(b) for b in soak.cloud.launches)} "
               f"launch_calls={len(soak.cloud.launches)} terminate_calls={len(soak.cloud.terminate_calls)} "
               f"terminated={len(soak.cloud.terminated)} restarts={soak.restarts} peak_billed={soak.peak_billed} "
               f"faults={dict(sorted(soak.cloud.faults.items()))}")
         assert soak.violations == [], "\n".join(soak.violations)
         assert soak.allocs > 20 and sum(soak.cloud.faults.values()) > 20, "the soak exercised too little"
+        assert soak.gangs_run > 2, "the soak ran too few trials across instances"
         assert soak.live_allocations() == [], "every trial got served once the faults stopped"
         assert cloud_has <= live, f"instances the master does not account for: {sorted(cloud_has - live)}"
         assert cloud_has == set(), f"idle instances left running after the drain: {sorted(cloud_has)}"

@@ -184,6 +184,25 @@ class TestLaunch:
         only_big = decide([PendingDemand(16, 2)], [], LIMITS, NOW)
         assert only_big.launch == 0
 
+    def test_a_gang_across_instances_is_demand_for_that_many_whole_instances(self) -> None:
+        d = decide([PendingDemand(8, 1, instances=3)], [idle("i1", 10 * MIN)], limits(max_instances=3), NOW)
+        assert d.launch == 2 and d.terminate == ()
+        assert "1 idle instance absorb 1 pending task (8 slots)" in d.reasons
+
+    def test_a_gang_wider_than_max_instances_launches_and_keeps_nothing(self) -> None:
+        """Issue 28: a gang needing more whole instances than max_instances can never be placed; it
+        held the pool's idle instances ("keeping 4 idle instances ... for pending demand") forever."""
+        idle4 = [idle(f"i{k}", 10 * MIN) for k in range(4)]
+        d = decide([PendingDemand(8, 1, instances=5), PendingDemand(2, 1)], idle4, limits(max_instances=4), NOW)
+        assert d.launch == 0
+        assert sorted(terminated_reasons(d)) == ["i0", "i1", "i2"]  # one stays for the 2-slot task
+        assert ("unschedulable: 1 task need 5 whole instances of 8 slots at once (40 slots) but max_instances "
+                "is 4; not launching or keeping instances for them") in d.reasons
+        alone = decide([PendingDemand(8, 2, instances=5)], idle4, limits(max_instances=4), NOW)
+        assert alone.launch == 0 and sorted(terminated_reasons(alone)) == ["i0", "i1", "i2", "i3"]
+        assert any("2 tasks need 5 whole instances" in r for r in alone.reasons)
+        assert not any("for pending demand" in r for r in alone.reasons)
+
     def test_zero_slot_tasks(self) -> None:
         assert decide([PendingDemand(0, 4)], [], LIMITS, NOW).launch == 1
         assert decide([PendingDemand(0, 4)], [booting("b")], LIMITS, NOW).launch == 0
@@ -336,6 +355,8 @@ class TestValidation:
             PendingDemand(-1, 1)
         with pytest.raises(ValueError):
             PendingDemand(1, -1)
+        with pytest.raises(ValueError):
+            PendingDemand(8, 1, instances=0)
 
     def test_duplicate_instance_ids_count_once(self) -> None:
         d = decide([], [busy("a"), busy("a")], limits(min_instances=2), NOW)
