@@ -75,8 +75,10 @@ def _uvicorn_config(app, config, **where):  # type: ignore[no-untyped-def]
 
     # keep-alive longer than clients back off after a 503 (up to 15 s), so a client coming back
     # does not race the server closing its idle connection (a reset instead of an answer).
+    # proxy_headers off: uvicorn would believe X-Forwarded-For from loopback; the app believes it
+    # from config.trusted_proxies only (api/app.py).
     return uvicorn.Config(app, log_level=config.log_level, access_log=False, timeout_graceful_shutdown=5,
-                          log_config=None, timeout_keep_alive=75, **where)
+                          log_config=None, timeout_keep_alive=75, proxy_headers=False, **where)
 
 
 def _prepared(config):  # type: ignore[no-untyped-def]

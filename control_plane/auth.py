@@ -9,7 +9,7 @@ re-derive (an allocation's, sent again with every repeated start command) are an
 kept in a 0600 file outside the database (`load_token_key`), so a copy of the database mints none.
 
 Logins: an unknown username costs one Argon2 verification like a known one (`verify_login`), and
-failures are throttled per username and per source address (`LoginThrottle`).
+failures are throttled per (username, source address) and per source address (`LoginThrottle`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import bindparam, delete, func, select
+from sqlalchemy import bindparam, delete, func, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.db.models import LoginFailure, Token, User
@@ -231,18 +231,21 @@ def load_token_key(path: Path) -> bytes:
 class LoginThrottled(Exception):
     def __init__(self, scope: str, retry_after_s: float) -> None:
         super().__init__(scope)
-        self.scope = scope  # "user" or "address"
+        self.scope = scope  # "user" (this username from this address) or "address"
         self.retry_after_s = retry_after_s
 
 
 class LoginThrottle:
-    """Failed logins per username and per source address in a sliding window, kept in the database
-    (LoginFailure) so that every master process (API workers, masters on other hosts) counts the
-    same failures. Once a key has `max_failures` failures in the window, attempts for it are refused
-    until the oldest leaves the window; a successful login clears its username's failures. Time is
-    an argument (seconds). Attempts are serialized (a transaction lock: SQLite's write lock, or an
-    advisory lock on PostgreSQL), so a burst of parallel guesses gets exactly the limit through;
-    logins are rare and already cost an Argon2 verification each."""
+    """Failed logins in a sliding window, per (username, source address) and per source address,
+    kept in the database (LoginFailure) so that every master process (API workers, masters on
+    other hosts) counts the same failures. Once a key has its `max_failures` in the window, attempts
+    for it are refused until the oldest leaves the window; a successful login clears the failures of
+    its username from its address. Never per username alone: whoever guesses a username's password
+    from one address must not lock its owner out from another. Time is an argument (seconds).
+    Attempts are serialized (a transaction lock: SQLite's write lock, or an advisory lock on
+    PostgreSQL), so a burst of parallel guesses gets exactly the limit through; logins are rare and
+    already cost an Argon2 verification each. An unknown address (None) is counted as "" for its
+    usernames, and has no limit of its own."""
 
     LOCK_KEY = int.from_bytes(b"SHPYLGIN", "big", signed=True)
 
@@ -255,32 +258,34 @@ class LoginThrottle:
         if s.get_bind().dialect.name == "postgresql":
             s.execute(select(func.pg_advisory_xact_lock(self.LOCK_KEY)))
 
+    @staticmethod
+    def _key(username: str, address: str | None) -> tuple[str, str]:
+        return username[:128], (address or "")[:255]
+
     def attempt(self, username: str, address: str | None, now: float) -> None:
-        """Count a login attempt as a failure up front, or raise LoginThrottled if the username or
-        the address has used up its failures. Counting before the password is checked means
-        concurrent guesses cannot all slip past the limit while their hashes are computed."""
-        keys = [(scope, value[:255]) for scope, value in (("user", username), ("address", address))
-                if value is not None]
+        """Count a login attempt as a failure up front, or raise LoginThrottled if the username from
+        this address, or the address, has used up its failures. Counting before the password is
+        checked means concurrent guesses cannot all slip past the limit while their hashes are
+        computed."""
+        user, addr = self._key(username, address)
         cutoff = now - self.window_s
+        scopes = [("user", LoginFailure.username == user)]
+        if address is not None:
+            scopes.append(("address", true()))
         with self.sessions() as s, s.begin():
             self._serialize(s)
             s.execute(delete(LoginFailure).where(LoginFailure.at <= cutoff))
-            for scope, key in keys:
+            for scope, which in scopes:
                 count, oldest = s.execute(select(func.count(), func.min(LoginFailure.at)).where(
-                    LoginFailure.scope == scope, LoginFailure.key == key, LoginFailure.at > cutoff)).one()
+                    LoginFailure.address == addr, which, LoginFailure.at > cutoff)).one()
                 if count >= self.limits[scope]:
                     raise LoginThrottled(scope, max(1.0, math.ceil(oldest + self.window_s - now)))
-            s.add_all([LoginFailure(scope=scope, key=key, at=now) for scope, key in keys])
+            s.add(LoginFailure(address=addr, username=user, at=now))
 
-    def succeeded(self, username: str, address: str | None, attempted_at: float) -> None:
-        """The attempt made at `attempted_at` was a good password: forget the username's failures
-        and take this attempt back from the address's."""
+    def succeeded(self, username: str, address: str | None) -> None:
+        """The attempt was a good password: forget the failures of the username from this address
+        (the attempt's own included)."""
+        user, addr = self._key(username, address)
         with self.sessions() as s, s.begin():
             self._serialize(s)
-            s.execute(delete(LoginFailure).where(LoginFailure.scope == "user", LoginFailure.key == username[:255]))
-            if address is not None:
-                one = s.scalar(select(LoginFailure.id).where(
-                    LoginFailure.scope == "address", LoginFailure.key == address[:255],
-                    LoginFailure.at == attempted_at).limit(1))
-                if one is not None:
-                    s.execute(delete(LoginFailure).where(LoginFailure.id == one))
+            s.execute(delete(LoginFailure).where(LoginFailure.address == addr, LoginFailure.username == user))

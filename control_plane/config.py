@@ -7,6 +7,7 @@ whole master.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -94,10 +95,18 @@ class MasterConfig(_Strict):
     # must share this file.
     token_secret_file: Path | None = None
     # Login throttling: after this many failed logins in the window, further attempts for that
-    # username (or from that address) get 429 until the oldest failure leaves the window.
+    # username from that address (or from that address for any username) get 429 until the oldest
+    # failure leaves the window. Never per username alone: guesses from one address must not lock
+    # the account's owner out from another.
     login_max_failures_per_user: int = Field(10, ge=1)
     login_max_failures_per_address: int = Field(50, ge=1)
     login_failure_window_s: float = Field(300.0, gt=0)
+    # The reverse proxies (addresses or CIDR networks) whose X-Forwarded-For and X-Forwarded-Proto
+    # are believed: a request from one of them counts as coming from the first address in
+    # X-Forwarded-For, read from the right, that is not a trusted proxy (for the login throttle,
+    # the access log) and as https when the proxy says so. Nobody by default: any client can write
+    # the header.
+    trusted_proxies: list[str] = Field(default_factory=list)
     # Request bodies, enforced while they are read (413): `max_request_bytes` for creating an
     # experiment (its model definition travels base64 in the JSON), `max_body_bytes` for any other.
     max_request_bytes: int = Field(160 * 1024 * 1024, gt=0)
@@ -157,6 +166,16 @@ class MasterConfig(_Strict):
     # The leadership lease (core/lease.py): one master process runs the loops; another takes over
     # when the lease goes unrenewed this long, or at once when the leader's process has died.
     leader_lease_s: float = Field(10.0, ge=2, le=300)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for item in v:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or a CIDR network") from None
+        return v
 
     @field_validator("state_dir", "token_secret_file", mode="before")
     @classmethod

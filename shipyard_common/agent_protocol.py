@@ -10,7 +10,7 @@ older agents.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import AliasChoices, Field, ValidationError, field_serializer, field_validator
 
@@ -34,6 +34,8 @@ SlotType = Literal["cuda", "cpu", "rocm"]
 MAX_EVENT_MESSAGE = 8192
 MAX_EVENTS_PER_POST = 10_000
 MAX_SLOTS = 1024
+# An agent's id, as registered and as an agent token may name it (the master's Agent.id column).
+AgentId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
 
 
 class SlotInfo(StrictWire):
@@ -45,11 +47,12 @@ class SlotInfo(StrictWire):
 
 
 class RegisterRequest(StrictWire):
-    agent_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
-    resource_pool: str
-    version: str = ""
+    agent_id: AgentId
+    # Bounded by the master's columns (Agent.pool, .version, .instance_id).
+    resource_pool: str = Field(max_length=64)
+    version: str = Field(default="", max_length=64)
     addresses: list[str] = Field(default_factory=list)
-    instance_id: str | None = None
+    instance_id: str | None = Field(default=None, max_length=128)
     slots: list[SlotInfo] = Field(default_factory=list, max_length=MAX_SLOTS)
     # The allocations whose tasks this agent still runs: the master keeps those it still wants
     # there and lists the others in the answer's `kill`.

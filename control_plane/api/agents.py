@@ -31,6 +31,7 @@ from shipyard_common.agent_protocol import (
     EVENTS_PATH,
     REGISTER_PATH,
     TOKENS_PATH,
+    AgentId,
     Command,
     CommandsResponse,
     EventsRequest,
@@ -40,10 +41,14 @@ from shipyard_common.agent_protocol import (
 router = APIRouter()
 
 
+# An agent token lives at most this long (a century): beyond, its expiry is past what a timestamp holds.
+MAX_AGENT_TOKEN_TTL_HOURS = 100 * 365 * 24
+
+
 class AgentTokenRequest(StrictWire):
-    resource_pool: str
-    agent_id: str | None = None
-    ttl_hours: float | None = Field(default=None, gt=0)
+    resource_pool: str = Field(max_length=64)
+    agent_id: AgentId | None = None
+    ttl_hours: float | None = Field(default=None, gt=0, le=MAX_AGENT_TOKEN_TTL_HOURS)
 
 
 @router.post(TOKENS_PATH)

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from control_plane.api import (
     agent_package,
@@ -119,4 +120,9 @@ def _install_admission(app: FastAPI, master: Master) -> None:
         threads=admission.limit + cluster.limit + THREAD_SLACK,
         health={"/health": lambda: {"status": "ok"}, "/info": info, "/api/v1/master": info})
     # Around the front door: refusals and health count and log too (frontdoor/access_log.py).
-    app.front = RequestTelemetry(front, fixed_paths=HEALTH_PATHS)  # type: ignore[attr-defined]
+    outermost: Any = RequestTelemetry(front, fixed_paths=HEALTH_PATHS)
+    if cfg.trusted_proxies:
+        # Behind reverse proxies: the client and scheme they forward, believed from them only
+        # (config.trusted_proxies), for everything inside (the login throttle, the access log).
+        outermost = ProxyHeadersMiddleware(outermost, trusted_hosts=cfg.trusted_proxies)
+    app.front = outermost  # type: ignore[attr-defined]

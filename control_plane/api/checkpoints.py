@@ -59,7 +59,6 @@ def report_checkpoint(
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     ckpt_uuid = checkpoints.canonical_uuid(body.uuid, "uuid")
-    serializers.reject_nul(taskId=body.task_id, allocationId=body.allocation_id)
     report = checkpoints.CheckpointReport(
         uuid=ckpt_uuid,
         state=checkpoints.reportable_state(body.state),

@@ -126,9 +126,6 @@ def update_job_queue(
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     """All the updates, in order, or none (the first bad one is the answer: 400/403/404/409)."""
-    for u in body.updates:
-        serializers.reject_nul(jobId=u.job_id, resourcePool=u.resource_pool, aheadOf=u.ahead_of,
-                               behindOf=u.behind_of)
     service.update_jobs(db, master, p, [
         service.QueueUpdate(job_id=u.job_id, priority=u.priority, weight=u.weight, resource_pool=u.resource_pool,
                             ahead_of=u.ahead_of, behind_of=u.behind_of, queue_position=u.queue_position)

@@ -36,6 +36,11 @@ FOLLOW_POLL_S = 0.25
 
 # -- ingest ----------------------------------------------------------------------------------------
 class TaskLogIn(StrictWire):
+    # A line's text is stored cleaned (NUL and lone surrogates as U+FFFD, services/logs.py), not
+    # refused: an agent ships whatever a task printed.
+    cleaned_text = frozenset({"log", "allocation_id", "agent_id", "container_id", "level", "stdtype", "source",
+                              "timestamp"})
+
     task_id: str = Field(min_length=1, max_length=64)
     log: str
     allocation_id: str | None = Field(default=None, max_length=64)

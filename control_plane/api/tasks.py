@@ -66,7 +66,7 @@ class CompletedOp(Wire):
 
 class CompleteOperationRequest(StrictWire):
     op: CompletedOp
-    searcher_metric: float
+    searcher_metric: float = Field(allow_inf_nan=True)  # a metric may be NaN or ±Infinity (core/metrics.py)
 
 
 @router.post("/api/v1/trials/{trialId}/searcher/completed_operation")

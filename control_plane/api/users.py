@@ -97,8 +97,9 @@ def login(
     master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
-    # The peer's address, not X-Forwarded-For: a header any client can set would let an attacker
-    # pick a fresh "address" for every guess.
+    # The client's address: the peer's, or what a trusted proxy forwarded (config.trusted_proxies,
+    # api/app.py), never X-Forwarded-For from anyone else: an attacker would pick a fresh "address"
+    # for every guess.
     address = request.client.host if request.client else None
     token, u = users.login(db, master, body.username, body.password, is_hashed=body.is_hashed, address=address)
     return {"token": token, "user": user_json(u)}

@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
 
+from control_plane.core.metrics import json_safe
 from shipyard_common import private_files
+
+
+def json_text(value: Any) -> str:
+    """What a JSON column stores: strict JSON (PostgreSQL's json type refuses NaN and Infinity, a
+    500 for metadata that held them), non-finite floats as Determined's strings (core/metrics.py),
+    as metric values and checkpoint metadata already are."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(json_safe(value))
 
 
 def make_engine(url: str, *, pool_size: int = 12, pool_timeout_s: float = 3.0) -> Engine:
@@ -29,7 +42,7 @@ def make_engine(url: str, *, pool_size: int = 12, pool_timeout_s: float = 3.0) -
             private_files.ensure_private_file(Path(path), companions=("-wal", "-shm", "-journal",
                                                                       WRITER_LOCK_SUFFIX))
         file_db = bool(path) and path != ":memory:"  # an in-memory database has a single connection
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, json_serializer=json_text,
                                **(pool_args if file_db else {}))
 
         @event.listens_for(engine, "connect")
@@ -69,7 +82,7 @@ def make_engine(url: str, *, pool_size: int = 12, pool_timeout_s: float = 3.0) -
             dbapi_conn.isolation_level = None
 
         return engine
-    engine = create_engine(url, **pool_args)
+    engine = create_engine(url, json_serializer=json_text, **pool_args)
     _ping_when_idle(engine)
     return engine
 

@@ -358,17 +358,19 @@ class LeaderLease(Base):
 
 
 class LoginFailure(Base):
-    """A failed (or not yet verified) login, per username and per source address, for the login
-    throttle (auth.LoginThrottle): in the database so that every master process counts the same
-    failures. Rows older than the throttle's window are deleted as attempts come in."""
+    """A failed (or not yet verified) login: which username, from which address, for the login
+    throttle (auth.LoginThrottle), which counts them per (address, username) and per address. In
+    the database so that every master process counts the same failures. Rows older than the
+    throttle's window are deleted as attempts come in."""
 
     __tablename__ = "login_failures"
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
-    scope: Mapped[str] = mapped_column(String(16))  # "user" or "address"
-    key: Mapped[str] = mapped_column(String(255))
+    address: Mapped[str] = mapped_column(String(255))  # "" when the client's address is unknown
+    username: Mapped[str] = mapped_column(String(128))
     at: Mapped[float] = mapped_column(Float)  # seconds since the epoch
 
-    __table_args__ = (Index("ix_login_failures_key", "scope", "key", "at"), Index("ix_login_failures_at", "at"))
+    __table_args__ = (Index("ix_login_failures_address", "address", "username", "at"),
+                      Index("ix_login_failures_at", "at"))
 
 
 class WakeSignal(Base):

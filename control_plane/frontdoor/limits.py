@@ -3,7 +3,7 @@ without NUL characters.
 
 PostgreSQL cannot hold NUL in any text parameter (the driver refuses the query: a 500), so a NUL
 in the path or in a query parameter is a 400 naming the parameter, for every operation at once
-(handlers' own `reject_nul` checks remain for what they build from bodies).
+(in a JSON body, the request models refuse it: shipyard_common/wire_model.py `StrictWire`).
 
 A declared Content-Length over the limit is refused at once (413, nothing read). A chunked body
 (or one that lies about its length) is counted as it arrives and refused with a 413 at the first

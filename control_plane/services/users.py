@@ -1,8 +1,9 @@
 """Users and sessions: logging in, accounts, passwords, and who may change what.
 
 Rules: every account has a password (also a client-side hash of the empty string is refused);
-unknown user and wrong password get the same answer, in the same time (one Argon2 verification
-either way); failed logins are throttled per username and per source address (429); changing a
+every failed login (unknown user, wrong password, deactivated account) gets the same answer, in the
+same time (one Argon2 verification either way); failed logins are throttled per (username, source
+address) and per source address (429), never per username alone; changing a
 password, by any path, ends the user's other sessions; deactivating a user ends all of them; only
 an admin changes another user, anyone's admin or active flag, or a username; nobody deactivates
 themselves; the last active admin can be neither demoted nor deactivated.
@@ -37,30 +38,28 @@ _NO_PASSWORD = "a password is required: accounts without a password are not allo
 
 def login(s: Session, master: Master, username: str, password: str, *, is_hashed: bool,
           address: str | None = None) -> tuple[str, User]:
-    """A new user token and the user; the same refusal, in the same time, for an unknown user and a
-    wrong password (no user enumeration). `address` is the caller's, for throttling. The user is
-    read in a session of its own, so `s` must not hold an uncommitted change to them."""
-    attempted_at = master.clock().timestamp()
+    """A new user token and the user; the same refusal, in the same time, for an unknown user, a
+    wrong password and a deactivated account (no user enumeration, no password oracle). `address`
+    is the caller's, for throttling. The user is read in a session of its own, so `s` must not hold
+    an uncommitted change to them."""
     try:
-        master.login_throttle.attempt(username, address, attempted_at)
+        master.login_throttle.attempt(username, address, master.clock().timestamp())
     except auth.LoginThrottled as e:
         log.warning("event=login_throttled scope=%s username=%s address=%s", e.scope, username, address)
-        who = "this user" if e.scope == "user" else "this address"
+        who = "this user from this address" if e.scope == "user" else "this address"
         raise TooManyRequests(f"too many failed logins for {who}; try again in {int(e.retry_after_s)} s",
                               retry_after_s=int(e.retry_after_s)) from None
     # Looked up and verified through a read-only session, before `s` is first used: the slow Argon2
     # check must not hold SQLite's write lock (taken by the first statement of a write session).
     with master.read_sessions() as rs:
         found = rs.scalar(select(User).where(User.username == username))
-    if not auth.verify_login(found, password, is_hashed=is_hashed) or found is None:
+    if not auth.verify_login(found, password, is_hashed=is_hashed) or found is None or not found.active:
         log.info("event=login_failed username=%s address=%s", username, address)
         raise PermissionDenied("invalid credentials")
-    master.login_throttle.succeeded(username, address, attempted_at)
+    master.login_throttle.succeeded(username, address)  # before `s` is used (SQLite: one writer)
     u = s.get(User, found.id)
-    if u is None:  # removed in the meantime
+    if u is None or not u.active:  # removed or deactivated in the meantime
         raise PermissionDenied("invalid credentials")
-    if not u.active:
-        raise PermissionDenied("user is deactivated")
     now = master.clock()
     u.last_auth_at = now
     token = auth.issue_token(s, TokenKind.USER, now=now, ttl=timedelta(hours=master.config.token_ttl_hours),

@@ -40,6 +40,7 @@ from control_plane.services import (
     users,
 )
 from control_plane.ui import session as sess
+from shipyard_common.wire_model import text_problem
 
 log = logging.getLogger("shipyard.ui")
 HERE = Path(__file__).parent
@@ -248,6 +249,8 @@ async def login(request: Request) -> Response:
         return _login_page(request, "The login form expired; try again.", 403, nxt)
     if not username or not password:
         return _login_page(request, "Enter a username and a password.", 400, nxt)
+    if text_problem(username) or text_problem(password):  # what no database column can take
+        return _login_page(request, "The username or password contains a character that is not allowed.", 400, nxt)
     master = _master(request)
     address = request.client.host if request.client else None
     try:

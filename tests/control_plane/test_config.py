@@ -31,6 +31,7 @@ def test_yaml_then_env_then_flags(tmp_path) -> None:
     ("resource_pools: []", "at least one pool"),
     ("resource_pools:\n  - name: a\n  - name: a\n", "duplicate pool"),
     ("default_resource_pool: nope", "default_resource_pool"),
+    ("trusted_proxies: [10.0.0.0/8, proxy.example]", "trusted_proxies"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text: str, needle: str) -> None:
     path = tmp_path / "master.yaml"
@@ -38,6 +39,13 @@ def test_bad_config_is_one_clear_error(tmp_path, text: str, needle: str) -> None
     with pytest.raises(ConfigError) as e:
         load_config(path, env={})
     assert needle in str(e.value)
+
+
+def test_trusted_proxies_default_to_none(tmp_path) -> None:
+    assert load_config(env={}).trusted_proxies == []
+    path = tmp_path / "master.yaml"
+    path.write_text("trusted_proxies: [10.0.0.0/8, 192.0.2.7, '2001:db8::/32']\n")
+    assert load_config(path, env={}).trusted_proxies == ["10.0.0.0/8", "192.0.2.7", "2001:db8::/32"]
 
 
 def test_missing_file(tmp_path) -> None:

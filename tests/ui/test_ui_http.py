@@ -67,6 +67,12 @@ def test_login_logout_and_cookie(client) -> None:  # type: ignore[no-untyped-def
     del page
 
 
+def test_a_login_no_database_can_store_is_400_not_500(client) -> None:  # type: ignore[no-untyped-def]
+    for username, password in (("ad\x00min", ADMIN_PASSWORD), ("admin", "pass\x00word")):
+        r = ui_login(client, username=username, password=password)
+        assert r.status_code == 400 and "not allowed" in r.text, r.text
+
+
 def test_revoked_session_goes_back_to_login(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
     ui_login(client)
     token = client.cookies.get(SESSION_COOKIE)

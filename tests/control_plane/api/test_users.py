@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import httpx
+import pytest
+
 from control_plane.auth import client_hash
-from tests.conftest import ADMIN_PASSWORD, login
+from tests.conftest import ADMIN_PASSWORD, LiveMaster, login
 
 
 def test_master_info(client) -> None:
@@ -183,3 +186,110 @@ def test_unknown_and_known_users_cost_the_same_argon2_verification(client, monke
     known = hasher.verified
     assert _login_status(client, "nobody-at-all", "wrong-password")[0] == 403
     assert known == 1 and hasher.verified == 2
+
+
+class _Peer:
+    """The app as reached from `address` (the TCP peer a server would see), changeable between
+    requests: the login throttle counts per address."""
+
+    def __init__(self, app, address: str) -> None:  # type: ignore[no-untyped-def]
+        self.app, self.address = app, address
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            scope["client"] = (self.address, 40000)
+        await self.app(scope, receive, send)
+
+
+def _peer_client(master, address: str, trusted_proxies: list[str] | None = None):  # type: ignore[no-untyped-def]
+    from fastapi.testclient import TestClient
+
+    from control_plane.api.app import create_app
+
+    master.config.trusted_proxies = trusted_proxies or []
+    peer = _Peer(create_app(master), address)
+    return peer, TestClient(peer)
+
+
+def test_guessing_admins_password_from_one_address_never_locks_admin_out_from_another(master) -> None:  # type: ignore[no-untyped-def]
+    limit = master.config.login_max_failures_per_user
+    peer, client = _peer_client(master, "10.0.0.66")
+    with client:
+        for _ in range(limit):
+            assert _login_status(client, "admin", "guess-guess")[0] == 403
+        assert _login_status(client, "admin", ADMIN_PASSWORD)[0] == 429  # the guesser's own window
+        # A new X-Forwarded-For per guess is no new address: no proxy is trusted.
+        for i in range(3):
+            r = client.post("/api/v1/auth/login", headers={"X-Forwarded-For": f"192.0.2.{i}"},
+                            json={"username": "admin", "password": ADMIN_PASSWORD})
+            assert r.status_code == 429, r.text
+        for address in ("10.0.0.7", "192.0.2.1"):  # the owner, from anywhere else
+            peer.address = address
+            assert _login_status(client, "admin", ADMIN_PASSWORD)[0] == 200
+
+
+def test_x_forwarded_for_is_believed_from_trusted_proxies_only(master) -> None:  # type: ignore[no-untyped-def]
+    limit = master.config.login_max_failures_per_user
+    peer, client = _peer_client(master, "10.1.0.5", trusted_proxies=["10.1.0.0/16"])
+
+    def via_proxy(client_address: str, password: str) -> int:  # type: ignore[no-untyped-def]
+        # the proxy appends the address it saw to what the client sent (here a forged first entry)
+        r = client.post("/api/v1/auth/login", headers={"X-Forwarded-For": f"198.51.100.1, {client_address}"},
+                        json={"username": "admin", "password": password})
+        return r.status_code
+
+    with client:
+        for _ in range(limit):
+            assert via_proxy("203.0.113.9", "guess-guess") == 403
+        assert via_proxy("203.0.113.9", ADMIN_PASSWORD) == 429  # counted for the forwarded address...
+        assert via_proxy("203.0.113.10", ADMIN_PASSWORD) == 200  # ...not for the proxy, nor the forged entry
+        peer.address = "10.2.0.5"  # not a trusted proxy: its header is ignored, the peer is the client
+        for _ in range(limit):
+            assert via_proxy("203.0.113.11", "guess-guess") == 403
+        assert via_proxy("203.0.113.12", ADMIN_PASSWORD) == 429
+
+
+def test_a_newline_in_a_username_cannot_forge_a_log_line(client) -> None:  # type: ignore[no-untyped-def]
+    import io
+    import logging
+
+    from control_plane.logs import setup_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    out = io.StringIO()
+    setup_logging("info", stream=out)
+    try:
+        forged = "nobody\nts=2026-01-01 level=INFO logger=shipyard.users event=login username=admin\r\x1b[2K"
+        r = client.post("/api/v1/auth/login", json={"username": forged, "password": "wrong-password"})
+        assert r.status_code == 403, r.text
+    finally:
+        root.handlers[:], root.level = handlers, level
+    lines = out.getvalue().splitlines()
+    assert lines and not any(line.startswith("ts=2026-01-01") for line in lines), lines  # no forged line
+    (failed,) = [line for line in lines if "event=login_failed" in line]  # the failure, on its one line
+    assert "username=nobody\\nts=2026-01-01" in failed and "\\r\\x1b[2K" in failed
+
+
+@pytest.mark.integration
+def test_a_real_master_believes_no_forwarded_address_and_logs_one_line_per_event(db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Through uvicorn, from loopback (which uvicorn itself would trust): X-Forwarded-For gives a
+    guesser no fresh address, and master.log gets no forged line."""
+    config = tmp_path / "master.yaml"
+    config.write_text("login_max_failures_per_address: 3\n")
+    m = LiveMaster(db_url, tmp_path / "state", config_path=config)
+    m.start()
+    forged = "\nts=2026-01-01 level=INFO logger=shipyard.users event=login username=admin"
+    try:
+        for i in range(3):
+            r = httpx.post(m.url + "/api/v1/auth/login", headers={"X-Forwarded-For": f"192.0.2.{i}"},
+                           json={"username": f"guess{i}{forged}", "password": "wrong-password"})
+            assert r.status_code == 403, r.text
+        r = httpx.post(m.url + "/api/v1/auth/login", headers={"X-Forwarded-For": "192.0.2.99"},
+                       json={"username": "admin", "password": ADMIN_PASSWORD})
+        assert r.status_code == 429 and "this address" in r.json()["message"], r.text
+    finally:
+        m.stop()
+    lines = m.log_path.read_text().splitlines()
+    assert not any(line.startswith("ts=2026-01-01") for line in lines)
+    assert any("event=login_failed username=guess0\\nts=2026-01-01" in line for line in lines)

@@ -58,8 +58,10 @@ def test_throttle_window_and_addresses(strict_master: Master, clock: FakeClock) 
         with pytest.raises(PermissionDenied):
             _login(m, "bob", "wrong-guess", address="10.0.0.1")
     with pytest.raises(TooManyRequests) as err:
-        _login(m, "bob", "bobs-password-1", address="10.0.0.2")  # another address: still this user
-    assert err.value.retry_after_s == 60 and "this user" in err.value.message
+        _login(m, "bob", "bobs-password-1", address="10.0.0.1")  # even the right password, from there
+    assert err.value.retry_after_s == 60 and "this user from this address" in err.value.message
+    # bob from another address is not refused for what was guessed from 10.0.0.1
+    assert _principal(m, _login(m, "bob", "bobs-password-1", address="10.0.0.2")) is not None
     clock.advance(seconds=30)
     with pytest.raises(TooManyRequests) as err:
         _login(m, "bob", "bobs-password-1")
@@ -75,6 +77,29 @@ def test_throttle_window_and_addresses(strict_master: Master, clock: FakeClock) 
         _login(m, "admin", ADMIN_PASSWORD, address="10.0.0.66")
     assert "this address" in err.value.message
     assert _principal(m, _login(m, "admin", ADMIN_PASSWORD, address="10.0.0.7")) is not None
+
+
+def test_every_failed_login_gets_the_same_answer(strict_master: Master) -> None:
+    """Unknown user, wrong password, deactivated account (right or wrong password): one answer, and
+    each counts as a failure."""
+    m = strict_master
+    with transaction(m.sessions) as s:
+        users.create_user(s, m, NewUser("bob", "bobs-password-1"))
+        users.create_user(s, m, NewUser("gone", "gones-password-1", active=False))
+    answers = []
+    for username, password in (("nobody", "bobs-password-1"), ("bob", "wrong-guess"),
+                               ("gone", "gones-password-1"), ("gone", "wrong-guess")):
+        with pytest.raises(PermissionDenied) as err:
+            _login(m, username, password, address=f"10.0.1.{len(answers)}")
+        answers.append(err.value.message)
+    assert answers == ["invalid credentials"] * 4
+    for _ in range(2):  # the right password of a deactivated account counts as a failure too
+        with pytest.raises(PermissionDenied):
+            _login(m, "gone", "gones-password-1", address="10.0.2.1")
+    with pytest.raises(PermissionDenied):
+        _login(m, "gone", "wrong-guess", address="10.0.2.1")
+    with pytest.raises(TooManyRequests):
+        _login(m, "gone", "gones-password-1", address="10.0.2.1")
 
 
 def test_the_last_active_admin_stays(master: Master) -> None:

@@ -1,6 +1,7 @@
 """The login throttle (control_plane/auth.py LoginThrottle) over a real database, on SQLite and
-PostgreSQL: per user, per address, sliding window, a success clears, bursts get exactly the limit,
-and every master process sharing the database counts the same failures."""
+PostgreSQL: per (user, address), per address, never per user alone, sliding window, a success
+clears, bursts get exactly the limit, and every master process sharing the database counts the
+same failures."""
 
 from __future__ import annotations
 
@@ -13,17 +14,28 @@ from control_plane import auth
 from control_plane.db.models import LoginFailure
 
 
-def test_throttle_refuses_after_max_failures_per_user_until_the_window_passes(master) -> None:  # type: ignore[no-untyped-def]
+def test_throttle_refuses_a_user_from_an_address_until_the_window_passes(master) -> None:  # type: ignore[no-untyped-def]
     t = auth.LoginThrottle(master.sessions, per_user=3, per_address=100, window_s=60)
     for i in range(3):
-        t.attempt("bob", f"10.0.0.{i}", now=100.0 + i)  # three failed guesses from three addresses
+        t.attempt("bob", "10.0.0.1", now=100.0 + i)  # three failed guesses from one address
     with pytest.raises(auth.LoginThrottled) as err:
-        t.attempt("bob", "10.0.0.9", now=110.0)
+        t.attempt("bob", "10.0.0.1", now=110.0)
     assert err.value.scope == "user" and err.value.retry_after_s == 50  # the first failure leaves at 160
-    t.attempt("alice", "10.0.0.9", now=110.0)  # another user is not affected
+    t.attempt("alice", "10.0.0.1", now=110.0)  # another user from that address is not affected
     with pytest.raises(auth.LoginThrottled):
-        t.attempt("bob", "10.0.0.9", now=159.5)
-    t.attempt("bob", "10.0.0.9", now=160.0)  # the oldest failure has left the window
+        t.attempt("bob", "10.0.0.1", now=159.5)
+    t.attempt("bob", "10.0.0.1", now=160.0)  # the oldest failure has left the window
+
+
+def test_guesses_from_one_address_never_refuse_the_user_from_another(master) -> None:  # type: ignore[no-untyped-def]
+    t = auth.LoginThrottle(master.sessions, per_user=3, per_address=100, window_s=60)
+    for i in range(3):
+        t.attempt("admin", "10.0.0.66", now=float(i))
+    with pytest.raises(auth.LoginThrottled):
+        t.attempt("admin", "10.0.0.66", now=3.0)
+    t.attempt("admin", "10.0.0.7", now=3.0)  # the owner, from elsewhere
+    for i in range(3):  # and every other address has its own count
+        t.attempt("admin", f"10.0.1.{i}", now=4.0)
 
 
 def test_throttle_refuses_an_address_spraying_usernames(master) -> None:  # type: ignore[no-untyped-def]
@@ -41,7 +53,7 @@ def test_a_successful_login_clears_the_users_failures(master) -> None:  # type: 
     t.attempt("bob", "a", now=0.0)
     t.attempt("bob", "a", now=1.0)
     t.attempt("bob", "a", now=2.0)
-    t.succeeded("bob", "a", attempted_at=2.0)  # the third attempt was the right password
+    t.succeeded("bob", "a")  # the third attempt was the right password
     for i in range(3):
         t.attempt("bob", "a", now=3.0 + i)
 
@@ -56,7 +68,7 @@ def test_concurrent_guesses_cannot_pass_the_limit(master) -> None:  # type: igno
     def guess(i: int) -> None:
         barrier.wait()
         try:
-            t.attempt("bob", f"10.0.{i}.1", now=0.0)
+            t.attempt("bob", "10.0.0.1", now=0.0)
             admitted.append(i)
         except auth.LoginThrottled:
             pass
@@ -75,7 +87,7 @@ def test_failures_older_than_the_window_are_deleted(master) -> None:  # type: ig
         t.attempt(f"u{i}", None, now=0.0)
     t.attempt("late", None, now=61.0)  # every earlier failure has left the window
     with master.read_sessions() as s:
-        assert s.scalars(select(LoginFailure.key)).all() == ["late"]
+        assert s.scalars(select(LoginFailure.username)).all() == ["late"]
 
 
 def test_every_master_process_counts_the_same_failures(master) -> None:  # type: ignore[no-untyped-def]
@@ -83,7 +95,7 @@ def test_every_master_process_counts_the_same_failures(master) -> None:  # type:
     a = auth.LoginThrottle(master.sessions, per_user=3, per_address=100, window_s=60)
     b = auth.LoginThrottle(master.sessions, per_user=3, per_address=100, window_s=60)
     a.attempt("bob", "x", now=0.0)
-    b.attempt("bob", "y", now=1.0)
-    a.attempt("bob", "z", now=2.0)
+    b.attempt("bob", "x", now=1.0)
+    a.attempt("bob", "x", now=2.0)
     with pytest.raises(auth.LoginThrottled):
-        b.attempt("bob", "w", now=3.0)
+        b.attempt("bob", "x", now=3.0)
