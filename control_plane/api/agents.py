@@ -25,6 +25,7 @@ from control_plane.frontdoor import agent_polls
 from control_plane.frontdoor.admission import Ticket, busy_response
 from control_plane.master import Master
 from control_plane.services import agents as service
+from control_plane.services import gangs
 from shipyard_common.agent_protocol import (
     COMMANDS_PATH,
     ENROLMENT_PATH,
@@ -185,7 +186,8 @@ def reset_enrolment(
 
 
 def agent_json(agent: Agent, allocs: list[Allocation]) -> dict[str, Any]:
-    by_slot = {str(sl): a for a in allocs for sl in a.slot_ids}
+    # A gang holds other slots on each of its agents: this agent's part, not the chief's slot ids.
+    by_slot = {sl: a for a in allocs for sl in dict(gangs.held(a)).get(agent.id, ())}
     slots = {}
     for sl in agent.slots:
         a = by_slot.get(str(sl["id"]))

@@ -162,3 +162,18 @@ def test_after_the_chief_finishes_the_workers_may_finish_on_their_own(master) ->
     with master.sessions() as s:
         ended = s.get(Allocation, alloc.id)
         assert ended is not None and (ended.state, ended.exit_code) == ("terminated", 0)
+
+
+def test_an_agent_shows_the_slots_its_part_of_a_gang_holds() -> None:
+    """`GET /api/v1/agents`' slot view follows the agent's own part of a gang, not the chief's slot
+    ids (they differ when a gang's parts hold different slots)."""
+    from types import SimpleNamespace
+
+    from control_plane.api.agents import agent_json
+    from control_plane.db.models import Agent
+
+    gang = SimpleNamespace(id="g", agent_id="a1", slot_ids=["0"], placement=[
+        {"agent": "a1", "slots": ["0"]}, {"agent": "a2", "slots": ["1"]}])
+    a2 = Agent(id="a2", pool="default", enabled=True, state="connected", slots=[{"id": "0"}, {"id": "1"}])
+    shown = agent_json(a2, [gang])  # type: ignore[arg-type]
+    assert shown["slots"]["1"]["container"]["id"] == "g" and shown["slots"]["0"]["container"] is None
