@@ -344,6 +344,34 @@ def is_report_request(method: str, path: str) -> bool:
     return method == "POST" and bool(_REPORTS.match(path))
 
 
+def is_page_navigation(method: str, path: str, headers: Any) -> bool:
+    """A browser loading one of the web UI's pages or sending one of its forms (not the API, not an
+    htmx fragment, not a script's request): a refusal is then a page that says so (and, for a page
+    load, loads itself again after the Retry-After) instead of a JSON body the user cannot act on."""
+    if path.startswith(("/api/", "/ui/")):
+        return False
+    accept = b""
+    for key, value in headers:
+        if key == b"hx-request":
+            return False
+        if key == b"accept":
+            accept = value
+    return b"text/html" in accept
+
+
+def busy_page(retry_after_s: int, *, reload: bool) -> bytes:
+    """A form is never sent again by itself: the user is told to go back and send it again."""
+    seconds = int(retry_after_s)
+    refresh = f'<meta http-equiv="refresh" content="{seconds}">' if reload else ""
+    then = (f"this page loads again in {seconds} s." if reload
+            else f"nothing was done; go back and send the form again in {seconds} s.")
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8>{refresh}"
+        "<title>Shipyard: the master is busy</title></head><body><main><h1>The master is busy</h1>"
+        f'<p id="busy-message">It is serving other requests; {then}</p></main></body></html>'
+    ).encode()
+
+
 class AdmissionControl:
     """The front door, a plain ASGI callable in front of the whole application (outside every
     middleware, routing included): health answered from memory, then a slot per request for
@@ -382,7 +410,8 @@ class AdmissionControl:
         lane = self.cluster if is_cluster_request(method, path) else self.admission
         t = Ticket(lane, urgent=is_report_request(method, path))
         if not is_self_admitted(method, path) and not await t.acquire():
-            await self._reject(lane, receive, send)
+            page = is_page_navigation(method, path, scope["headers"])
+            await self._reject(lane, receive, send, page=page, reload=page and method == "GET")
             return
         scope[TICKET_KEY] = t
         try:
@@ -391,13 +420,18 @@ class AdmissionControl:
             t.release()
 
     @staticmethod
-    async def _reject(lane: Admission, receive: Receive, send: Send) -> None:
+    async def _reject(lane: Admission, receive: Receive, send: Send, *, page: bool = False,
+                      reload: bool = False) -> None:
         keep_alive = await _drain(receive)
-        headers: Any = _refusal_headers(lane.retry_after())
+        seconds = lane.retry_after()
+        body = busy_page(seconds, reload=reload) if page else _SATURATED
+        headers: Any = _refusal_headers(seconds) if not page else (
+            (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(seconds).encode()), (b"cache-control", b"no-store"))
         if not keep_alive:
             headers = [*headers, (b"connection", b"close")]
         await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": _SATURATED})
+        await send({"type": "http.response.body", "body": body})
 
 
 async def _send_json(send: Send, content: Any) -> None:

@@ -99,6 +99,38 @@ class UICluster:
         return Path(self.data["master_log"]).read_text(errors="replace")[-3000:]
 
 
+# The pages the current test opened (tests/ui/test_browser.py new_page), shown when it fails.
+OPEN_PAGES: list[Any] = []
+CLUSTERS: list[UICluster] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed browser test says what each of its pages showed (address, text) and the master's
+    log tail: a timeout waiting for an element says nothing of the page it waited on."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call":
+        return
+    if report.failed:
+        for i, page in enumerate(OPEN_PAGES):
+            try:
+                text = page.evaluate("() => document.body ? document.body.innerText : document.documentElement.outerHTML")
+                report.sections.append((f"page {i}: {page.url}", str(text)[:2500]))
+            except Exception as e:  # a closed page or a dead browser: say so
+                report.sections.append((f"page {i}", f"unreadable: {e!r}"))
+        for c in CLUSTERS:
+            report.sections.append(("master log tail", c.log_tail()))
+    # A page left open keeps polling the master (every 3 s per live part) for the rest of the
+    # module, slowing the tests after it on a small machine: each test's pages end with it.
+    for page in OPEN_PAGES:
+        try:
+            page.context.close()
+        except Exception:  # already closed by the test, or the browser is gone
+            pass
+    OPEN_PAGES.clear()
+
+
 @pytest.fixture(scope="module")
 def ui_cluster(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[UICluster]:
     root = tmp_path_factory.mktemp("ui-cluster")
@@ -107,8 +139,11 @@ def ui_cluster(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterat
     c = UICluster(root / "cluster")
     try:
         c.up()
+        CLUSTERS.append(c)
         yield c
     finally:
+        if c in CLUSTERS:
+            CLUSTERS.remove(c)
         c.down()
         if old is None:
             os.environ.pop("SHIPYARD_CLI_DIR", None)

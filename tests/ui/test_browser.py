@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from control_plane.ui.session import SESSION_COOKIE
-from tests.ui.conftest import UICluster
+from tests.ui.conftest import OPEN_PAGES, UICluster
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,9 @@ WAIT_MS = 90_000
 def new_page(browser: Any, ui_cluster: UICluster) -> Any:
     ctx = browser.new_context(base_url=ui_cluster.url, viewport={"width": 1280, "height": 900})
     ctx.set_default_timeout(WAIT_MS)
-    return ctx.new_page()
+    page = ctx.new_page()
+    OPEN_PAGES.append(page)
+    return page
 
 
 def log_in(page: Any, username: str, password: str) -> None:

@@ -35,7 +35,8 @@ def door(behind: Behind, *, users_limit: int = 1, cluster_limit: int = 1) -> Adm
                             health={"/info": lambda: {"clusterId": "c-1"}, "/health": lambda: {"status": "ok"}})
 
 
-def call(app: AdmissionControl, method: str, path: str, body: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
+def call(app: AdmissionControl, method: str, path: str, body: bytes = b"",
+         headers: list[tuple[bytes, bytes]] | None = None) -> tuple[int, dict[bytes, bytes], bytes]:
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -44,7 +45,7 @@ def call(app: AdmissionControl, method: str, path: str, body: bytes = b"") -> tu
     async def send(msg: dict[str, Any]) -> None:
         sent.append(msg)
 
-    scope = {"type": "http", "method": method, "path": path, "headers": []}
+    scope = {"type": "http", "method": method, "path": path, "headers": headers or []}
     asyncio.run(app(scope, receive, send))
     start, body_msg = sent
     return start["status"], dict(start["headers"]), body_msg["body"]
@@ -77,6 +78,32 @@ def test_a_refusal_is_a_complete_503_that_never_reaches_the_application() -> Non
     # The users' lane being full does not refuse the cluster's requests.
     assert call(app, "POST", "/api/v1/trials/7/metrics")[0] == 200
     assert behind.seen == ["/api/v1/trials/7/metrics"] and app.cluster.active == 0
+
+
+BROWSER = [(b"accept", b"text/html,application/xhtml+xml,*/*;q=0.8")]
+
+
+def test_a_browser_refused_a_page_gets_a_page_that_loads_itself_again() -> None:
+    behind = Behind()
+    app = door(behind)
+    app.admission.active = 1
+    status, headers, text = call(app, "GET", "/experiments/3", headers=BROWSER)
+    assert status == 503 and headers[b"content-type"].startswith(b"text/html")
+    seconds = int(headers[b"retry-after"])
+    assert f'http-equiv="refresh" content="{seconds}"'.encode() in text and b"The master is busy" in text
+    assert int(headers[b"content-length"]) == len(text) and headers[b"cache-control"] == b"no-store"
+    # A form is refused with a page too, one that does not send it again by itself.
+    status, headers, text = call(app, "POST", "/experiments/3/actions/kill", b"csrf=x", headers=BROWSER)
+    assert status == 503 and headers[b"content-type"].startswith(b"text/html")
+    assert b"refresh" not in text and b"send the form again" in text
+    # The API, the UI's fragments and data, and htmx's requests keep the JSON refusal.
+    for method, path, extra in (("GET", "/api/v1/experiments", []), ("GET", "/ui/fragments/cluster", []),
+                                ("GET", "/experiments/3", [(b"hx-request", b"true")]),
+                                ("POST", "/api/v1/experiments/3/kill", [])):
+        status, headers, text = call(app, method, path, headers=BROWSER + extra)
+        assert status == 503 and headers[b"content-type"] == b"application/json", path
+        assert json.loads(text)["code"] == 503
+    assert behind.seen == []
 
 
 def test_admitted_requests_and_other_methods_on_health_paths_reach_the_application() -> None:
