@@ -32,7 +32,16 @@ def log_in(page: Any, username: str, password: str) -> None:
     page.goto("/login")
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", password)
-    page.click("button[type=submit]")
+    submit(page, "button[type=submit]")
+
+
+def submit(page: Any, selector: str) -> Any:
+    """Click a button that sends a form and wait for the page it leads to: the next step must not
+    start a navigation of its own that would cancel this one (a login whose answer, the session
+    cookie, had not arrived yet — argon2 on a loaded machine — left the next page on /login)."""
+    with page.expect_navigation() as nav:
+        page.click(selector)
+    return nav.value
 
 
 def points(page: Any, selector: str) -> int:
@@ -100,15 +109,15 @@ def test_pause_activate_and_kill_from_the_page(browser: Any, ui_cluster: UIClust
     exp = ui_cluster.submit("ui-kill", length=10_000, step_sleep=0.2)
     page = new_page(browser, ui_cluster)
     log_in(page, "admin", ui_cluster.password)
-    page.goto(f"/experiments/{exp['id']}")
-    page.click("#action-pause")
+    assert page.goto(f"/experiments/{exp['id']}").status == 200
+    submit(page, "#action-pause")
     assert page.inner_text("#flash") == "pause: done"
     assert page.inner_text("#exp-state").lower() == "paused"
     assert ui_cluster.state_of(exp["id"]) == "STATE_PAUSED"
-    page.click("#action-activate")
+    submit(page, "#action-activate")
     assert page.inner_text("#exp-state").lower() == "active"
     page.once("dialog", lambda d: d.accept())
-    page.click("#action-kill")
+    submit(page, "#action-kill")
     assert page.inner_text("#flash") == "kill: done"
     # htmx polling brings the end without a reload.
     page.wait_for_function("() => document.querySelector('#exp-state').textContent.trim() === 'canceled'")
@@ -131,7 +140,7 @@ def test_refusals_are_clear_pages(browser: Any, ui_cluster: UICluster, tmp_path:
     assert r.status_code == 200, r.text
     other = new_page(browser, ui_cluster)
     log_in(other, "carol", "carol-password-1")
-    other.goto(f"/experiments/{exp['id']}")
+    assert other.goto(f"/experiments/{exp['id']}").status == 200
     other.once("dialog", lambda d: d.accept())
     with other.expect_navigation() as nav:
         other.click("#action-kill")
@@ -159,7 +168,7 @@ def test_log_out_and_be_refused(browser: Any, ui_cluster: UICluster, tmp_path: P
     log_in(page, "admin", ui_cluster.password)
     page.wait_for_selector("#logout")
     token = next(c["value"] for c in page.context.cookies() if c["name"] == SESSION_COOKIE)
-    page.click("#logout")
+    submit(page, "#logout")
     assert "You are logged out." in page.inner_text("#login-message")
     page.goto("/cluster")
     assert "/login" in page.url
