@@ -69,13 +69,16 @@ class FakeMetadataServer:
     """AWS IMDSv2 and GCE metadata for many instances on one port: instance `key`'s service is at
     `url_for(key)` (a path prefix), as SHIPYARD_METADATA_URL."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: tuple[str, int] = ("127.0.0.1", 0), *, root_key: str | None = None) -> None:
+        """`root_key`: the instance whose service is at the root of the address (the real
+        endpoint's paths, for a boot that is not told where its metadata is)."""
         self._lock = threading.Lock()
         self._ids: dict[str, tuple[str, str]] = {}  # key -> (provider, instance id / name)
         self._tokens: dict[str, str] = {}  # IMDSv2 session token -> key
+        self.root_key = root_key
         self.hits: list[MetadataHit] = []
         self.on_hit: Callable[[MetadataHit], None] | None = None
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = ThreadingHTTPServer(address, self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True,
                                         name="fake-metadata")
@@ -107,8 +110,11 @@ class FakeMetadataServer:
 
     def _answer(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str, str]:
         """(status, key, body) for one request."""
-        key, _, rest = path.lstrip("/").partition("/")
-        rest = "/" + rest
+        if self.root_key is not None:
+            key, rest = self.root_key, path
+        else:
+            key, _, rest = path.lstrip("/").partition("/")
+            rest = "/" + rest
         with self._lock:
             entry = self._ids.get(key)
         if entry is None:
