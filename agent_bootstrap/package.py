@@ -4,8 +4,9 @@ boots (`GET /api/v1/agent/package`).
 A cloud instance's user-data (agent_bootstrap/cloud_init.py) and the SSH bootstrap of static hosts
 (agent_bootstrap/ssh.py) fetch the agent from the master that launched them, so agent and master
 always run the same code and no package index is needed for Shipyard itself. The archive holds the
-`agent_bootstrap` package's `__init__`, the `agent` daemon package and the `shipyard_common`
-package (what master, agent and harness all speak); unpacked into a directory,
+`agent_bootstrap` package's `__init__`, the `agent` daemon package, the `shipyard_common`
+package (what master, agent and harness all speak) and the `harness` (the Core API the agent's
+trials import); unpacked into a directory,
 `PYTHONPATH=dir python3 -m agent_bootstrap.agent` runs it. Its only third-party imports are httpx,
 pyyaml, pydantic and tenacity.
 
@@ -41,10 +42,10 @@ class AgentPackage:
 def _source_files() -> list[tuple[str, Path]]:
     """(archive name, source path) of every file that goes into the package, sorted by name."""
     import agent_bootstrap
+    import harness
     import shipyard_common
 
     bootstrap_dir = Path(agent_bootstrap.__file__).resolve().parent
-    common_dir = Path(shipyard_common.__file__).resolve().parent
     found: list[tuple[str, Path]] = [("agent_bootstrap/__init__.py", bootstrap_dir / "__init__.py")]
     agent_dir = bootstrap_dir / "agent"
     for path in agent_dir.rglob("*"):
@@ -52,11 +53,15 @@ def _source_files() -> list[tuple[str, Path]]:
         if path.is_dir() or any(part in _SKIP_DIRS for part in rel.parts) or path.suffix in _SKIP_SUFFIXES:
             continue
         found.append((f"agent_bootstrap/{rel.as_posix()}", path))
-    for path in common_dir.rglob("*"):
-        rel = path.relative_to(common_dir)
-        if path.is_dir() or any(part in _SKIP_DIRS for part in rel.parts) or path.suffix in _SKIP_SUFFIXES:
-            continue
-        found.append((f"shipyard_common/{rel.as_posix()}", path))
+    # The harness goes with the agent: the agent puts it on its trials' PYTHONPATH, so trial code
+    # imports the Core API of the same version as the master, whatever the host carries.
+    for package in (shipyard_common, harness):
+        pkg_dir = Path(package.__file__).resolve().parent
+        for path in pkg_dir.rglob("*"):
+            rel = path.relative_to(pkg_dir)
+            if path.is_dir() or any(part in _SKIP_DIRS for part in rel.parts) or path.suffix in _SKIP_SUFFIXES:
+                continue
+            found.append((f"{package.__name__}/{rel.as_posix()}", path))
     return sorted(found)
 
 

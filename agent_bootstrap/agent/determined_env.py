@@ -1,5 +1,6 @@
 """Prepares a trial's directory for Determined's own `determined.core` (shipyard_common/determined_info.py
-says what and why): the info files in a private directory of the task, and the shim on PYTHONPATH."""
+says what and why): the info files in a private directory of the task, and the shim and the
+shipped harness on PYTHONPATH."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from shipyard_common import private_files
 from shipyard_common.determined_info import INFO_DIR_ENV, info_files
 
 SHIM_DIR = Path(__file__).resolve().parent / "det_shim"
+# Where the agent's package was unpacked (agent_bootstrap/package.py): it holds the harness, which
+# trials import, of the agent's (and the master's) version.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def prepare(env: dict[str, str], task_dir: Path, container_addr: str = "127.0.0.1") -> dict[str, str]:
@@ -25,5 +29,6 @@ def prepare(env: dict[str, str], task_dir: Path, container_addr: str = "127.0.0.
     out = dict(env)
     out[INFO_DIR_ENV] = str(info_dir)
     existing = out.get("PYTHONPATH")
-    out["PYTHONPATH"] = str(SHIM_DIR) + (os.pathsep + existing if existing else "")
+    shipped = [str(SHIM_DIR)] + ([str(PACKAGE_ROOT)] if (PACKAGE_ROOT / "harness" / "__init__.py").exists() else [])
+    out["PYTHONPATH"] = os.pathsep.join(shipped + ([existing] if existing else []))
     return out

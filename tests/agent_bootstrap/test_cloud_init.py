@@ -4,6 +4,7 @@ master serves (agent_bootstrap/package.py)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -157,6 +158,7 @@ def test_agent_package_is_deterministic_and_has_no_bytecode() -> None:
     assert "agent_bootstrap/__init__.py" in names
     assert "agent_bootstrap/agent/__main__.py" in names
     assert "shipyard_common/__init__.py" in names and "shipyard_common/model_def.py" in names
+    assert "harness/core/__init__.py" in names  # the Core API, for the agent's trials
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     # Nothing of the master: the agent imports only agent_bootstrap and shipyard_common.
     assert not any(n.startswith("control_plane") for n in names)
@@ -192,6 +194,27 @@ def test_agent_package_endpoint_serves_a_runnable_agent(client: Any, admin_heade
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(dest)) for line in where.stdout.split())
+    # A trial of this agent imports the harness it shipped (determined_env.prepare puts it on the
+    # trial's PYTHONPATH), from a directory where nothing else provides it.
+    task_env = subprocess.run(
+        [sys.executable, "-c", "import json, pathlib, sys; from agent_bootstrap.agent import determined_env as d;"
+                               "env = dict(json.loads(sys.argv[2]), PYTHONPATH='/user/lib');"
+                               "print(d.prepare(env, pathlib.Path(sys.argv[1]))['PYTHONPATH'])",
+         str(tmp_path / "task"), json.dumps(TRIAL_ENV)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert task_env.returncode == 0, task_env.stderr
+    path = task_env.stdout.strip().split(os.pathsep)
+    assert path[1:] == [str(dest), "/user/lib"] and path[0].endswith("det_shim")
+    trial = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path[:0] = sys.argv[1].split(':');"
+                            "import harness.core as c; print(c.__file__)", task_env.stdout.strip()],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert trial.returncode == 0, trial.stderr
+    assert trial.stdout.strip().startswith(str(dest / "harness"))
+
+
+TRIAL_ENV = {"DET_MASTER": "http://10.0.0.2:8080", "DET_CLUSTER_ID": "c-1", "DET_AGENT_ID": "a-1", "DET_TASK_ID": "t-1",
+             "DET_ALLOCATION_ID": "t-1.1", "DET_SESSION_TOKEN": "token", "DET_TRIAL_ID": "1",
+             "DET_EXPERIMENT_ID": "1", "DET_TRIAL_SEED": "7", "DET_TRIAL_RUN_ID": "1"}
 
 
 # ---- the boot script, run in a sandbox ---------------------------------------------------------------
