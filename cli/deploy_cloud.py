@@ -3,8 +3,15 @@
 - `up` validates the flags (infra.settings: one line per error, before any cloud call), checks that
   the `pulumi` CLI is installed (the Automation API runs it), and creates or updates the stack named
   after the cluster id in the chosen state backend (a local directory by default);
-- `down` stops the master (so it launches nothing more), terminates every agent instance carrying
-  the cluster's tag and waits until none is left, then destroys the stack and forgets it;
+- `up` also builds the release of this Shipyard (cli/deploy_release.py: its wheel and exact pins of its
+  dependencies) and ships it to the cluster's bucket, which the master's boot installs from; then it
+  waits until the master answers on its public address;
+- `upgrade` ships the release of this Shipyard and restarts the master (stop, start: its unit
+  installs the release `current` names before it starts); trials keep running meanwhile;
+- `down` asks first (the cluster id typed back, or `--yes`), stops the master (so it launches nothing
+  more), terminates every agent instance carrying the cluster's tag and waits until none is left,
+  then destroys the stack and forgets it. The database leaves a final snapshot (RDS) / final backup
+  (Cloud SQL) and the checkpoint bucket is kept, unless `--delete-data`;
 - `list` reads the stacks of a local state directory directly (no CLI needed); other backends go
   through the CLI;
 - `describe` prints the master URL, the cost at rest, the pools and the cluster's instances by tag;
@@ -47,6 +54,8 @@ PROJECT = "shipyard"
 PULUMI_MISSING = ("the pulumi CLI is not installed (det deploy drives it): install it with "
                   "`curl -fsSL https://get.pulumi.com | sh` (see https://www.pulumi.com/docs/install/), then retry")
 AGENT_WAIT_S = 600
+MASTER_WAIT_S = 900
+RESTART_WAIT_S = 600
 # Pulumi's Automation API (with infra.__main__, the program), boto3 and google-cloud-compute are imported
 # where they are used: 0.2 to 1.5 s each, and each verb needs one at most (`list` of a local state directory
 # and `render` none).
@@ -171,7 +180,8 @@ def _print_line(text: str) -> None:
 
 
 def up(cloud: Cloud, s: Settings, backend: Backend, *, db_password: str | None, admin_password: str | None,
-       dry_run: bool) -> dict[str, Any]:
+       dry_run: bool, release_dir: Path | None = None) -> dict[str, Any]:
+    """Create or update the stack; with `release_dir` (a built release), ship it to the bucket."""
     from pulumi import automation as auto
 
     stack = _stack(cloud, s.cluster_id, backend, create=True)
@@ -195,7 +205,129 @@ def up(cloud: Cloud, s: Settings, backend: Backend, *, db_password: str | None, 
         stack.preview(on_output=_print_line)
         return {}
     result = stack.up(on_output=_print_line)
-    return {k: v.value for k, v in result.outputs.items()}
+    outputs = {k: v.value for k, v in result.outputs.items()}
+    if release_dir is not None:
+        ship_release(cloud, outputs, release_dir)
+    return outputs
+
+
+# ---- the release: ship, upgrade -------------------------------------------------------------------
+
+
+def build_release(out: Path) -> Any:
+    from cli.deploy_release import build_release as build
+
+    rel = build(out)
+    _print_line(f"built {rel.wheel.name} and the pins of its dependencies")
+    return rel
+
+
+def ship_release(cloud: Cloud, outputs: dict[str, Any], release_dir: Path) -> str:
+    """Upload the release built in `release_dir` to the stack's bucket; returns its version."""
+    from cli.deploy_release import Release, ship
+    from infra.release import CONSTRAINTS_NAME
+
+    [wheel] = sorted(release_dir.glob("shipyard-*.whl"))
+    rel = Release(version=wheel.name.split("-")[1], wheel=wheel, constraints=release_dir / CONSTRAINTS_NAME)
+    bucket = str(outputs["checkpoint_bucket"])
+    ship(cloud, bucket, rel, cluster_id=str(outputs["cluster_id"]), region=outputs.get("region"),
+         project=outputs.get("project"))
+    where = f"s3://{bucket}" if cloud == "aws" else f"gs://{bucket}"
+    _print_line(f"shipped shipyard {rel.version} to {where}/{rel.wheel_key}")
+    return rel.version
+
+
+def upgrade(cloud: Cloud, outputs: dict[str, Any], *, wait_s: float = RESTART_WAIT_S, poll_s: float = 5.0,
+            gce: Any = None) -> str:
+    """Ship this Shipyard's release and restart the master, which installs it before it starts."""
+    import tempfile
+
+    if outputs.get("settings"):
+        s = settings_from_json(cloud, outputs["settings"])
+        if s.shipyard_package:
+            raise CliError(f"this cluster installs --shipyard-package {s.shipyard_package!r}, not the shipped "
+                           "release: run `up` without --shipyard-package first")
+    with tempfile.TemporaryDirectory(prefix="shipyard-release-") as tmp:
+        build_release(Path(tmp))
+        version = ship_release(cloud, outputs, Path(tmp))
+    if cloud == "aws":
+        restart_aws_master(str(outputs["region"]), str(outputs["master_instance_id"]), wait_s=wait_s, poll_s=poll_s)
+    else:
+        restart_gcp_master(str(outputs["project"]), str(outputs["zone"]), str(outputs["master_instance"]),
+                           wait_s=wait_s, poll_s=poll_s, client=gce)
+    return version
+
+
+def restart_aws_master(region: str, instance_id: str, *, wait_s: float = RESTART_WAIT_S, poll_s: float = 5.0) -> None:
+    ec2 = _ec2(region)
+    ec2.stop_instances(InstanceIds=[instance_id])
+    _print_line(f"stopping the master {instance_id}")
+    _wait_state(lambda: ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+                ["State"]["Name"], "stopped", wait_s, poll_s, instance_id)
+    ec2.start_instances(InstanceIds=[instance_id])
+    _print_line(f"starting the master {instance_id}")
+    _wait_state(lambda: ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+                ["State"]["Name"], "running", wait_s, poll_s, instance_id)
+
+
+def restart_gcp_master(project: str, zone: str, name: str, *, wait_s: float = RESTART_WAIT_S, poll_s: float = 5.0,
+                       client: Any = None) -> None:
+    """`client`: (InstancesClient, ZoneOperationsClient), default the real API's."""
+    instances, operations = client or (_gce(), _gce_operations())
+
+    def run(verb: str) -> None:
+        op = getattr(instances, f"{verb}_unary")(project=project, zone=zone, instance=name)
+        deadline = time.monotonic() + wait_s
+        while op.status != op.Status.DONE:
+            if time.monotonic() > deadline:
+                raise CliError(f"{verb} of {name} did not finish within {wait_s:.0f}s")
+            op = operations.wait(project=project, zone=zone, operation=op.name)
+        if op.error and op.error.errors:
+            raise CliError(f"{verb} of {name} failed: {op.error.errors[0].message}")
+
+    run("stop")
+    _print_line(f"stopping the master {name}")
+    _wait_state(lambda: instances.get(project=project, zone=zone, instance=name).status, "TERMINATED", wait_s,
+                poll_s, name)
+    run("start")
+    _print_line(f"starting the master {name}")
+    _wait_state(lambda: instances.get(project=project, zone=zone, instance=name).status, "RUNNING", wait_s, poll_s,
+                name)
+
+
+def _wait_state(read: Callable[[], str], want: str, wait_s: float, poll_s: float, what: str) -> None:
+    deadline = time.monotonic() + wait_s
+    while (state := read()) != want:
+        if time.monotonic() > deadline:
+            raise CliError(f"{what} is {state}, not {want}, after {wait_s:.0f}s")
+        time.sleep(poll_s)
+    _print_line(f"{what}: {want.lower()}")
+
+
+# ---- waiting for the master -------------------------------------------------------------------------
+
+
+def wait_for_master(url: str, *, timeout_s: float = MASTER_WAIT_S, poll_s: float = 10.0,
+                    say: Callable[[str], None] = _print_line) -> dict[str, Any]:
+    """Poll GET /api/v1/master until it answers 200; a progress line every poll; CliError at the end."""
+    import httpx
+
+    start = time.monotonic()
+    last = "no answer yet"
+    while True:
+        try:
+            r = httpx.get(f"{url.rstrip('/')}/api/v1/master", timeout=10)
+            if r.status_code == 200:
+                return dict(r.json())
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = type(e).__name__
+        elapsed = time.monotonic() - start
+        if elapsed > timeout_s:
+            raise CliError(f"the master at {url} did not answer within {timeout_s:.0f}s ({last}); its boot log is "
+                           "in /var/log/cloud-init-output.log and `journalctl -u shipyard-master` on the instance")
+        say(f"waiting for the master at {url} ({elapsed:.0f}s, {last})")
+        time.sleep(poll_s)
 
 
 def _existing(config: dict[str, Any], key: str) -> str | None:
@@ -206,7 +338,23 @@ def _existing(config: dict[str, Any], key: str) -> str | None:
 # ---- down ----------------------------------------------------------------------------------------
 
 
-def down(cloud: Cloud, cluster_id: str, backend: Backend, *, wait_s: float = AGENT_WAIT_S) -> None:
+def confirm_down(cluster_id: str, *, delete_data: bool, read: Callable[[], str] | None = None) -> bool:
+    """Ask for the cluster id back; anything else (or no terminal answer) confirms nothing."""
+    kept = ("the checkpoint bucket and the database's final snapshot are DELETED too" if delete_data else
+            "the checkpoint bucket and a final snapshot of the database are kept")
+    sys.stderr.write(f"This terminates the master, the agents and the database of {cluster_id}; {kept}.\n"
+                     f"Type the cluster id ({cluster_id}) to go on: ")
+    sys.stderr.flush()
+    try:
+        answer = read() if read is not None else sys.stdin.readline()
+    except (OSError, EOFError):
+        answer = ""
+    sys.stderr.write("\n")
+    return answer.strip() == cluster_id
+
+
+def down(cloud: Cloud, cluster_id: str, backend: Backend, *, wait_s: float = AGENT_WAIT_S,
+         delete_data: bool = False) -> None:
     stack = _stack(cloud, cluster_id, backend, create=False)
     outputs = {k: v.value for k, v in stack.outputs().items()}
     if outputs:
@@ -219,6 +367,60 @@ def down(cloud: Cloud, cluster_id: str, backend: Backend, *, wait_s: float = AGE
         _print_line(f"{n} agent instance(s) of {cluster_id} terminated")
     stack.destroy(on_output=_print_line)
     stack.workspace.remove_stack(cluster_id)
+    if outputs and delete_data:
+        delete_kept_data(cloud, outputs)
+    elif outputs:
+        _print_line(f"kept: the bucket {outputs.get('checkpoint_bucket')} and the database's final "
+                    f"{'snapshot ' + final_snapshot_id(cluster_id) if cloud == 'aws' else 'backup'}")
+
+
+def final_snapshot_id(cluster_id: str) -> str:
+    """The RDS final snapshot's name (infra/aws/program.py names it the same)."""
+    from infra import db_final_snapshot_id
+
+    return db_final_snapshot_id(cluster_id)
+
+
+def delete_kept_data(cloud: Cloud, outputs: dict[str, Any], *, gcs: Any = None) -> None:
+    """`down --delete-data`: the bucket (emptied first) and, on AWS, the final snapshot."""
+    bucket = str(outputs["checkpoint_bucket"])
+    cid = str(outputs["cluster_id"])
+    if cloud == "aws":
+        import boto3
+        from botocore.exceptions import ClientError
+
+        s3 = boto3.client("s3", region_name=outputs.get("region"))
+        try:
+            for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
+                items = [{"Key": o["Key"], "VersionId": o["VersionId"]}
+                         for o in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+                if items:
+                    s3.delete_objects(Bucket=bucket, Delete={"Objects": items, "Quiet": True})
+            s3.delete_bucket(Bucket=bucket)
+            _print_line(f"deleted the bucket {bucket}")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "NoSuchBucket":
+                raise
+        rds = boto3.client("rds", region_name=outputs.get("region"))
+        try:
+            rds.delete_db_snapshot(DBSnapshotIdentifier=final_snapshot_id(cid))
+            _print_line(f"deleted the snapshot {final_snapshot_id(cid)}")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "DBSnapshotNotFound":
+                raise
+    else:
+        from google.api_core.exceptions import NotFound
+
+        from cli.deploy_release import gcs_bucket
+
+        b = gcs or gcs_bucket(bucket, outputs.get("project"))
+        try:
+            for blob in list(b.list_blobs()):
+                blob.delete()
+            b.delete()
+            _print_line(f"deleted the bucket {bucket} (the database's final backup expires by itself)")
+        except NotFound:
+            pass
 
 
 def _ec2(region: str) -> Any:
@@ -279,6 +481,12 @@ def _gce(endpoint: str | None = None) -> Any:
 
     opts = {"api_endpoint": endpoint} if endpoint else None
     return compute_v1.InstancesClient(client_options=opts)
+
+
+def _gce_operations() -> Any:
+    from google.cloud import compute_v1
+
+    return compute_v1.ZoneOperationsClient()
 
 
 def gcp_instances(project: str, cluster_id: str, *, agents_only: bool = False,

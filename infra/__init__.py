@@ -24,3 +24,9 @@ DEPLOY_TAG = "det-deploy-cluster"
 AGENT_MANAGED_BY_TAG = "shipyard:managed-by"
 AGENT_MANAGED_BY_LABEL = "shipyard-managed-by"
 MANAGED_BY_VALUE = "shipyard"
+
+
+def db_final_snapshot_id(cluster_id: str) -> str:
+    """The RDS final snapshot `down` leaves (a stable name: a second `down` of a cluster of the same id
+    needs the first one deleted, or `down --delete-data`)."""
+    return f"shipyard-{cluster_id}-final"

@@ -5,9 +5,12 @@ The master's user-data, in the spirit of the agents' (agent_bootstrap/cloud_init
 
 1. cloud-init installs Python (`packages:`);
 2. `write_files` puts down /etc/shipyard/master.yaml (no secret in it), the start program
-   /usr/local/bin/shipyard-master-start and the boot script /usr/local/bin/shipyard-master-boot;
-3. `runcmd` runs the boot script (templates/shipyard-master-boot.sh): det-master from the image or
-   pip-installed, then the systemd unit shipyard-master.service;
+   /usr/local/bin/shipyard-master-start, the fetch program /usr/local/bin/shipyard-master-fetch and
+   the boot script /usr/local/bin/shipyard-master-boot;
+3. `runcmd` runs the boot script (templates/shipyard-master-boot.sh): det-master installed into a
+   virtualenv from the release `det deploy` shipped to the cluster's bucket (infra/release.py; read
+   with the instance's own identity by the fetch program), then the systemd unit
+   shipyard-master.service, which installs the release again before each start if `current` moved;
 4. the unit's ExecStart is the start program (templates/shipyard-master-start.py.in): it reads the
    admin and database passwords from the secret store (AWS Secrets Manager, GCP Secret Manager) at
    every start and execs det-master with them in its environment.
@@ -34,6 +37,7 @@ from infra import catalog, settings
 CONF_DIR = "/etc/shipyard"
 MASTER_CONFIG_PATH = f"{CONF_DIR}/master.yaml"
 START_PATH = "/usr/local/bin/shipyard-master-start"
+FETCH_PATH = "/usr/local/bin/shipyard-master-fetch"
 BOOT_PATH = "/usr/local/bin/shipyard-master-boot"
 STATE_DIR = "/var/lib/shipyard"
 PACKAGES = ("python3", "python3-venv", "python3-pip")
@@ -216,10 +220,29 @@ def start_program(provider: Literal["aws", "gcp"], secret_id: str, region: str) 
     return "#!/usr/bin/env python3\n" + text
 
 
-def boot_script(package: str) -> str:
+def fetch_program(provider: Literal["aws", "gcp"], bucket: str, region: str) -> str:
+    values = {"PROVIDER": provider, "BUCKET": bucket, "REGION": region}
+    text = _template("shipyard-master-fetch.py.in")
+    for key, value in values.items():
+        text = text.replace(f"@@{key}@@", json.dumps(value))
+    return "#!/usr/bin/env python3\n" + text
+
+
+def boto3_pin() -> str:
+    """The boto3 the master's boot installs to read its bucket (AWS): the one here, which the
+    release's constraints pin too."""
+    from importlib import metadata
+
+    return metadata.version("boto3")
+
+
+def boot_script(package: str, provider: Literal["aws", "gcp"] = "aws") -> str:
+    """`package`: "" installs the release shipped to the bucket; else that pip requirement."""
     text = _template("shipyard-master-boot.sh")
-    comment = package.replace("\n", " ")
-    return text.replace("@@PACKAGE_COMMENT@@", comment).replace("@@PACKAGE@@", shlex.quote(package))
+    comment = package.replace("\n", " ") or "none given"
+    boto3 = boto3_pin() if provider == "aws" else ""
+    return (text.replace("@@PACKAGE_COMMENT@@", comment).replace("@@PACKAGE@@", shlex.quote(package))
+            .replace("@@PROVIDER@@", shlex.quote(provider)).replace("@@BOTO3@@", shlex.quote(boto3)))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -242,11 +265,14 @@ def master_yaml(config: dict[str, Any]) -> str:
 
 def master_user_data(provider: Literal["aws", "gcp"], config: dict[str, Any], *, secret_id: str, region: str,
                      package: str, cluster_id: str) -> str:
+    bucket = str(config["checkpoint_storage"]["bucket"])
     files = [
         {"path": MASTER_CONFIG_PATH, "owner": "root:root", "permissions": "0644", "content": master_yaml(config)},
         {"path": START_PATH, "owner": "root:root", "permissions": "0755",
          "content": start_program(provider, secret_id, region)},
-        {"path": BOOT_PATH, "owner": "root:root", "permissions": "0755", "content": boot_script(package)},
+        {"path": FETCH_PATH, "owner": "root:root", "permissions": "0755",
+         "content": fetch_program(provider, bucket, region)},
+        {"path": BOOT_PATH, "owner": "root:root", "permissions": "0755", "content": boot_script(package, provider)},
     ]
     doc = {"package_update": True, "packages": list(PACKAGES), "write_files": files, "runcmd": [[BOOT_PATH]]}
     header = f"#cloud-config\n# Shipyard master of cluster {cluster_id} ({provider}), written by det deploy.\n"

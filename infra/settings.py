@@ -28,7 +28,8 @@ DB_PASSWORD_MIN = 8
 DB_PASSWORD_MAX = 128
 MAX_AGENTS = 1000
 
-DEFAULT_PACKAGE = "shipyard"
+# "": the master installs the release `det deploy` ships to the bucket (infra/release.py).
+DEFAULT_PACKAGE = ""
 # Ubuntu for the master, and images with NVIDIA drivers and cloud-init for the agents.
 AWS_MASTER_AMI = "resolve:ssm:/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
 AWS_AGENT_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -132,7 +133,8 @@ class _Common:
     max_idle_agent_period: str = "10m"
     spot: bool = False
     tags: dict[str, str] = field(default_factory=dict)
-    # A pip requirement for Shipyard on the master (a version, a wheel URL, a VCS URL).
+    # A pip requirement for Shipyard on the master (a version, a wheel URL, a VCS URL) instead of the
+    # wheel `det deploy` ships (the default, "").
     shipyard_package: str = DEFAULT_PACKAGE
     port: int = 8080
     db_storage_gb: int = 20
@@ -156,7 +158,7 @@ class _Common:
         _duration("max-idle-agent-period", self.max_idle_agent_period)
         if not 20 <= self.db_storage_gb <= 16384:
             raise _fail("db-storage-gb", f"must be between 20 and 16384, got {self.db_storage_gb}")
-        if not self.shipyard_package.strip() or "\n" in self.shipyard_package:
+        if self.shipyard_package != self.shipyard_package.strip() or "\n" in self.shipyard_package:
             raise _fail("shipyard-package", "must be one pip requirement (e.g. shipyard==0.1.0)")
 
 

@@ -123,7 +123,8 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
     p.add_argument("--max-idle-agent-period", help="idle agents are terminated after this (default 10m)")
     p.add_argument("--spot", action="store_true", default=None, help="GPU agents on spot capacity")
     p.add_argument("--db-storage-gb", type=int, help="database storage (default 20)")
-    p.add_argument("--shipyard-package", help="pip requirement the master installs (default shipyard)")
+    p.add_argument("--shipyard-package",
+                   help="a pip requirement the master installs instead of the wheel det deploy ships (your own index)")
     p.add_argument("--add-tag", action="append", metavar="KEY=VALUE", help="a tag on every resource (repeatable)")
 
 
@@ -136,10 +137,22 @@ def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
     p.add_argument("--db-password", help="database password (or SHIPYARD_DB_PASSWORD; default: generated)")
     p.add_argument("--admin-password", help="the master's admin password (or SHIPYARD_ADMIN_PASSWORD; default: generated)")
     p.add_argument("--dry-run", action="store_true", help="preview the changes, create nothing")
+    p.add_argument("--wait-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long to wait for the master to answer (default 900; 0: do not wait)")
     _backend_flags(p)
     p.set_defaults(func=cloud_up)
-    p = csub.add_parser("down", help="terminate the agents, then destroy every resource of the cluster")
+    p = csub.add_parser("upgrade", help="ship this Shipyard's wheel to the cluster and restart its master")
     p.add_argument("--cluster-id")
+    p.add_argument("--wait-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long to wait for the master to answer again (default 900; 0: do not wait)")
+    _backend_flags(p)
+    p.set_defaults(func=cloud_upgrade)
+    p = csub.add_parser("down", help="terminate the agents, then destroy the cluster (its bucket and a final "
+                                     "database snapshot are kept unless --delete-data)")
+    p.add_argument("--cluster-id")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--delete-data", action="store_true",
+                   help="delete the checkpoint bucket and the database's final snapshot too")
     _backend_flags(p)
     p.set_defaults(func=cloud_down)
     p = csub.add_parser("list", help="the clusters in the state backend")
@@ -156,21 +169,65 @@ def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
     p.set_defaults(func=cloud_render)
 
 
+def _wait_timeout(args: Any) -> float:
+    from cli import deploy_cloud as dc
+
+    value = dc.MASTER_WAIT_S if args.wait_timeout is None else args.wait_timeout
+    if value < 0:
+        raise CliError("--wait-timeout: must be 0 or more seconds")
+    return float(value)
+
+
+def _admin_password_hint(cloud: str, outputs: dict[str, Any]) -> str:
+    secret = outputs.get("secret")
+    if cloud == "aws":
+        return (f"aws secretsmanager get-secret-value --region {outputs.get('region')} --secret-id {secret} "
+                "--query SecretString --output text  (key admin_password)")
+    return f"gcloud secrets versions access latest --secret {secret}  (key admin_password)"
+
+
 def cloud_up(args: Any) -> int:
+    import tempfile
+
     from cli import deploy_cloud as dc
 
     s = dc.settings_from_args(args.cloud, args)
     db_password, admin_password = dc.passwords_from_args(args)
     backend = dc.Backend.from_args(args)
+    wait_s = _wait_timeout(args)
     dc.require_pulumi()
-    outputs = dc.up(args.cloud, s, backend, db_password=db_password, admin_password=admin_password,
-                    dry_run=args.dry_run)
+    with tempfile.TemporaryDirectory(prefix="shipyard-release-") as tmp:
+        release_dir = None
+        if not s.shipyard_package and not args.dry_run:
+            release_dir = Path(tmp)
+            dc.build_release(release_dir)  # before any cloud call: a CLI that cannot ship stops here
+        outputs = dc.up(args.cloud, s, backend, db_password=db_password, admin_password=admin_password,
+                        dry_run=args.dry_run, release_dir=release_dir)
     if args.dry_run:
         print("Preview only: nothing was created.")
         return 0
-    print(f"Master:  {outputs.get('master_url')}")
-    print(f"Admin password: in the secret {outputs.get('secret')} (key admin_password)")
-    print(f"Try: det -m {outputs.get('master_url')} user login admin")
+    url = str(outputs.get("master_url"))
+    if wait_s:
+        info = dc.wait_for_master(url, timeout_s=wait_s)
+        print(f"The master answers: shipyard {info.get('shipyardVersion', '?')}")
+    print(f"Master:  {url}")
+    print(f"Admin password: {_admin_password_hint(args.cloud, outputs)}")
+    print(f"Try: det -m {url} user login admin")
+    return 0
+
+
+def cloud_upgrade(args: Any) -> int:
+    from cli import deploy_cloud as dc
+
+    cluster_id = dc.cluster_id_from_args(args)
+    backend = dc.Backend.from_args(args)
+    wait_s = _wait_timeout(args)
+    outputs = dc.stack_outputs(args.cloud, cluster_id, backend)
+    version = dc.upgrade(args.cloud, outputs)
+    url = str(outputs.get("master_url"))
+    if wait_s:
+        dc.wait_for_master(url, timeout_s=wait_s)
+    print(f"Cluster {cluster_id}: the master installs shipyard {version} at this start ({url}).")
     return 0
 
 
@@ -179,8 +236,10 @@ def cloud_down(args: Any) -> int:
 
     cluster_id = dc.cluster_id_from_args(args)
     backend = dc.Backend.from_args(args)
+    if not args.yes and not dc.confirm_down(cluster_id, delete_data=args.delete_data):
+        raise CliError(f"not confirmed: nothing was changed (type {cluster_id} when asked, or pass --yes)")
     dc.require_pulumi()
-    dc.down(args.cloud, cluster_id, backend)
+    dc.down(args.cloud, cluster_id, backend, delete_data=args.delete_data)
     print(f"Cluster {cluster_id} is gone.")
     return 0
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import pulumi
 import pulumi_aws as aws
 
-from infra import DEPLOY_TAG, render
+from infra import DEPLOY_TAG, db_final_snapshot_id, release, render
 from infra.settings import AwsSettings
 
 VPC_CIDR = "10.0.0.0/16"
@@ -91,7 +91,11 @@ def bucket_statements(bucket: str) -> list[dict[str, Any]]:
 
 
 def agent_policy(bucket: str) -> str:
-    return _policy(bucket_statements(bucket))
+    """The bucket, except the master's release (infra/release.py): trial code runs on the agents, and
+    a wheel it could overwrite would run on the master at its next start."""
+    return _policy([*bucket_statements(bucket),
+                    {"Sid": "NeverWriteTheMasterRelease", "Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],
+                     "Resource": f"arn:aws:s3:::{bucket}/{release.PREFIX}/*"}])
 
 
 @dataclass(frozen=True)
@@ -192,25 +196,30 @@ def _database(s: AwsSettings, n: _Naming, subnet_ids: pulumi.Output[list[str]], 
         password=db_password, port=render.DB_PORT, vpc_security_group_ids=[db_sg.id],
         db_subnet_group_name=db_subnets.name, publicly_accessible=False, multi_az=False,
         copy_tags_to_snapshot=True, deletion_protection=False, apply_immediately=True,
-        # `down` leaves nothing behind: no final snapshot, automated backups deleted with the database.
-        skip_final_snapshot=True, delete_automated_backups=True, tags=tags("db"))
+        # `down` keeps a final snapshot under a stable name (`down --delete-data` deletes it).
+        skip_final_snapshot=False, final_snapshot_identifier=db_final_snapshot_id(n.cid),
+        delete_automated_backups=True, tags=tags("db"))
 
 
 def _checkpoint_bucket(n: _Naming) -> aws.s3.Bucket:
-    """The checkpoint bucket: private, owner-enforced, encrypted, TLS only."""
+    """The checkpoint bucket: private, owner-enforced, encrypted, TLS only. `down` keeps it, and its
+    settings with it (retain_on_delete, never force-destroyed); `down --delete-data` deletes it."""
     named = n.named
-    bucket = aws.s3.Bucket(named("ckpt"), bucket_prefix=f"shipyard-{n.cid}-", force_destroy=True,
-                           tags=n.tags("ckpt"))
+    keep = pulumi.ResourceOptions(retain_on_delete=True)
+    bucket = aws.s3.Bucket(named("ckpt"), bucket_prefix=f"shipyard-{n.cid}-", force_destroy=False,
+                           tags=n.tags("ckpt"), opts=keep)
     aws.s3.BucketPublicAccessBlock(named("ckpt-private"), bucket=bucket.id, block_public_acls=True,
-                                   block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True)
+                                   block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True,
+                                   opts=keep)
     aws.s3.BucketOwnershipControls(named("ckpt-owner"), bucket=bucket.id,
-                                   rule={"object_ownership": "BucketOwnerEnforced"})
+                                   rule={"object_ownership": "BucketOwnerEnforced"}, opts=keep)
     aws.s3.BucketServerSideEncryptionConfiguration(
         named("ckpt-encryption"), bucket=bucket.id,
-        rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}, "bucket_key_enabled": True}])
+        rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}, "bucket_key_enabled": True}],
+        opts=keep)
     aws.s3.BucketPolicy(named("ckpt-tls-only"), bucket=bucket.id, policy=bucket.arn.apply(lambda arn: _policy([
         {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
-         "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}])))
+         "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}])), opts=keep)
     return bucket
 
 

@@ -27,12 +27,13 @@ from typing import Any, NamedTuple
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import render
+from infra import release, render
 from infra.settings import GcpSettings
 
 SUBNET_CIDR = "10.10.0.0/20"
 SQL_PEERING_PREFIX = 20
 DB_VERSION = "POSTGRES_16"
+FINAL_BACKUP_DAYS = 30
 MASTER_DISK_GB = 30
 APIS = ("compute.googleapis.com", "sqladmin.googleapis.com", "servicenetworking.googleapis.com",
         "secretmanager.googleapis.com", "iam.googleapis.com")
@@ -131,6 +132,8 @@ def _database(s: GcpSettings, net: _Network, db_password: pulumi.Input[str]) -> 
             "ip_configuration": {"ipv4_enabled": False, "private_network": net.network.id,
                                  "ssl_mode": "ENCRYPTED_ONLY"},
             "backup_configuration": {"enabled": True, "point_in_time_recovery_enabled": True},
+            # `down` leaves a final backup, kept FINAL_BACKUP_DAYS after the instance is deleted.
+            "final_backup_config": {"enabled": True, "retention_days": FINAL_BACKUP_DAYS},
             "user_labels": s.all_tags,
         },
         opts=pulumi.ResourceOptions(depends_on=[net.peering]))
@@ -145,7 +148,16 @@ def _checkpoint_bucket(s: GcpSettings) -> gcp.storage.Bucket:
     cid, project = s.cluster_id, s.project
     return gcp.storage.Bucket(f"{cid}-ckpt", name=f"{project}-{cid}-ckpt", project=project, location=s.region,
                               uniform_bucket_level_access=True, public_access_prevention="enforced",
-                              force_destroy=True, labels=s.all_tags)
+                              force_destroy=False, labels=s.all_tags,
+                              # `down` keeps it (`down --delete-data` deletes it).
+                              opts=pulumi.ResourceOptions(retain_on_delete=True))
+
+
+def agent_bucket_condition(bucket: str) -> str:
+    """CEL: the agents may use the bucket, except the master's release (infra/release.py): trial code
+    runs on the agents, and a wheel it could overwrite would run on the master at its next start."""
+    return (f'resource.type != "storage.googleapis.com/Object"'
+            f' || !resource.name.startsWith("projects/_/buckets/{bucket}/objects/{release.PREFIX}/")')
 
 
 class _ServiceAccounts(NamedTuple):
@@ -174,9 +186,12 @@ def _service_accounts(s: GcpSettings, bucket: gcp.storage.Bucket,
                                       "expression": instance_condition(cid)})
     gcp.serviceaccount.IAMMember(f"{cid}-master-acts-as-agent", service_account_id=agent_sa.name,
                                  role="roles/iam.serviceAccountUser", member=master_member)
-    for who, member in (("agent", agent_member), ("master", master_member)):
-        gcp.storage.BucketIAMMember(f"{cid}-{who}-ckpt", bucket=bucket.name, role="roles/storage.objectAdmin",
-                                    member=member)
+    gcp.storage.BucketIAMMember(f"{cid}-agent-ckpt", bucket=bucket.name, role="roles/storage.objectAdmin",
+                                member=agent_member, condition=bucket.name.apply(lambda b: {
+                                    "title": "not the master's release", "description": "checkpoints only",
+                                    "expression": agent_bucket_condition(b)}))
+    gcp.storage.BucketIAMMember(f"{cid}-master-ckpt", bucket=bucket.name, role="roles/storage.objectAdmin",
+                                member=master_member)
     return _ServiceAccounts(master=master_sa, agent=agent_sa, master_member=master_member)
 
 

@@ -1,7 +1,12 @@
 #!/bin/bash
-# Shipyard master boot, written by cloud-init (infra/render.py) and run once from runcmd:
-#   1. det-master: already on the machine (an image with Shipyard), else pip-installed into
-#      /opt/shipyard-master from @@PACKAGE_COMMENT@@;
+# Shipyard master boot, written by cloud-init (infra/render.py) and run once from runcmd; the unit it
+# writes runs it again with --install-only before every start of the master (ExecStartPre):
+#   1. det-master into the virtualenv /opt/shipyard-master: by default the release `det deploy`
+#      shipped to the cluster's bucket (infra/release.py: `current` names a wheel and its
+#      constraints; the wheel is installed with `pip install WHEEL -c constraints.txt`), reinstalled
+#      whenever `current` names another version (`det deploy ... upgrade`); a release missing from
+#      the bucket is a failed boot, never something else installed. With --shipyard-package, that
+#      pip requirement instead (@@PACKAGE_COMMENT@@), from the index pip is configured with;
 #   2. the state directory (0700) and the systemd unit shipyard-master.service, whose ExecStart is
 #      /usr/local/bin/shipyard-master-start: it reads the passwords from the secret store at every
 #      start and runs det-master with them in its environment (never on disk, never in user-data).
@@ -9,16 +14,24 @@
 # Sandbox overrides, so that the script runs unchanged in tests (tests/e2e/test_deploy_boot.py):
 #   SHIPYARD_ROOT    prefix of every absolute path the script touches (default: none); when set,
 #                    the unit is written but not started (the sandbox runs ExecStart)
-#   SHIPYARD_PYTHON  interpreter when det-master has none beside it (default python3)
+#   SHIPYARD_PYTHON  interpreter that creates the virtualenv (default python3)
+#   SHIPYARD_RELEASE_WAIT_S  how long the first boot waits for the release to appear in the bucket
+#                    (default 1200: `det deploy up` uploads it once the stack exists)
 set -euo pipefail
 
 PACKAGE=@@PACKAGE@@
+PROVIDER=@@PROVIDER@@
+BOTO3=@@BOTO3@@
 
 ROOT="${SHIPYARD_ROOT:-}"
 ROOT="${ROOT%/}"
 VENV="$ROOT/opt/shipyard-master"
 CONFIG="$ROOT/etc/shipyard/master.yaml"
 START="$ROOT/usr/local/bin/shipyard-master-start"
+FETCH="$ROOT/usr/local/bin/shipyard-master-fetch"
+SELF="$ROOT/usr/local/bin/shipyard-master-boot"
+RELEASE_DIR="$ROOT/var/lib/shipyard-release"
+RELEASE_WAIT_S="${SHIPYARD_RELEASE_WAIT_S:-1200}"
 STATE_DIR="$ROOT/var/lib/shipyard"
 UNIT_FILE="$ROOT/etc/systemd/system/shipyard-master.service"
 
@@ -43,29 +56,80 @@ retry() {
     done
 }
 
+pip_install() {
+    retry 5 "$VENV/bin/pip" install --quiet --disable-pip-version-check "$@"
+}
+
+make_venv() {
+    [ -x "$VENV/bin/pip" ] && return 0
+    "${SHIPYARD_PYTHON:-python3}" -m venv "$VENV" || fail "cannot create $VENV"
+}
+
+fetch() {
+    local key=$1 dest=$2 wait=${3:-0} rc=0
+    "$VENV/bin/python" "$FETCH" "$key" "$dest" --wait-s "$wait" || rc=$?
+    case $rc in
+    0) return 0 ;;
+    3) fail "the release object $key is missing from the cluster's bucket (det deploy ... upgrade ships it)" ;;
+    *) fail "cannot read $key from the cluster's bucket" ;;
+    esac
+}
+
+# The release `current` names, installed unless it already is.
+install_release() {
+    make_venv
+    if [ "$PROVIDER" = aws ]; then
+        pip_install "boto3==$BOTO3" || fail "cannot install boto3==$BOTO3 (to read the bucket)"
+    fi
+    mkdir -p "$RELEASE_DIR"
+    chmod 0700 "$RELEASE_DIR"
+    local wait=0
+    [ -x "$VENV/bin/det-master" ] || wait=$RELEASE_WAIT_S
+    fetch "shipyard/releases/current" "$RELEASE_DIR/current" "$wait"
+    local version wheel
+    version=$(sed -n 1p "$RELEASE_DIR/current")
+    wheel=$(sed -n 2p "$RELEASE_DIR/current")
+    [[ "$version" =~ ^[0-9][0-9A-Za-z.+!_-]{0,63}$ ]] || fail "the bucket's release pointer names no version"
+    [[ "$wheel" =~ ^shipyard-[0-9][0-9A-Za-z.+!_]{0,63}-py3-none-any\.whl$ ]] ||
+        fail "the bucket's release pointer names no wheel"
+    if [ -x "$VENV/bin/det-master" ] && [ "$(cat "$VENV/.shipyard-release" 2>/dev/null)" = "$version" ]; then
+        log release_current "version=$version"
+        return 0
+    fi
+    log installing "version=$version wheel=$wheel"
+    mkdir -p "$RELEASE_DIR/$version"
+    fetch "shipyard/releases/$version/$wheel" "$RELEASE_DIR/$version/$wheel"
+    fetch "shipyard/releases/$version/constraints.txt" "$RELEASE_DIR/$version/constraints.txt"
+    pip_install "$RELEASE_DIR/$version/$wheel" -c "$RELEASE_DIR/$version/constraints.txt" ||
+        fail "cannot install $wheel"
+    echo "$version" >"$VENV/.shipyard-release"
+    log release_installed "version=$version"
+}
+
+install() {
+    if [ -n "$PACKAGE" ]; then
+        [ -x "$VENV/bin/det-master" ] && return 0
+        log installing "package=\"$PACKAGE\""
+        make_venv
+        pip_install "$PACKAGE" || fail "cannot install $PACKAGE"
+    else
+        install_release
+    fi
+    [ -x "$VENV/bin/det-master" ] || fail "no det-master after the install"
+}
+
 main() {
     case "$ROOT" in
     *[[:space:]]*) fail "SHIPYARD_ROOT must not contain spaces" ;;
     esac
+    if [ "${1:-}" = --install-only ]; then
+        install
+        return 0
+    fi
     log boot_started
     [ -r "$CONFIG" ] || fail "no master config at $CONFIG"
-
-    local det_master
-    if [ -x "$VENV/bin/det-master" ]; then
-        det_master="$VENV/bin/det-master"
-    elif det_master=$(command -v det-master); then
-        log install_skipped "reason=\"det-master found at $det_master\""
-    else
-        log installing "package=\"$PACKAGE\""
-        python3 -m venv "$VENV" || fail "cannot create $VENV"
-        retry 5 "$VENV/bin/pip" install --quiet --disable-pip-version-check "$PACKAGE" ||
-            fail "cannot install $PACKAGE"
-        det_master="$VENV/bin/det-master"
-    fi
-    [ -x "$det_master" ] || fail "no det-master after the install"
-    local python
-    python="$(dirname "$det_master")/python"
-    [ -x "$python" ] || python=$(command -v "${SHIPYARD_PYTHON:-python3}") || fail "no Python interpreter"
+    install
+    local det_master="$VENV/bin/det-master" python="$VENV/bin/python"
     log master_installed "det_master=$det_master python=$python"
 
     mkdir -p "$STATE_DIR" "$(dirname "$UNIT_FILE")"
@@ -79,6 +143,9 @@ After=network-online.target
 [Service]
 Type=simple
 Environment=PYTHONUNBUFFERED=1
+# The release `current` names, installed before every start (det deploy ... upgrade moves it).
+ExecStartPre=$SELF --install-only
+TimeoutStartSec=1800
 ExecStart=$python $START --det-master $det_master --config $CONFIG --state-dir $STATE_DIR
 # The database or the secret store may not answer yet right after the stack is created.
 Restart=always

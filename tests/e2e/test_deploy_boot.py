@@ -6,8 +6,11 @@ user-data boots, and a Core API trial completes on it.
 
 What is substituted, as in every emulated boot: the cloud (the moto server; the GCE fake), the
 metadata service, and what the stack would have created (addresses, subnet, security group, instance
-profile, bucket). The `packages`/pip install step is skipped: det-master is already on PATH (the test's
-virtualenv), which the boot script detects. The secret store: AWS Secrets Manager is moto's; for GCP
+profile, bucket). The master installs the release `det deploy` ships (cli/deploy_release.py: this
+checkout's wheel and its pins), read from the emulated bucket (moto's S3, gcp-storage-emulator) with
+the instance's identity; the dependencies its pip would download from the index are this virtualenv's
+(PYTHONPATH, PIP_NO_INDEX=1: tests/infra/conftest.py dependencies_dir), so the wheel is what runs.
+cloud-init's `packages` step is still skipped (python3-venv is this machine's). The secret store: AWS Secrets Manager is moto's; for GCP
 there is no Secret Manager emulator, so a small fake below serves both the GCE metadata token
 endpoint (GCE_METADATA_HOST, as google-auth reads it) and Secret Manager's `versions/latest:access`.
 The database is a throwaway PostgreSQL (what RDS and Cloud SQL are): its URL is the secret's.
@@ -30,6 +33,7 @@ import httpx
 import pytest
 import yaml
 
+from cli import deploy_release
 from infra import DEPLOY_TAG, render
 from infra.settings import AwsSettings, GcpSettings
 from tests.conftest import ADMIN_PASSWORD
@@ -43,6 +47,7 @@ from tests.e2e.boot import (
     MotoCloud,
 )
 from tests.e2e.conftest import AGENT_OPTIONS, REGION, TRAIN_PY, default_subnet, wait_for
+from tests.infra.conftest import dependencies_dir
 from tests.pg import free_port
 
 if TYPE_CHECKING:
@@ -169,7 +174,7 @@ def master_of(harness: BootHarness, master_id: str, url: str) -> EmulatedInstanc
         except httpx.HTTPError:
             return None
 
-    return harness.wait_for(up, 60, "the master started from its user-data")
+    return harness.wait_for(up, 150, "the master installed from the bucket and started")
 
 
 def run_trial(url: str, pool: str, harness: BootHarness, master: EmulatedInstance) -> int:
@@ -226,6 +231,17 @@ def gcs_server(bucket: str) -> tuple[str, Any]:
     return host, server
 
 
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> tuple[deploy_release.Release, Path]:
+    """The release `det deploy` would ship, and the dependencies its pip would download."""
+    return (deploy_release.build_release(tmp_path_factory.mktemp("release")),
+            dependencies_dir(tmp_path_factory.mktemp("deps")))
+
+
+def index_env(deps: Path) -> dict[str, str]:
+    return {"PYTHONPATH": str(deps), "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
 @pytest.fixture
 def pg(request: pytest.FixtureRequest) -> Iterator[str]:
     server: PostgresServer = request.getfixturevalue("postgres_server")
@@ -237,6 +253,7 @@ def pg(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agent(
     tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
+    shipped: tuple[deploy_release.Release, Path], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cid = "e2e-aws"
     port = free_port()
@@ -261,7 +278,9 @@ def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agen
                             secret_id=secret_arn, endpoint_url=moto_reset, agent_options=dict(AGENT_OPTIONS),
                             host="127.0.0.1")
     user_data = render.master_user_data("aws", render.aws_master_config(s, facts), secret_id=secret_arn,
-                                        region=REGION, package="shipyard", cluster_id=cid)
+                                        region=REGION, package=s.shipyard_package, cluster_id=cid)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_reset)
+    deploy_release.ship("aws", facts.bucket, shipped[0], cluster_id=cid, region=REGION)
     assert_no_secret_in(user_data, ADMIN_PASSWORD, pg)
     master_id = ec2.run_instances(
         ImageId=moto_image, InstanceType=s.master_instance_type, MinCount=1, MaxCount=1, SubnetId=subnet,
@@ -270,12 +289,13 @@ def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agen
     )["Instances"][0]["InstanceId"]
 
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
-           "AWS_ENDPOINT_URL_SECRETS_MANAGER": moto_reset}
+           "AWS_ENDPOINT_URL_SECRETS_MANAGER": moto_reset, "AWS_ENDPOINT_URL_S3": moto_reset,
+           **index_env(shipped[1])}
     harness = EnvHarness(DeployMotoCloud(moto_reset, cid), tmp_path / "instances", extra_env=env).start()
     try:
         url = f"http://127.0.0.1:{port}"
         master = master_of(harness, master_id, url)
-        assert "event=install_skipped" in master.boot_log
+        assert f"event=release_installed version={shipped[0].version}" in master.boot_log
         assert "event=secret_read" in master.agent_log
         assert ADMIN_PASSWORD not in master.boot_log + master.agent_log
         assert (master.sandbox / "etc/shipyard/master.yaml").read_text() == render.master_yaml(
@@ -296,7 +316,8 @@ def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agen
 
 
 def test_gcp_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agent(
-    tmp_path: Path, gce_fake: GceFake, pg: str,
+    tmp_path: Path, gce_fake: GceFake, pg: str, shipped: tuple[deploy_release.Release, Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cid, project, zone = "e2e-gcp", "shipyard-e2e", "us-central1-a"
     port = free_port()
@@ -314,19 +335,23 @@ def test_gcp_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agen
                             secret_id=secret_name, api_endpoint=gce_fake.endpoint,
                             agent_options=dict(AGENT_OPTIONS), host="127.0.0.1")
     config = render.gcp_master_config(s, facts)
-    user_data = render.master_user_data("gcp", config, secret_id=secret_name, region=s.region, package="shipyard",
-                                        cluster_id=cid)
+    user_data = render.master_user_data("gcp", config, secret_id=secret_name, region=s.region,
+                                        package=s.shipyard_package, cluster_id=cid)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs[0])
+    deploy_release.ship("gcp", facts.bucket, shipped[0], cluster_id=cid, project=project)
     assert_no_secret_in(user_data, ADMIN_PASSWORD, pg)
     gce_fake.add_instance(project=project, zone=zone, name=f"{cid}-master", labels=s.all_tags,
                           metadata={"user-data": user_data})
 
     env = {"GCE_METADATA_HOST": identity.host, "GCE_METADATA_IP": identity.host,
-           "SHIPYARD_SECRET_MANAGER_URL": f"http://{identity.host}", "STORAGE_EMULATOR_HOST": gcs[0]}
+           "SHIPYARD_SECRET_MANAGER_URL": f"http://{identity.host}", "STORAGE_EMULATOR_HOST": gcs[0],
+           **index_env(shipped[1])}
     harness = EnvHarness(DeployGceCloud(gce_fake, cid), tmp_path / "instances", extra_env=env).start()
     try:
         url = f"http://127.0.0.1:{port}"
         master = master_of(harness, f"{cid}-master", url)
         assert identity.accessed == [secret_name]
+        assert f"event=release_installed version={shipped[0].version}" in master.boot_log
         assert ADMIN_PASSWORD not in master.boot_log + master.agent_log
 
         run_trial(url, render.COMPUTE_POOL, harness, master)

@@ -1,8 +1,8 @@
 """A stateful local fake of the Compute Engine REST API, driven by the real google-cloud-compute client.
 
-Only what Shipyard's GCP provider calls is implemented: instances insert / get / list /
-aggregatedList / delete and zoneOperations get / wait, with the behaviours that matter to a
-provisioner:
+Only what Shipyard's GCP provider (and `det deploy gcp`) calls is implemented: instances insert / get /
+list / aggregatedList / delete / stop / start and zoneOperations get / wait, with the behaviours that
+matter to a provisioner:
 
 - label filters as the client sends them (`(labels.k = "v") AND (...)`), pagination
   (`maxResults` / `pageToken`), `requestId` idempotency (a repeated id returns the first operation
@@ -75,6 +75,8 @@ _DEFAULT_OP_MESSAGE = {
 _DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-east1-b")
 
 METHODS = (
+    "stop",
+    "start",
     "insert",
     "get",
     "list",
@@ -376,6 +378,9 @@ class GceFake:
         if method == "setDiskAutoDelete":
             assert zone is not None
             return self._set_disk_auto_delete(project, zone, rest, params, op_rule)
+        if method in ("stop", "start"):
+            assert zone is not None
+            return self._power(method, project, zone, rest)
         if method == "operations.get":
             assert zone is not None
             return self._op_read(project, zone, rest, wait=False)
@@ -595,6 +600,24 @@ class GceFake:
             self._request_ids[(project, request_id)] = (zone, op.resource["name"])
         return self._op_view(op)
 
+    def _power(self, method: str, project: str, zone: str, name: str) -> dict[str, Any]:
+        """stop: STOPPING, then TERMINATED when the operation is done; start: RUNNING when it is done."""
+        st = self._instances.get((project, zone, name))
+        if st is None:
+            raise FakeHttpError(
+                404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
+            )
+        op = self._new_operation(project, zone, method, st.resource["selfLink"])
+        if method == "stop":
+            st.resource["status"] = "STOPPING"
+        final = "TERMINATED" if method == "stop" else "RUNNING"
+
+        def done(state: _InstanceState = st) -> None:
+            state.resource["status"] = final
+
+        op.on_done = done
+        return self._op_view(op)
+
     def _remove_instance(self, st: _InstanceState) -> None:
         """The instance is gone: its disks with autoDelete go with it, the others are detached."""
         if self._instances.get(st.key) is not st:
@@ -704,6 +727,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$"), "get"),
     ("DELETE", re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$"), "delete"),
     ("GET", re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances$"), "aggregatedList"),
+    ("POST", re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/stop$"), "stop"),
+    ("POST", re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/start$"), "start"),
     (
         "POST",
         re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/setDiskAutoDelete$"),

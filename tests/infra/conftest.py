@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
+import pytest
 
 DB_PASSWORD = "db-Secret-pw-123"
 ADMIN_PASSWORD = "admin-Secret-pw-456"
@@ -115,3 +117,43 @@ def _run(program: Callable[[], dict[str, Any]]) -> tuple[Recorder, dict[str, Any
 
     go()
     return rec, resolved
+
+
+# ---- a release's dependencies without an index ---------------------------------------------------
+
+
+def dependencies_dir(dest: Path) -> Path:
+    """This virtualenv's installed distributions minus Shipyard itself and pip, as symlinks in `dest`:
+    on PYTHONPATH (with PIP_NO_INDEX=1) they stand in for the index a real master's pip downloads the
+    release's pinned dependencies from, so that a boot installs the shipped wheel, and only it."""
+    import site
+
+    [site_packages] = [p for p in site.getsitepackages() if p.endswith("site-packages")][:1]
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in Path(site_packages).iterdir():
+        name = entry.name
+        if (name.startswith(("shipyard", "__editable__", "pip", "_distutils_hack", "__pycache__"))
+                or name.endswith(".pth")):
+            continue
+        link = dest / name
+        if not link.exists():
+            link.symlink_to(entry)
+    return dest
+
+
+@pytest.fixture
+def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """gcp-storage-emulator for one test, STORAGE_EMULATOR_HOST pointing at it (no bucket yet)."""
+    from gcp_storage_emulator.server import create_server
+
+    from tests.pg import free_port
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    host = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
+    try:
+        yield host
+    finally:
+        server.stop()

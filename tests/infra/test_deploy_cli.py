@@ -77,7 +77,7 @@ def test_bad_flags_are_one_line_before_anything_else(det: Det, no_pulumi: None, 
 def test_up_and_down_without_the_pulumi_cli_stop_at_once(det: Det, no_pulumi: None, tmp_path: Path,  # noqa: F811
                                                           cloud: str) -> None:
     ok = AWS_OK if cloud == "aws" else GCP_OK
-    for argv in (["up", *ok], ["down", "--cluster-id", "ml-prod"]):
+    for argv in (["up", *ok], ["down", "--cluster-id", "ml-prod", "--yes"]):
         r = det("deploy", cloud, *argv, "--state-dir", str(tmp_path / "state"))
         assert r.code == 1 and r.err.count("\n") == 1
         assert r.err == f"det: error: {deploy_cloud.PULUMI_MISSING}\n"

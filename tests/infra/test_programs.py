@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 import yaml
 
@@ -179,10 +180,14 @@ def test_aws_master_iam_is_conditioned_on_the_cluster_tag(aws_run: tuple[Recorde
 def test_aws_agents_may_use_only_the_checkpoint_bucket(aws_run: tuple[Recorder, dict[str, Any]]) -> None:
     rec, out = aws_run
     bucket = out["checkpoint_bucket"]
-    for st in _statements(rec, "agent"):
-        assert st["Effect"] == "Allow"
+    allows = [st for st in _statements(rec, "agent") if st["Effect"] == "Allow"]
+    for st in allows:
         assert all(a.startswith("s3:") for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"]))
         assert st["Resource"] in (f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*")
+    # ...but never write the master's release (trial code runs on the agents).
+    [deny] = [st for st in _statements(rec, "agent") if st["Effect"] == "Deny"]
+    assert deny["Resource"] == f"arn:aws:s3:::{bucket}/shipyard/releases/*"
+    assert set(deny["Action"]) == {"s3:PutObject", "s3:DeleteObject"}
 
 
 def test_aws_user_data_holds_no_secret_and_a_master_yaml_the_master_accepts(
@@ -312,3 +317,49 @@ def test_gcp_user_data_holds_no_secret_and_a_master_yaml_the_master_accepts(
     assert compute["gpu_type"] == "nvidia-tesla-t4" and compute["gpu_num"] == 1
     assert elastic_settings(compute).max_instances == 6
     assert aux["instance_slots"] == 4
+
+
+# ---- what `down` keeps ---------------------------------------------------------------------------------
+
+
+def _retained(build: Any) -> tuple[Recorder, set[str]]:
+    """The program's resources, and the types of those declared with retain_on_delete."""
+    kept: set[str] = set()
+
+    def program() -> dict[str, Any]:
+        def record(args: pulumi.ResourceTransformationArgs) -> None:
+            if args.opts.retain_on_delete:
+                kept.add(args.type_)
+
+        pulumi.runtime.register_stack_transformation(record)
+        return build()
+
+    rec, _ = run(program)
+    return rec, kept
+
+
+def test_aws_down_keeps_a_final_snapshot_and_the_bucket() -> None:
+    s = aws_settings()
+    rec, kept = _retained(lambda: aws_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
+    db = one(rec, "rds/instance:Instance").inputs
+    assert db["skipFinalSnapshot"] is False and db["finalSnapshotIdentifier"] == f"shipyard-{CID}-final"
+    assert one(rec, "s3/bucket:Bucket").inputs["forceDestroy"] is False
+    # The bucket and the settings that keep it private and encrypted outlive the stack.
+    assert kept == {"aws:s3/bucket:Bucket", "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+                    "aws:s3/bucketOwnershipControls:BucketOwnershipControls",
+                    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+                    "aws:s3/bucketPolicy:BucketPolicy"}
+
+
+def test_gcp_down_keeps_a_final_backup_and_the_bucket_and_agents_cannot_write_the_release() -> None:
+    s = gcp_settings()
+    rec, kept = _retained(lambda: gcp_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
+    final = one(rec, "DatabaseInstance").inputs["settings"]["finalBackupConfig"]
+    assert final == {"enabled": True, "retentionDays": gcp_program.FINAL_BACKUP_DAYS}
+    assert one(rec, "storage/bucket:Bucket").inputs["forceDestroy"] is False
+    assert kept == {"gcp:storage/bucket:Bucket"}
+    members = {m.name: m.inputs for m in of_type(rec, "BucketIAMMember")}
+    bucket = one(rec, "storage/bucket:Bucket").inputs["name"]
+    expr = members[f"{CID}-agent-ckpt"]["condition"]["expression"]
+    assert f'!resource.name.startsWith("projects/_/buckets/{bucket}/objects/shipyard/releases/")' in expr
+    assert "condition" not in members[f"{CID}-master-ckpt"]  # the master reads its release
