@@ -110,6 +110,23 @@ def _elastic(s: settings.Settings, *, min_instances: int, max_instances: int) ->
             "max_idle_agent_period": s.max_idle_agent_period}
 
 
+def _container_options(s: settings.Settings, *, gpu: bool) -> dict[str, Any]:
+    """The agents' default images (a trial's environment.image wins; agent_bootstrap/agent/daemon.py)."""
+    if s.container_runtime != "docker":
+        return {}
+    options = {"container_image_cpu": s.cpu_env_image}
+    if gpu:
+        options["container_image_cuda"] = s.gpu_env_image
+    return options
+
+
+def _pools(s: settings.Settings, compute: dict[str, Any], aux: dict[str, Any], compute_what: str,
+           aux_what: str) -> list[dict[str, Any]]:
+    return [{"name": COMPUTE_POOL, "description": compute_what, "container_runtime": s.container_runtime,
+             "provider": compute},
+            {"name": AUX_POOL, "description": aux_what, "container_runtime": s.container_runtime, "provider": aux}]
+
+
 def aws_master_config(s: settings.AwsSettings, f: AwsFacts) -> dict[str, Any]:
     aux = catalog.AWS_INSTANCE_TYPES[s.aux_agent_instance_type]
 
@@ -137,23 +154,20 @@ def aws_master_config(s: settings.AwsSettings, f: AwsFacts) -> dict[str, Any]:
         if s.spot_max_price is not None:
             compute["spot_max_price"] = s.spot_max_price
     compute.update(_elastic(s, min_instances=s.min_dynamic_agents, max_instances=s.max_dynamic_agents))
-    if f.agent_options:
-        compute["agent"] = dict(f.agent_options)
+    if f.agent_options or s.container_runtime == "docker":
+        compute["agent"] = {**_container_options(s, gpu=True), **f.agent_options}
     aux_p = provider(s.aux_ami, s.aux_agent_instance_type)
     aux_p["instance_slots"] = aux.vcpus
     aux_p.update(_elastic(s, min_instances=0, max_instances=s.max_aux_agents))
-    aux_p["agent"] = {"slot_type": "cpu", "slots": aux.vcpus, **f.agent_options}
+    aux_p["agent"] = {"slot_type": "cpu", "slots": aux.vcpus, **_container_options(s, gpu=False), **f.agent_options}
     storage: dict[str, Any] = {"type": "s3", "bucket": f.bucket, "prefix": "checkpoints"}
     if f.endpoint_url:
         storage["endpoint_url"] = f.endpoint_url
     return {
         **_base_config(s, f.master_private_ip, f.host),
         "checkpoint_storage": storage,
-        "resource_pools": [
-            {"name": COMPUTE_POOL, "description": f"GPU agents ({s.compute_agent_instance_type})",
-             "provider": compute},
-            {"name": AUX_POOL, "description": f"CPU agents ({s.aux_agent_instance_type})", "provider": aux_p},
-        ],
+        "resource_pools": _pools(s, compute, aux_p, f"GPU agents ({s.compute_agent_instance_type})",
+                                 f"CPU agents ({s.aux_agent_instance_type})"),
         "default_resource_pool": COMPUTE_POOL,
     }
 
@@ -187,20 +201,18 @@ def gcp_master_config(s: settings.GcpSettings, f: GcpFacts) -> dict[str, Any]:
     if s.spot:
         compute["spot"] = True
     compute.update(_elastic(s, min_instances=s.min_dynamic_agents, max_instances=s.max_dynamic_agents))
-    if f.agent_options:
-        compute["agent"] = dict(f.agent_options)
+    if f.agent_options or s.container_runtime == "docker":
+        compute["agent"] = {**_container_options(s, gpu=True), **f.agent_options}
     aux_p = provider(s.aux_image, s.aux_agent_instance_type, AUX_POOL)
     aux_p["instance_slots"] = aux.vcpus
     aux_p.update(_elastic(s, min_instances=0, max_instances=s.max_aux_agents))
-    aux_p["agent"] = {"slot_type": "cpu", "slots": aux.vcpus, **f.agent_options}
+    aux_p["agent"] = {"slot_type": "cpu", "slots": aux.vcpus, **_container_options(s, gpu=False), **f.agent_options}
     return {
         **_base_config(s, f.master_private_ip, f.host),
         "checkpoint_storage": {"type": "gcs", "bucket": f.bucket, "prefix": "checkpoints"},
-        "resource_pools": [
-            {"name": COMPUTE_POOL, "description": f"GPU agents ({s.compute_agent_instance_type}, "
-                                                  f"{s.gpu_num}x {s.gpu_type})", "provider": compute},
-            {"name": AUX_POOL, "description": f"CPU agents ({s.aux_agent_instance_type})", "provider": aux_p},
-        ],
+        "resource_pools": _pools(s, compute, aux_p,
+                                 f"GPU agents ({s.compute_agent_instance_type}, {s.gpu_num}x {s.gpu_type})",
+                                 f"CPU agents ({s.aux_agent_instance_type})"),
         "default_resource_pool": COMPUTE_POOL,
     }
 
@@ -291,11 +303,13 @@ def agent_user_data_sample(provider: Literal["aws", "gcp"], config: dict[str, An
     mints per launch)."""
     from agent_bootstrap.cloud_init import BootstrapParams, render_user_data
 
-    section = next(p for p in config["resource_pools"] if p["name"] == pool)["provider"]
+    entry = next(p for p in config["resource_pools"] if p["name"] == pool)
+    section = entry["provider"]
     return render_user_data(BootstrapParams(
         master_url=config["master_url"], pool=pool, bootstrap_token=SAMPLE_TOKEN, provider=provider,
         launch_id="sample-launch-id", startup_script=str(section.get("startup_script") or ""),
-        agent_options=dict(section.get("agent") or {})))
+        agent_options=dict(section.get("agent") or {}),
+        container_runtime=str(entry.get("container_runtime", "process"))))
 
 
 # ---- `det deploy ... render` ------------------------------------------------------------------

@@ -38,6 +38,17 @@ AWS_SSM_ROOT_DEVICE = "/dev/sda1"  # the root device of the Ubuntu-based AMIs ab
 GCP_MASTER_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
 GCP_AGENT_IMAGE = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 GCP_AUX_IMAGE = GCP_MASTER_IMAGE
+# Trials run in containers on cloud pools (`container_runtime: docker`): the agents' boot installs
+# Docker, and NVIDIA's container toolkit on GPU instances (agent_bootstrap/cloud_init.py and
+# templates/shipyard-docker-setup.sh; the default GPU images above carry the NVIDIA driver). A trial
+# whose experiment sets environment.image runs in that image, unchanged; the others in these public
+# PyTorch images (the CUDA runtime image runs on CPU-only agents too).
+CONTAINER_RUNTIMES = ("docker", "process")
+GPU_ENV_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+CPU_ENV_IMAGE = GPU_ENV_IMAGE
+# A Docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
+_IMAGE_RE = re.compile(r"^([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
+                       r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$")
 
 
 class DeployInputError(ValueError):
@@ -138,6 +149,9 @@ class _Common:
     shipyard_package: str = DEFAULT_PACKAGE
     port: int = 8080
     db_storage_gb: int = 20
+    container_runtime: str = "docker"
+    cpu_env_image: str = CPU_ENV_IMAGE
+    gpu_env_image: str = GPU_ENV_IMAGE
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -158,6 +172,11 @@ class _Common:
         _duration("max-idle-agent-period", self.max_idle_agent_period)
         if not 20 <= self.db_storage_gb <= 16384:
             raise _fail("db-storage-gb", f"must be between 20 and 16384, got {self.db_storage_gb}")
+        if self.container_runtime not in CONTAINER_RUNTIMES:
+            raise _fail("container-runtime", f"{self.container_runtime!r} is not one of {', '.join(CONTAINER_RUNTIMES)}")
+        for flag, image in (("cpu-env-image", self.cpu_env_image), ("gpu-env-image", self.gpu_env_image)):
+            if len(image) > 255 or not _IMAGE_RE.match(image):
+                raise _fail(flag, f"{image!r} is not a Docker image reference (e.g. {GPU_ENV_IMAGE})")
         if self.shipyard_package != self.shipyard_package.strip() or "\n" in self.shipyard_package:
             raise _fail("shipyard-package", "must be one pip requirement (e.g. shipyard==0.1.0)")
 

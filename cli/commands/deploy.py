@@ -126,6 +126,13 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
     p.add_argument("--shipyard-package",
                    help="a pip requirement the master installs instead of the wheel det deploy ships (your own index)")
     p.add_argument("--add-tag", action="append", metavar="KEY=VALUE", help="a tag on every resource (repeatable)")
+    p.add_argument("--container-runtime", choices=("docker", "process"),
+                   help="how the agents run trials: docker (default: the agents' boot installs Docker and, on GPU "
+                        "instances, NVIDIA's container toolkit) or process (the host's own Python)")
+    p.add_argument("--cpu-env-image", help="image of trials on CPU agents without environment.image "
+                                           "(default pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime)")
+    p.add_argument("--gpu-env-image", help="image of trials on GPU agents without environment.image "
+                                           "(default pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime)")
 
 
 def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:

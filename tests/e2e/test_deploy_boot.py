@@ -272,7 +272,8 @@ def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agen
                                   SecretString=render.secret_payload(ADMIN_PASSWORD, pg))["ARN"]
 
     s = AwsSettings(cluster_id=cid, keypair="e2e-key", inbound_cidr="203.0.113.0/24", port=port,
-                    agent_ami=moto_image, aux_ami=moto_image, max_dynamic_agents=1, max_idle_agent_period="5m")
+                    agent_ami=moto_image, aux_ami=moto_image, max_dynamic_agents=1, max_idle_agent_period="5m",
+                    container_runtime="process")  # the emulated agents run trials as processes
     facts = render.AwsFacts(master_private_ip="127.0.0.1", bucket=f"shipyard-{cid}-ckpt", subnet_ids=(subnet,),
                             agent_security_group_id=sg, agent_instance_profile=f"shipyard-{cid}-agent",
                             secret_id=secret_arn, endpoint_url=moto_reset, agent_options=dict(AGENT_OPTIONS),
@@ -327,7 +328,7 @@ def test_gcp_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agen
     gcs = gcs_server(f"{project}-{cid}-ckpt")
 
     s = GcpSettings(cluster_id=cid, project=project, zone=zone, inbound_cidr="203.0.113.0/24", port=port,
-                    max_dynamic_agents=1, max_idle_agent_period="5m")
+                    max_dynamic_agents=1, max_idle_agent_period="5m", container_runtime="process")
     facts = render.GcpFacts(master_private_ip="127.0.0.1", bucket=f"{project}-{cid}-ckpt",
                             network=f"projects/{project}/global/networks/{cid}-net",
                             subnetwork=f"regions/{s.region}/subnetworks/{cid}-subnet",

@@ -194,3 +194,47 @@ def test_cluster_id_is_required_for_down_and_describe(det: Det, no_pulumi: None)
 def test_local_deploy_still_registers(det: Det) -> None:  # noqa: F811
     r = det("deploy", "--help")
     assert r.code == 0 and all(w in r.out for w in ("local", "aws", "gcp"))
+
+
+# ---- containers on cloud pools ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_cloud_pools_run_trials_in_containers_by_default(det: Det, no_pulumi: None, tmp_path: Path,  # noqa: F811
+                                                         cloud: str) -> None:
+    ok = AWS_OK if cloud == "aws" else GCP_OK
+    r = det("deploy", cloud, "render", *ok, "--gpu-env-image", "nvcr.io/nvidia/pytorch:24.07-py3",
+            "--out", str(tmp_path / "out"))
+    assert r.code == 0, r.err
+    config = load_config(tmp_path / "out" / "master.yaml", env={})
+    compute, aux = config.resource_pools
+    assert compute.container_runtime == aux.container_runtime == "docker"
+    assert compute.provider is not None and aux.provider is not None
+    assert compute.provider["agent"] == {"container_image_cpu": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+                                         "container_image_cuda": "nvcr.io/nvidia/pytorch:24.07-py3"}
+    assert aux.provider["agent"]["container_image_cpu"] == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    assert "container_image_cuda" not in aux.provider["agent"]
+    # The agents' boot installs Docker (and, on GPU hosts, NVIDIA's container toolkit) and runs the
+    # agent with the docker runtime and those default images.
+    import yaml
+
+    for pool in ("compute", "aux"):
+        doc = yaml.safe_load((tmp_path / "out" / f"agent-user-data-{pool}.yaml").read_text())
+        assert "docker.io" in doc["packages"] and doc["runcmd"][0] == ["/usr/local/bin/shipyard-docker-setup"]
+        agent_yaml = yaml.safe_load(next(f["content"] for f in doc["write_files"]
+                                         if f["path"] == "/etc/shipyard/agent.yaml"))
+        assert agent_yaml["runtime"] == "docker"
+        assert agent_yaml["container_image_cpu"] == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+
+    r = det("deploy", cloud, "render", *ok, "--container-runtime", "process", "--out", str(tmp_path / "p"))
+    assert r.code == 0, r.err
+    config = load_config(tmp_path / "p" / "master.yaml", env={})
+    assert {p.container_runtime for p in config.resource_pools} == {"process"}
+    assert "docker.io" not in (tmp_path / "p" / "agent-user-data-compute.yaml").read_text()
+
+
+@pytest.mark.parametrize("flag", ["--cpu-env-image", "--gpu-env-image"])
+def test_a_bad_image_is_one_line(det: Det, no_pulumi: None, flag: str) -> None:  # noqa: F811
+    r = det("deploy", "aws", "up", *AWS_OK, flag, "PyTorch latest")
+    assert r.code == 1 and r.err == (f"det: error: {flag}: 'PyTorch latest' is not a Docker image reference "
+                                     "(e.g. pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime)\n")
