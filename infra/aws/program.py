@@ -51,8 +51,11 @@ def master_policy(s: AwsSettings, *, vpc_id: str, agent_role_arn: str, secret_ar
     tagged_request = {"StringEquals": {f"aws:RequestTag/{DEPLOY_TAG}": s.cluster_id}}
     tagged_resource = {"StringEquals": {f"ec2:ResourceTag/{DEPLOY_TAG}": s.cluster_id}}
     return _policy([
+        # A spot launch (RunInstances with InstanceMarketOptions) also creates a spot request, tagged
+        # like the instance (provisioners/aws/provider.py).
         {"Sid": "RunOnlyTaggedInstances", "Effect": "Allow", "Action": "ec2:RunInstances",
-         "Resource": [f"{ec2}:instance/*", f"{ec2}:volume/*"], "Condition": tagged_request},
+         "Resource": [f"{ec2}:instance/*", f"{ec2}:volume/*", f"{ec2}:spot-instances-request/*"],
+         "Condition": tagged_request},
         {"Sid": "RunInTheClusterVpc", "Effect": "Allow", "Action": "ec2:RunInstances",
          "Resource": [f"{ec2}:subnet/*", f"{ec2}:security-group/*", f"{ec2}:network-interface/*"],
          "Condition": {"ArnLike": {"ec2:Vpc": f"{ec2}:vpc/{vpc_id}"}}},
@@ -61,7 +64,7 @@ def master_policy(s: AwsSettings, *, vpc_id: str, agent_role_arn: str, secret_ar
         {"Sid": "ResolveImageParameters", "Effect": "Allow", "Action": "ssm:GetParameters",
          "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*"},
         {"Sid": "TagOnlyAtLaunch", "Effect": "Allow", "Action": "ec2:CreateTags",
-         "Resource": [f"{ec2}:instance/*", f"{ec2}:volume/*"],
+         "Resource": [f"{ec2}:instance/*", f"{ec2}:volume/*", f"{ec2}:spot-instances-request/*"],
          "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances",
                                         f"aws:RequestTag/{DEPLOY_TAG}": s.cluster_id}}},
         {"Sid": "ManageOnlyTaggedInstances", "Effect": "Allow",

@@ -410,6 +410,9 @@ class AwsProvider(Provider):
             if cfg.spot_max_price is not None:
                 spot_options["MaxPrice"] = cfg.spot_max_price
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
+            # The spot request RunInstances creates carries the tags too: an IAM policy conditioned on
+            # the request's tags (det deploy's) then allows it like the instance.
+            params["TagSpecifications"].append({"ResourceType": "spot-instances-request", "Tags": tag_list})
         return params
 
     def _run_instance(self, spec: LaunchSpec, subnet: str | None, root_device_name: str) -> CloudInstance:
