@@ -68,8 +68,23 @@ def _wait_http(url: str, timeout: float, pid: int, log: Path) -> None:
     raise CliError(f"the master did not answer at {url} within {timeout:.0f}s; see {log}")
 
 
+def agent_runtime_args(runtime: str, image: str | None = None) -> list[str]:
+    """The agents' task runtime: `docker` runs trials in containers (a trial's environment.image, else
+    `image`; the agent makes the writable directories it bind-mounts, e.g. a shared_fs checkpoint
+    storage's host_path)."""
+    if runtime == "process":
+        return []
+    if runtime != "docker":
+        raise CliError(f"--runtime: {runtime!r} is not process or docker")
+    from infra.settings import CPU_ENV_IMAGE, GPU_ENV_IMAGE
+
+    return ["--runtime", "docker", "--container-image-cpu", image or CPU_ENV_IMAGE,
+            "--container-image-cuda", image or GPU_ENV_IMAGE]
+
+
 def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, pool_config: Path | None,
-       timeout: float = 60) -> dict[str, Any]:
+       timeout: float = 60, runtime: str = "process", image: str | None = None) -> dict[str, Any]:
+    runtime_args = agent_runtime_args(runtime, image)
     cluster = LocalCluster(state_dir)
     current = cluster.read()
     if current and alive(current.get("master_pid")):
@@ -116,7 +131,8 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
             pid = _spawn(
                 [sys.executable, "-m", "agent_bootstrap.agent", "--master-url", url, "--resource-pool", "default",
                  "--agent-id", agent_id, "--token-file", str(token_file), "--work-dir",
-                 str(state_dir / "agents" / agent_id), "--slots", str(slots), "--slot-type", "auto"],
+                 str(state_dir / "agents" / agent_id), "--slots", str(slots), "--slot-type", "auto",
+                 *runtime_args],
                 log, agent_env)
             data["agents"].append({"id": agent_id, "pid": pid, "log": str(log)})
             cluster.write(data)

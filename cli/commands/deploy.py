@@ -27,6 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slots", type=int, default=1, help="CPU slots per agent when there is no GPU")
     p.add_argument("--master-config", type=Path, help="a master.yaml to start the master with")
     p.add_argument("--state-dir", type=Path)
+    p.add_argument("--runtime", choices=("process", "docker"), default="process",
+                   help="how the agents run trials: process (default) or docker (containers; needs a Docker engine)")
+    p.add_argument("--env-image", help="with --runtime docker: image of trials without environment.image "
+                                       "(default pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime)")
     p.set_defaults(func=up)
     for name, fn in (("status", status), ("down", down)):
         p = lsub.add_parser(name)
@@ -49,8 +53,10 @@ def up(args: Any) -> int:
 
     if args.agents < 0:
         raise CliError("--agents must be >= 0")
+    if args.env_image and args.runtime != "docker":
+        raise CliError("--env-image: only applies with --runtime docker")
     data = deploy_local.up(_dir(args), agents=args.agents, port=args.port, db=args.db, slots=args.slots,
-                           pool_config=args.master_config)
+                           pool_config=args.master_config, runtime=args.runtime, image=args.env_image)
     print(f"Master:  {data['master_url']}  (log {data['master_log']})")
     for a in data["agents"]:
         print(f"Agent:   {a['id']}  pid {a['pid']}  (log {a['log']})")

@@ -198,3 +198,11 @@ def test_negative_wait_timeout_is_one_line(det: Det, no_pulumi: None) -> None:  
     r = det("deploy", "aws", "up", "--cluster-id", CID, "--keypair", "ops", "--inbound-cidr", "203.0.113.0/24",
             "--wait-timeout", "-1")
     assert r.code == 1 and r.err == "det: error: --wait-timeout: must be 0 or more seconds\n"
+
+
+def test_local_env_image_needs_the_docker_runtime(det: Det, tmp_path: Path) -> None:  # noqa: F811
+    r = det("deploy", "local", "up", "--env-image", "python:3.12-slim", "--state-dir", str(tmp_path / "s"))
+    assert r.code == 1 and r.err == "det: error: --env-image: only applies with --runtime docker\n"
+    assert not (tmp_path / "s").exists()
+    r = det("deploy", "local", "up", "--help")
+    assert "--runtime {process,docker}" in r.out

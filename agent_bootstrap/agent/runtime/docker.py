@@ -168,6 +168,7 @@ class DockerRuntime:
             raise StartFailed(127, "entrypoint is empty")
         self._ensure_image(spec)
         self._give_task_dir(spec.workdir)
+        make_bind_sources(c.mounts, self.user)
         types = self._sdk.types
         mounts = [types.Mount(target=str(spec.workdir), source=str(spec.workdir), type="bind")]
         mounts += [types.Mount(target=m.container_path, source=m.host_path, type="bind", read_only=m.read_only)
@@ -363,6 +364,23 @@ class DockerRuntime:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.client.close()
+
+
+def make_bind_sources(mounts: Any, user: str | None) -> None:
+    """Docker refuses a bind mount whose source is missing (`bind source path does not exist`): the
+    writable ones (a shared_fs checkpoint storage's host_path) are made here, 0755, and given to a
+    numeric `container_user` as the task directory is. A missing read-only source stays an error."""
+    m = _NUMERIC_USER.match(user or "")
+    for mount in mounts:
+        if mount.read_only or os.path.exists(mount.host_path):
+            continue
+        try:
+            os.makedirs(mount.host_path, mode=0o755, exist_ok=True)
+            if m:
+                uid = int(m.group(1))
+                os.chown(mount.host_path, uid, int(m.group(2)) if m.group(2) else uid)
+        except OSError as e:
+            raise StartFailed(125, f"cannot create the bind source {mount.host_path}: {e.strerror}") from None
 
 
 def _split_image(image: str) -> tuple[str, str | None]:
