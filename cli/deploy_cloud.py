@@ -45,6 +45,7 @@ from infra.settings import (
     check_cluster_id,
     check_password,
     parse_tags,
+    read_tls_pair,
     settings_from_json,
     settings_kwargs,
 )
@@ -75,10 +76,22 @@ def settings_from_args(cloud: Cloud, args: Any) -> Settings:
     values = dict(vars(args))
     try:
         values["tags"] = parse_tags(values.pop("add_tag", None), cloud=cloud)
+        pair = read_tls_pair(values.pop("master_tls_cert_path", None), values.pop("master_tls_key_path", None))
+        if pair:
+            values["master_tls_cert"] = pair[0]
         cls = AwsSettings if cloud == "aws" else GcpSettings
         return cls(**settings_kwargs(values, cls))
     except DeployInputError as e:
         raise CliError(str(e)) from None
+
+
+def tls_key_from_args(args: Any) -> str:
+    """The key of `--master-tls-key` (checked with its certificate by settings_from_args), or ""."""
+    try:
+        pair = read_tls_pair(getattr(args, "master_tls_cert_path", None), getattr(args, "master_tls_key_path", None))
+    except DeployInputError as e:
+        raise CliError(str(e)) from None
+    return pair[1] if pair else ""
 
 
 def passwords_from_args(args: Any) -> tuple[str | None, str | None]:
@@ -180,7 +193,7 @@ def _print_line(text: str) -> None:
 
 
 def up(cloud: Cloud, s: Settings, backend: Backend, *, db_password: str | None, admin_password: str | None,
-       dry_run: bool, release_dir: Path | None = None) -> dict[str, Any]:
+       dry_run: bool, release_dir: Path | None = None, tls_key: str = "") -> dict[str, Any]:
     """Create or update the stack; with `release_dir` (a built release), ship it to the bucket."""
     from pulumi import automation as auto
 
@@ -194,6 +207,8 @@ def up(cloud: Cloud, s: Settings, backend: Backend, *, db_password: str | None, 
         "shipyard:dbPassword": auto.ConfigValue(db_password, secret=True),
         "shipyard:adminPassword": auto.ConfigValue(admin_password, secret=True),
     }
+    if s.tls:
+        config["shipyard:tlsKey"] = auto.ConfigValue(tls_key, secret=True)
     if isinstance(s, AwsSettings):
         config["aws:region"] = auto.ConfigValue(s.region)
     else:
@@ -316,7 +331,9 @@ def wait_for_master(url: str, *, timeout_s: float = MASTER_WAIT_S, poll_s: float
     last = "no answer yet"
     while True:
         try:
-            r = httpx.get(f"{url.rstrip('/')}/api/v1/master", timeout=10)
+            # A liveness probe of an unauthenticated endpoint, nothing sent: a certificate for the
+            # --master-cert-name cannot match the public address polled here.
+            r = httpx.get(f"{url.rstrip('/')}/api/v1/master", timeout=10, verify=False)
             if r.status_code == 200:
                 return dict(r.json())
             last = f"HTTP {r.status_code}"

@@ -77,6 +77,10 @@ def _uvicorn_config(app, config, **where):  # type: ignore[no-untyped-def]
     # does not race the server closing its idle connection (a reset instead of an answer).
     # proxy_headers off: uvicorn would believe X-Forwarded-For from loopback; the app believes it
     # from config.trusted_proxies only (api/app.py).
+    # security.tls: HTTPS on the same port (uvicorn loads the pair once, at start).
+    tls = config.security.tls
+    if tls.cert is not None:
+        where = {**where, "ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
     return uvicorn.Config(app, log_level=config.log_level, access_log=False, timeout_graceful_shutdown=5,
                           log_config=None, timeout_keep_alive=75, proxy_headers=False, **where)
 
@@ -111,8 +115,8 @@ def _serve_single(config, wrap_provider: ProviderWrapper | None) -> int:  # type
         server.should_exit = True
 
     signal.signal(signal.SIGTERM, _term)
-    log.info("event=master_listening url=http://%s:%s cluster_id=%s processes=1", config.host, config.port,
-             master.cluster_id)
+    log.info("event=master_listening url=%s://%s:%s cluster_id=%s processes=1", config.scheme, config.host,
+             config.port, master.cluster_id)
     workers.settle_heap()
     try:
         server.run()
@@ -147,8 +151,8 @@ def _serve_split(config, wrap_provider: ProviderWrapper | None, options: list[st
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
-    log.info("event=master_listening url=http://%s:%s cluster_id=%s processes=%d+1", config.host, config.port,
-             master.cluster_id, config.worker_processes)
+    log.info("event=master_listening url=%s://%s:%s cluster_id=%s processes=%d+1", config.scheme, config.host,
+             config.port, master.cluster_id, config.worker_processes)
     workers.settle_heap()
     try:
         supervisor.run()

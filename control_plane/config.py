@@ -71,6 +71,28 @@ class ResourcePoolConfig(_Strict):
         return resolve(self.provider) if self.provider is not None else None
 
 
+class TlsConfig(_Strict):
+    """`security.tls` (Determined's names): PEM files of the certificate (with its chain) and its key.
+    With both, the master serves HTTPS on `port` (to everyone: users, agents and trials)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+
+    @model_validator(mode="after")
+    def _both(self) -> TlsConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key: give both or neither")
+        for name in ("cert", "key"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
+        return self
+
+
+class SecurityConfig(_Strict):
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+
+
 AUTO_WORKERS_MAX = 8
 
 
@@ -159,6 +181,7 @@ class MasterConfig(_Strict):
     # GET /metrics (Prometheus text format), unauthenticated so scrapers need no login: it carries
     # no secrets, tokens or usernames. Off removes the route (404).
     metrics_enabled: bool = True
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
 
     # Processes (README, docs/ARCHITECTURE.md): `api_workers` processes serve the API and one control process
     # runs the loops; 0 means one worker per core, 1 a single process that does both.
@@ -232,11 +255,19 @@ class MasterConfig(_Strict):
         return self.agent_reconnect_cap_s + self.agent_heartbeat_timeout_s
 
     @property
+    def tls(self) -> bool:
+        return self.security.tls.cert is not None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
     def advertised_url(self) -> str:
         if self.master_url:
             return self.master_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     @property
     def default_checkpoint_storage(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The Pulumi program of Pulumi.yaml (`main: infra/`), and the inline program `det deploy` runs.
 
 Stack config (namespace `shipyard`): `cloud` (aws or gcp), `settings` (JSON of infra.settings),
-and the secrets `dbPassword` and `adminPassword`. `det deploy aws|gcp up` sets them; by hand:
+and the secrets `dbPassword`, `adminPassword` and, with a TLS certificate in the settings, `tlsKey`. `det deploy aws|gcp up` sets them; by hand:
 `pulumi config set shipyard:cloud aws`, `pulumi config set shipyard:settings '{...}'`,
 `pulumi config set --secret shipyard:dbPassword ...`.
 """
@@ -20,7 +20,8 @@ def program() -> dict[str, Any]:
     cloud = config.require("cloud")
     s = settings_from_json(cloud, config.require("settings"))
     secrets = {"db_password": config.require_secret("dbPassword"),
-               "admin_password": config.require_secret("adminPassword")}
+               "admin_password": config.require_secret("adminPassword"),
+               "tls_key": config.require_secret("tlsKey") if s.tls else ""}
     if cloud == "aws":
         from infra.aws.program import build as build_aws
 

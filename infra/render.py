@@ -40,6 +40,14 @@ START_PATH = "/usr/local/bin/shipyard-master-start"
 FETCH_PATH = "/usr/local/bin/shipyard-master-fetch"
 BOOT_PATH = "/usr/local/bin/shipyard-master-boot"
 STATE_DIR = "/var/lib/shipyard"
+# With --master-tls-cert/--master-tls-key: the start program writes the pair from the secret store here
+# (0600) before each start; master.yaml's security.tls names them.
+TLS_CERT_PATH = f"{STATE_DIR}/master-tls-cert.pem"
+TLS_KEY_PATH = f"{STATE_DIR}/master-tls-key.pem"
+# On the agents: the master's certificate, and the trust bundle (it plus the system's CAs) the agent
+# daemon and the trials it starts as processes verify the master with.
+AGENT_MASTER_CERT = f"{CONF_DIR}/master-cert.pem"
+AGENT_TRUST_BUNDLE = f"{CONF_DIR}/master-trust.pem"
 PACKAGES = ("python3", "python3-venv", "python3-pip")
 COMPUTE_POOL = "compute"
 AUX_POOL = "aux"
@@ -89,20 +97,55 @@ def postgres_url(password: str, host: str, *, port: int = DB_PORT, user: str = D
     return f"postgresql+psycopg2://{quote(user, safe='')}:{quote(password, safe='')}@{host}:{port}/{db}"
 
 
-def secret_payload(admin_password: str, db_url: str) -> str:
-    """The secret store's value: what the start program reads."""
-    return json.dumps({"admin_password": admin_password, "db_url": db_url})
+def secret_payload(admin_password: str, db_url: str, *, tls_cert: str = "", tls_key: str = "") -> str:
+    """The secret store's value: what the start program reads (and, with TLS, writes out)."""
+    payload = {"admin_password": admin_password, "db_url": db_url}
+    if tls_cert:
+        payload.update(tls_cert=tls_cert, tls_key=tls_key)
+    return json.dumps(payload)
 
 
 def _base_config(s: settings.Settings, master_ip: str, host: str) -> dict[str, Any]:
-    return {
+    config: dict[str, Any] = {
         "host": host,
         "port": s.port,
         "cluster_name": s.cluster_id,
-        "master_url": f"http://{master_ip}:{s.port}",
+        # With TLS the agents reach the master by the certificate's name (mapped to its private
+        # address by their startup script, tls_startup_script).
+        "master_url": f"{s.scheme}://{s.master_cert_name if s.tls else master_ip}:{s.port}",
         "state_dir": STATE_DIR,
         "log_level": "info",
     }
+    if s.tls:
+        config["security"] = {"tls": {"cert": TLS_CERT_PATH, "key": TLS_KEY_PATH}}
+    return config
+
+
+def tls_startup_script(s: settings.Settings, master_ip: str) -> str:
+    """The pools' startup script with TLS: the agent resolves the certificate's name to the master's
+    private address and trusts the certificate (SSL_CERT_FILE for httpx, REQUESTS_CA_BUNDLE for the
+    harness of process trials) besides the system's CAs; the unit's drop-in is read when the boot
+    writes and starts shipyard-agent.service."""
+    cert = s.master_tls_cert.strip() + "\n"
+    return "\n".join([
+        "#!/bin/sh",
+        "# det deploy: reach the master over TLS (--master-tls-cert, --master-cert-name).",
+        "set -eu",
+        f"mkdir -p {CONF_DIR} /etc/systemd/system/shipyard-agent.service.d",
+        f"cat > {AGENT_MASTER_CERT} <<'SHIPYARD_CERT'",
+        cert.rstrip("\n"),
+        "SHIPYARD_CERT",
+        f"cat {AGENT_MASTER_CERT} > {AGENT_TRUST_BUNDLE}",
+        f"if [ -r /etc/ssl/certs/ca-certificates.crt ]; then cat /etc/ssl/certs/ca-certificates.crt >> "
+        f"{AGENT_TRUST_BUNDLE}; fi",
+        f"grep -q ' {s.master_cert_name}$' /etc/hosts || echo '{master_ip} {s.master_cert_name}' >> /etc/hosts",
+        "cat > /etc/systemd/system/shipyard-agent.service.d/master-tls.conf <<'SHIPYARD_UNIT'",
+        "[Service]",
+        f"Environment=SSL_CERT_FILE={AGENT_TRUST_BUNDLE}",
+        f"Environment=REQUESTS_CA_BUNDLE={AGENT_TRUST_BUNDLE}",
+        "SHIPYARD_UNIT",
+        "",
+    ])
 
 
 def _elastic(s: settings.Settings, *, min_instances: int, max_instances: int) -> dict[str, Any]:
@@ -121,7 +164,10 @@ def _container_options(s: settings.Settings, *, gpu: bool) -> dict[str, Any]:
 
 
 def _pools(s: settings.Settings, compute: dict[str, Any], aux: dict[str, Any], compute_what: str,
-           aux_what: str) -> list[dict[str, Any]]:
+           aux_what: str, master_ip: str) -> list[dict[str, Any]]:
+    if s.tls:
+        for provider in (compute, aux):
+            provider["startup_script"] = tls_startup_script(s, master_ip)
     return [{"name": COMPUTE_POOL, "description": compute_what, "container_runtime": s.container_runtime,
              "provider": compute},
             {"name": AUX_POOL, "description": aux_what, "container_runtime": s.container_runtime, "provider": aux}]
@@ -167,7 +213,7 @@ def aws_master_config(s: settings.AwsSettings, f: AwsFacts) -> dict[str, Any]:
         **_base_config(s, f.master_private_ip, f.host),
         "checkpoint_storage": storage,
         "resource_pools": _pools(s, compute, aux_p, f"GPU agents ({s.compute_agent_instance_type})",
-                                 f"CPU agents ({s.aux_agent_instance_type})"),
+                                 f"CPU agents ({s.aux_agent_instance_type})", f.master_private_ip),
         "default_resource_pool": COMPUTE_POOL,
     }
 
@@ -212,7 +258,7 @@ def gcp_master_config(s: settings.GcpSettings, f: GcpFacts) -> dict[str, Any]:
         "checkpoint_storage": {"type": "gcs", "bucket": f.bucket, "prefix": "checkpoints"},
         "resource_pools": _pools(s, compute, aux_p,
                                  f"GPU agents ({s.compute_agent_instance_type}, {s.gpu_num}x {s.gpu_type})",
-                                 f"CPU agents ({s.aux_agent_instance_type})"),
+                                 f"CPU agents ({s.aux_agent_instance_type})", f.master_private_ip),
         "default_resource_pool": COMPUTE_POOL,
     }
 

@@ -12,8 +12,10 @@ import dataclasses
 import ipaddress
 import json
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from infra import DEPLOY_TAG, catalog
@@ -21,6 +23,7 @@ from shipyard_common import clouds
 
 _CLUSTER_ID_RE = re.compile(r"^[a-z][a-z0-9-]{1,20}[a-z0-9]$")
 _KEYPAIR_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,254}$")
+_DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _DURATION_RE = re.compile(r"^\d+(\.\d+)?(s|m|h)?$")
 # What RDS refuses in a master password (and what would need quoting in a URL anyway).
 _DB_PASSWORD_FORBIDDEN = set('/@" \\')
@@ -94,6 +97,35 @@ def check_password(flag: str, value: str | None) -> str | None:
     return value
 
 
+def read_tls_pair(cert_path: str | None, key_path: str | None) -> tuple[str, str] | None:
+    """`--master-tls-cert` / `--master-tls-key`: both files or neither; PEM; the key is the
+    certificate's (OpenSSL loads the pair as the master will). Returns (cert PEM, key PEM)."""
+    if not cert_path and not key_path:
+        return None
+    if not cert_path or not key_path:
+        missing = "master-tls-cert" if not cert_path else "master-tls-key"
+        given = "master-tls-key" if not cert_path else "master-tls-cert"
+        raise _fail(missing, f"required with --{given} (the master serves HTTPS with the pair)")
+    texts = []
+    for flag, path in (("master-tls-cert", cert_path), ("master-tls-key", key_path)):
+        try:
+            text = Path(path).expanduser().read_text("ascii")
+        except (OSError, UnicodeDecodeError) as e:
+            raise _fail(flag, f"cannot read {path}: {getattr(e, 'strerror', None) or 'not a PEM text file'}") from None
+        texts.append(text)
+    cert, key = texts
+    if "-----BEGIN CERTIFICATE-----" not in cert:
+        raise _fail("master-tls-cert", f"{cert_path} holds no PEM certificate")
+    if "PRIVATE KEY-----" not in key or "ENCRYPTED" in key:
+        raise _fail("master-tls-key", f"{key_path} holds no unencrypted PEM private key")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            str(Path(cert_path).expanduser()), str(Path(key_path).expanduser()))
+    except ssl.SSLError as e:
+        raise _fail("master-tls-key", f"{key_path} does not go with {cert_path} ({e.reason or e})") from None
+    return cert, key
+
+
 def _duration(flag: str, value: str) -> str:
     if not _DURATION_RE.match(value.strip()):
         raise _fail(flag, f"{value!r} is not a duration like 300s, 10m or 1h")
@@ -152,9 +184,21 @@ class _Common:
     container_runtime: str = "docker"
     cpu_env_image: str = CPU_ENV_IMAGE
     gpu_env_image: str = GPU_ENV_IMAGE
+    # The master's certificate (PEM, with its chain; its key travels as a Pulumi secret), and the DNS
+    # name in it by which the agents reach the master's private address (their /etc/hosts).
+    master_tls_cert: str = ""
+    master_cert_name: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.master_tls_cert)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def all_tags(self) -> dict[str, str]:
@@ -177,6 +221,13 @@ class _Common:
         for flag, image in (("cpu-env-image", self.cpu_env_image), ("gpu-env-image", self.gpu_env_image)):
             if len(image) > 255 or not _IMAGE_RE.match(image):
                 raise _fail(flag, f"{image!r} is not a Docker image reference (e.g. {GPU_ENV_IMAGE})")
+        if self.master_tls_cert and not self.master_cert_name:
+            raise _fail("master-cert-name", "required with --master-tls-cert: a DNS name the certificate is "
+                                            "valid for (the agents reach the master by it)")
+        if self.master_cert_name and not self.master_tls_cert:
+            raise _fail("master-cert-name", "only applies with --master-tls-cert and --master-tls-key")
+        if self.master_cert_name and not _DNS_NAME_RE.match(self.master_cert_name):
+            raise _fail("master-cert-name", f"{self.master_cert_name!r} is not a DNS name (e.g. det.example.com)")
         if self.shipyard_package != self.shipyard_package.strip() or "\n" in self.shipyard_package:
             raise _fail("shipyard-package", "must be one pip requirement (e.g. shipyard==0.1.0)")
 

@@ -139,6 +139,13 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
                                            "(default pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime)")
     p.add_argument("--gpu-env-image", help="image of trials on GPU agents without environment.image "
                                            "(default pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime)")
+    p.add_argument("--master-tls-cert", dest="master_tls_cert_path", metavar="PATH",
+                   help="PEM certificate (with its chain) the master serves HTTPS with; needs --master-tls-key "
+                        "and --master-cert-name")
+    p.add_argument("--master-tls-key", dest="master_tls_key_path", metavar="PATH",
+                   help="its unencrypted PEM key (kept in the secret store, never in user-data)")
+    p.add_argument("--master-cert-name", help="a DNS name the certificate is valid for: the agents reach the "
+                                              "master's private address by it")
 
 
 def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
@@ -205,6 +212,7 @@ def cloud_up(args: Any) -> int:
     from cli import deploy_cloud as dc
 
     s = dc.settings_from_args(args.cloud, args)
+    tls_key = dc.tls_key_from_args(args)
     db_password, admin_password = dc.passwords_from_args(args)
     backend = dc.Backend.from_args(args)
     wait_s = _wait_timeout(args)
@@ -215,7 +223,7 @@ def cloud_up(args: Any) -> int:
             release_dir = Path(tmp)
             dc.build_release(release_dir)  # before any cloud call: a CLI that cannot ship stops here
         outputs = dc.up(args.cloud, s, backend, db_password=db_password, admin_password=admin_password,
-                        dry_run=args.dry_run, release_dir=release_dir)
+                        dry_run=args.dry_run, release_dir=release_dir, tls_key=tls_key)
     if args.dry_run:
         print("Preview only: nothing was created.")
         return 0

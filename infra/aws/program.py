@@ -233,14 +233,15 @@ class _SecretAndLogs(NamedTuple):
 
 
 def _secret_and_logs(n: _Naming, db: aws.rds.Instance, *, db_password: pulumi.Input[str],
-                     admin_password: pulumi.Input[str]) -> _SecretAndLogs:
+                     admin_password: pulumi.Input[str], tls_key: pulumi.Input[str]) -> _SecretAndLogs:
     """The master's secret (admin password, database URL) and its log group."""
-    named, tags, cid = n.named, n.tags, n.cid
+    named, tags, cid, s = n.named, n.tags, n.cid, n.s
     secret = aws.secretsmanager.Secret(named("master-secret"), name=f"shipyard/{cid}/master",
                                        description=f"Shipyard {cid}: admin and database passwords",
                                        recovery_window_in_days=0, tags=tags("master-secret"))
-    payload = pulumi.Output.all(admin_password, db_password, db.address).apply(
-        lambda a: render.secret_payload(a[0], render.postgres_url(a[1], a[2])))
+    payload = pulumi.Output.all(admin_password, db_password, db.address, tls_key).apply(
+        lambda a: render.secret_payload(a[0], render.postgres_url(a[1], a[2]), tls_cert=s.master_tls_cert,
+                                       tls_key=a[3]))
     secret_version = aws.secretsmanager.SecretVersion(named("master-secret"), secret_id=secret.id,
                                                       secret_string=pulumi.Output.secret(payload))
     log_group = aws.cloudwatch.LogGroup(named("logs"), name=f"/shipyard/{cid}", retention_in_days=LOG_RETENTION_DAYS,
@@ -307,7 +308,8 @@ def _master(s: AwsSettings, n: _Naming, network: _Network, sgs: _SecurityGroups,
     return _Master(nic=nic, instance=master, eip=eip)
 
 
-def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> dict[str, Any]:
+def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str],
+          tls_key: pulumi.Input[str] = "") -> dict[str, Any]:
     """Declare the stack's resources; returns its outputs (also exported)."""
     cid = s.cluster_id
     n = _Naming(s)
@@ -316,7 +318,7 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
     db = _database(s, n, network.subnet_ids, sgs.db, db_password)
     bucket = _checkpoint_bucket(n)
     secret, secret_version, log_group = _secret_and_logs(n, db, db_password=db_password,
-                                                         admin_password=admin_password)
+                                                         admin_password=admin_password, tls_key=tls_key)
     profiles = _iam(s, n, network.vpc_id, bucket, secret, log_group)
     # The master reads its secret (with the database's address) at its first start.
     nic, master, eip = _master(s, n, network, sgs, bucket, secret, profiles, depends_on=[secret_version, db])
@@ -326,7 +328,7 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
         "cloud": "aws",
         "settings": s.to_json(),
         "region": s.region,
-        "master_url": eip.public_ip.apply(lambda ip: f"http://{ip}:{s.port}"),
+        "master_url": eip.public_ip.apply(lambda ip: f"{s.scheme}://{ip}:{s.port}"),
         "master_private_ip": nic.private_ip,
         "master_instance_id": master.id,
         "checkpoint_bucket": bucket.bucket,

@@ -201,13 +201,14 @@ class _Secret(NamedTuple):
 
 
 def _secret(s: GcpSettings, db: gcp.sql.DatabaseInstance, accounts: _ServiceAccounts, after_apis: pulumi.ResourceOptions, *,
-            db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> _Secret:
+            db_password: pulumi.Input[str], admin_password: pulumi.Input[str], tls_key: pulumi.Input[str]) -> _Secret:
     """The master's secret (admin password, database URL), readable by the master only."""
     cid, project = s.cluster_id, s.project
     secret = gcp.secretmanager.Secret(f"{cid}-master-secret", secret_id=f"{cid}-master", project=project,
                                       replication={"auto": {}}, labels=s.all_tags, opts=after_apis)
-    payload = pulumi.Output.all(admin_password, db_password, db.private_ip_address).apply(
-        lambda a: render.secret_payload(a[0], render.postgres_url(a[1], a[2])))
+    payload = pulumi.Output.all(admin_password, db_password, db.private_ip_address, tls_key).apply(
+        lambda a: render.secret_payload(a[0], render.postgres_url(a[1], a[2]), tls_cert=s.master_tls_cert,
+                                       tls_key=a[3]))
     secret_version = gcp.secretmanager.SecretVersion(f"{cid}-master-secret", secret=secret.id,
                                                      secret_data=pulumi.Output.secret(payload))
     gcp.secretmanager.SecretIamMember(f"{cid}-master-reads-secret", project=project, secret_id=secret.secret_id,
@@ -247,7 +248,8 @@ def _master(s: GcpSettings, net: _Network, bucket: gcp.storage.Bucket, accounts:
     return _Master(internal_ip=internal_ip, external_ip=external_ip, instance=master)
 
 
-def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str]) -> dict[str, Any]:
+def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pulumi.Input[str],
+          tls_key: pulumi.Input[str] = "") -> dict[str, Any]:
     """Declare the stack's resources; returns its outputs (also exported)."""
     cid, project = s.cluster_id, s.project
     apis = [gcp.projects.Service(f"{cid}-api-{api.split('.')[0]}", project=project, service=api,
@@ -259,7 +261,7 @@ def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pul
     bucket = _checkpoint_bucket(s)
     accounts = _service_accounts(s, bucket, after_apis)
     secret, secret_version = _secret(s, db, accounts, after_apis, db_password=db_password,
-                                     admin_password=admin_password)
+                                     admin_password=admin_password, tls_key=tls_key)
     internal_ip, external_ip, master = _master(s, net, bucket, accounts, secret, after_apis,
                                                depends_on=[secret_version, db_user])
 
@@ -269,7 +271,7 @@ def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pul
         "settings": s.to_json(),
         "project": project,
         "zone": s.zone,
-        "master_url": external_ip.address.apply(lambda ip: f"http://{ip}:{s.port}"),
+        "master_url": external_ip.address.apply(lambda ip: f"{s.scheme}://{ip}:{s.port}"),
         "master_private_ip": internal_ip.address,
         "master_instance": master.name,
         "checkpoint_bucket": bucket.name,

@@ -1,0 +1,168 @@
+"""The options Determined users reach for in `det deploy aws|gcp` (issue 26): each parsed and checked by
+the CLI (one line naming the flag), rendered into master.yaml (checked by the master's own loader) and
+into the Pulumi programs (under mocks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import yaml
+
+from control_plane.config import load_config
+from infra import render
+from infra.aws import program as aws_program
+from infra.gcp import program as gcp_program
+from tests.cli.conftest import (  # noqa: F401 (fixtures)
+    Det,
+    cli_env,  # noqa: F401
+    det,
+)
+from tests.infra.conftest import ADMIN_PASSWORD, DB_PASSWORD, run
+from tests.infra.test_deploy_cli import AWS_OK, GCP_OK, moto_env, no_pulumi  # noqa: F401
+from tests.infra.test_programs import SECRET_SIG, aws_settings, gcp_settings, one
+from tests.provisioners.conftest import aws_session, moto_reset, moto_server  # noqa: F401
+from tests.tls_certs import self_signed
+
+SH = shutil.which("sh") or "/bin/sh"  # looked up before a test empties PATH
+SYSTEM_PATH = os.environ.get("PATH", "/usr/bin:/bin")
+TLS_KEY = "-----BEGIN PRIVATE KEY-----\nnot-a-real-key\n-----END PRIVATE KEY-----\n"
+
+
+def _one_line(r: Any, expected: str) -> None:
+    assert r.code == 1 and r.out == "", r.out
+    assert r.err.count("\n") == 1 and r.err.startswith("det: error: ") and expected in r.err, r.err
+
+
+def _render(det: Det, cloud: str, tmp_path: Path, *argv: str) -> dict[str, Any]:  # noqa: F811
+    ok = AWS_OK if cloud == "aws" else GCP_OK
+    r = det("deploy", cloud, "render", *ok, *argv, "--out", str(tmp_path / "out"))
+    assert r.code == 0, r.err
+    return dict(yaml.safe_load((tmp_path / "out" / "master.yaml").read_text()))
+
+
+# ---- TLS -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> tuple[Path, Path]:
+    return self_signed(tmp_path / "tls", names=("det.example.com",), ips=())
+
+
+def test_tls_flags_are_checked_as_a_pair(det: Det, no_pulumi: None, tmp_path: Path,  # noqa: F811
+                                         pair: tuple[Path, Path]) -> None:
+    cert, key = pair
+    _, other_key = self_signed(tmp_path / "other", stem="other")
+    name = ["--master-cert-name", "det.example.com"]
+    _one_line(det("deploy", "aws", "up", *AWS_OK, "--master-tls-cert", str(cert), *name),
+              "--master-tls-key: required with --master-tls-cert")
+    _one_line(det("deploy", "aws", "up", *AWS_OK, "--master-tls-cert", str(cert), "--master-tls-key", str(other_key),
+                  *name), f"--master-tls-key: {other_key} does not go with {cert}")
+    _one_line(det("deploy", "gcp", "up", *GCP_OK, "--master-tls-cert", str(key), "--master-tls-key", str(key), *name),
+              "--master-tls-cert: ")
+    _one_line(det("deploy", "gcp", "up", *GCP_OK, "--master-tls-cert", str(tmp_path / "nope.pem"),
+                  "--master-tls-key", str(key), *name), "--master-tls-cert: cannot read")
+    _one_line(det("deploy", "aws", "up", *AWS_OK, "--master-tls-cert", str(cert), "--master-tls-key", str(key)),
+              "--master-cert-name: required with --master-tls-cert")
+    _one_line(det("deploy", "aws", "up", *AWS_OK, "--master-cert-name", "det.example.com"),
+              "--master-cert-name: only applies with --master-tls-cert")
+    _one_line(det("deploy", "aws", "up", *AWS_OK, "--master-tls-cert", str(cert), "--master-tls-key", str(key),
+                  "--master-cert-name", "not a name"), "--master-cert-name: 'not a name' is not a DNS name")
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_tls_master_serves_https_and_agents_trust_it(det: Det, no_pulumi: None, tmp_path: Path,  # noqa: F811
+                                                     pair: tuple[Path, Path], cloud: str) -> None:
+    cert, key = pair
+    config = _render(det, cloud, tmp_path, "--master-tls-cert", str(cert), "--master-tls-key", str(key),
+                     "--master-cert-name", "det.example.com")
+    assert config["security"] == {"tls": {"cert": render.TLS_CERT_PATH, "key": render.TLS_KEY_PATH}}
+    assert config["master_url"] == "https://det.example.com:8080"
+    out = (tmp_path / "out").iterdir()
+    assert not any("PRIVATE KEY" in p.read_text() for p in out)  # the key only travels in the secret store
+    # The master's loader accepts it once the start program has written the pair.
+    config["security"]["tls"] = {"cert": str(cert), "key": str(key)}
+    path = tmp_path / "master.yaml"
+    path.write_text(yaml.safe_dump(config))
+    loaded = load_config(path, env={})
+    assert loaded.tls and loaded.advertised_url == "https://det.example.com:8080"
+    for pool in config["resource_pools"]:
+        script = pool["provider"]["startup_script"]
+        assert cert.read_text().strip() in script and "det.example.com" in script
+    # The agents' startup script, run in a scratch root: the name maps to the master's private
+    # address, the unit trusts the certificate besides the system's CAs.
+    _run_startup_script(config["resource_pools"][0]["provider"]["startup_script"], tmp_path / "root",
+                        "10.0.0.10" if cloud == "aws" else "10.10.0.10", cert)
+
+
+def _run_startup_script(script: str, root: Path, master_ip: str, cert: Path) -> None:
+    """Run the script with its absolute paths moved under `root` (no root needed)."""
+    for d in ("etc/ssl/certs", "etc/systemd/system"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "etc/ssl/certs/ca-certificates.crt").write_text("SYSTEM-CAS\n")
+    (root / "etc/hosts").write_text("127.0.0.1 localhost\n")
+    moved = script.replace(" /etc/", f" {root}/etc/").replace(">/etc/", f">{root}/etc/")
+    env = {"PATH": SYSTEM_PATH}
+    proc = subprocess.run([SH, "-c", moved], capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "etc/hosts").read_text().splitlines()[-1] == f"{master_ip} det.example.com"
+    bundle = (root / "etc/shipyard/master-trust.pem").read_text()
+    assert bundle.startswith(cert.read_text().strip()) and bundle.endswith("SYSTEM-CAS\n")
+    dropin = (root / "etc/systemd/system/shipyard-agent.service.d/master-tls.conf").read_text()
+    assert f"Environment=SSL_CERT_FILE={render.AGENT_TRUST_BUNDLE}" in dropin
+    subprocess.run([SH, "-c", moved], check=True, timeout=30, env=env)  # twice: one hosts line still
+    assert (root / "etc/hosts").read_text().count("det.example.com") == 1
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_tls_programs_keep_the_key_secret(pair: tuple[Path, Path], cloud: str) -> None:
+    cert, _ = pair
+    extra = {"master_tls_cert": cert.read_text(), "master_cert_name": "det.example.com"}
+    if cloud == "aws":
+        s = aws_settings(**extra)
+        rec, out = run(lambda: aws_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD,
+                                                 tls_key=TLS_KEY))
+        user_data = one(rec, "ec2/instance:Instance").inputs["userData"]
+        version = one(rec, "SecretVersion").inputs["secretString"]
+    else:
+        g = gcp_settings(**extra)
+        rec, out = run(lambda: gcp_program.build(g, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD,
+                                                 tls_key=TLS_KEY))
+        user_data = one(rec, "compute/instance:Instance").inputs["metadata"]["user-data"]
+        version = one(rec, "SecretVersion").inputs["secretData"]
+    assert out["master_url"].startswith("https://")
+    assert render.user_data_config(user_data)["security"]["tls"]["key"] == render.TLS_KEY_PATH
+    assert isinstance(version, dict) and set(version) == {SECRET_SIG, "value"}
+    payload = json.loads(version["value"])
+    assert payload["tls_key"] == TLS_KEY and payload["tls_cert"] == cert.read_text()
+    assert not [r.type for r in rec.resources if "not-a-real-key" in r.text and not r.type.endswith("SecretVersion")]
+
+
+def test_the_start_program_writes_the_pair_for_root_only(moto_env: str, tmp_path: Path) -> None:  # noqa: F811
+    sm = boto3.client("secretsmanager", region_name="us-east-1")
+    arn = sm.create_secret(Name="shipyard/ml-prod/master", SecretString=render.secret_payload(
+        "admin-pw-123", "postgresql+psycopg2://u:p@db:5432/shipyard", tls_cert="CERT", tls_key=TLS_KEY))["ARN"]
+    start = tmp_path / "start.py"
+    start.write_text(render.start_program("aws", arn, "us-east-1"))
+    fake_master = tmp_path / "det-master"
+    fake_master.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                           "print(json.dumps({'argv': sys.argv[1:], 'admin': os.environ['SHIPYARD_ADMIN_PASSWORD']}))\n")
+    fake_master.chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    proc = subprocess.run([sys.executable, str(start), "--det-master", str(fake_master), "--config", "/dev/null",
+                           "--state-dir", str(state)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AWS_ENDPOINT_URL": moto_env})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["admin"] == "admin-pw-123"
+    key = state / "master-tls-key.pem"
+    assert key.read_text() == TLS_KEY and (state / "master-tls-cert.pem").read_text() == "CERT"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
