@@ -150,7 +150,8 @@ def tls_startup_script(s: settings.Settings, master_ip: str) -> str:
 
 def _elastic(s: settings.Settings, *, min_instances: int, max_instances: int) -> dict[str, Any]:
     return {"min_instances": min_instances, "max_instances": max_instances,
-            "max_idle_agent_period": s.max_idle_agent_period}
+            "max_idle_agent_period": s.max_idle_agent_period,
+            "max_agent_starting_period": s.max_agent_starting_period}
 
 
 def _container_options(s: settings.Settings, *, gpu: bool) -> dict[str, Any]:
@@ -168,9 +169,11 @@ def _pools(s: settings.Settings, compute: dict[str, Any], aux: dict[str, Any], c
     if s.tls:
         for provider in (compute, aux):
             provider["startup_script"] = tls_startup_script(s, master_ip)
+    scheduler = {"type": s.scheduler_type, "preemption": s.preemption_enabled}
     return [{"name": COMPUTE_POOL, "description": compute_what, "container_runtime": s.container_runtime,
-             "provider": compute},
-            {"name": AUX_POOL, "description": aux_what, "container_runtime": s.container_runtime, "provider": aux}]
+             "scheduler": dict(scheduler), "provider": compute},
+            {"name": AUX_POOL, "description": aux_what, "container_runtime": s.container_runtime,
+             "scheduler": dict(scheduler), "provider": aux}]
 
 
 def aws_master_config(s: settings.AwsSettings, f: AwsFacts) -> dict[str, Any]:

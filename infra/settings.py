@@ -47,6 +47,8 @@ GCP_AUX_IMAGE = GCP_MASTER_IMAGE
 # whose experiment sets environment.image runs in that image, unchanged; the others in these public
 # PyTorch images (the CUDA runtime image runs on CPU-only agents too).
 CONTAINER_RUNTIMES = ("docker", "process")
+# The master's scheduling policies (control_plane/core/scheduling; tests/infra checks they agree).
+SCHEDULER_TYPES = ("priority", "fair_share")
 GPU_ENV_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 CPU_ENV_IMAGE = GPU_ENV_IMAGE
 # A Docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
@@ -174,6 +176,11 @@ class _Common:
     max_dynamic_agents: int = 5
     max_aux_agents: int = 2
     max_idle_agent_period: str = "10m"
+    # An instance whose agent has not connected this long after launch is replaced.
+    max_agent_starting_period: str = "20m"
+    # Both pools' scheduler (the master's `scheduler:` of each pool).
+    scheduler_type: str = "priority"
+    preemption_enabled: bool = True
     spot: bool = False
     tags: dict[str, str] = field(default_factory=dict)
     # A pip requirement for Shipyard on the master (a version, a wheel URL, a VCS URL) instead of the
@@ -214,6 +221,9 @@ class _Common:
             raise _fail("min-dynamic-agents", f"{self.min_dynamic_agents} is more than --max-dynamic-agents "
                                               f"{self.max_dynamic_agents}")
         _duration("max-idle-agent-period", self.max_idle_agent_period)
+        _duration("max-agent-starting-period", self.max_agent_starting_period)
+        if self.scheduler_type not in SCHEDULER_TYPES:
+            raise _fail("scheduler-type", f"{self.scheduler_type!r} is not one of {', '.join(SCHEDULER_TYPES)}")
         if not 20 <= self.db_storage_gb <= 16384:
             raise _fail("db-storage-gb", f"must be between 20 and 16384, got {self.db_storage_gb}")
         if self.container_runtime not in CONTAINER_RUNTIMES:

@@ -127,6 +127,11 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
     p.add_argument("--min-dynamic-agents", type=int, help="GPU agents kept running (default 0)")
     p.add_argument("--max-aux-agents", type=int, help="CPU agents at most (default 2)")
     p.add_argument("--max-idle-agent-period", help="idle agents are terminated after this (default 10m)")
+    p.add_argument("--max-agent-starting-period",
+                   help="an instance whose agent has not connected this long after launch is replaced (default 20m)")
+    p.add_argument("--scheduler-type", help="both pools' scheduler: priority (default) or fair_share")
+    p.add_argument("--preemption-enabled", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether higher-priority work preempts running trials (default: on)")
     p.add_argument("--spot", action="store_true", default=None, help="GPU agents on spot capacity")
     p.add_argument("--db-storage-gb", type=int, help="database storage (default 20)")
     p.add_argument("--shipyard-package",

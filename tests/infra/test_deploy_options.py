@@ -166,3 +166,39 @@ def test_the_start_program_writes_the_pair_for_root_only(moto_env: str, tmp_path
     key = state / "master-tls-key.pem"
     assert key.read_text() == TLS_KEY and (state / "master-tls-cert.pem").read_text() == "CERT"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
+
+
+# ---- scheduler, preemption, max agent starting period -------------------------------------------------
+
+
+def test_scheduler_types_are_the_masters_policies() -> None:
+    from control_plane.core.scheduling import POLICIES
+    from infra.settings import SCHEDULER_TYPES
+
+    assert set(SCHEDULER_TYPES) == set(POLICIES)
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_scheduler_preemption_and_starting_period_reach_both_pools(det: Det, no_pulumi: None,  # noqa: F811
+                                                                   tmp_path: Path, cloud: str) -> None:
+    config = _render(det, cloud, tmp_path, "--scheduler-type", "fair_share", "--no-preemption-enabled",
+                     "--max-agent-starting-period", "45m")
+    path = tmp_path / "master.yaml"
+    path.write_text(yaml.safe_dump(config))
+    loaded = load_config(path, env={})
+    for pool in loaded.resource_pools:
+        assert pool.scheduler.type == "fair_share" and pool.scheduler.preemption is False
+        settings = pool.settings()
+        assert settings is not None and settings.elastic.max_agent_starting_period.total_seconds() == 45 * 60
+    config = _render(det, cloud, tmp_path, "--preemption-enabled")
+    assert {p["scheduler"]["type"] for p in config["resource_pools"]} == {"priority"}
+    assert all(p["scheduler"]["preemption"] is True for p in config["resource_pools"])
+    assert all(p["provider"]["max_agent_starting_period"] == "20m" for p in config["resource_pools"])
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--scheduler-type", "round_robin"], "--scheduler-type: 'round_robin' is not one of priority, fair_share"),
+    (["--max-agent-starting-period", "soon"], "--max-agent-starting-period: 'soon' is not a duration"),
+])
+def test_bad_scheduler_flags_are_one_line(det: Det, no_pulumi: None, argv: list[str], expected: str) -> None:  # noqa: F811
+    _one_line(det("deploy", "gcp", "up", *GCP_OK, *argv), expected)
