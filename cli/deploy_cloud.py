@@ -85,6 +85,47 @@ def settings_from_args(cloud: Cloud, args: Any) -> Settings:
         raise CliError(str(e)) from None
 
 
+def use_aws_profile(args: Any) -> None:
+    """`--profile`: the named profile of ~/.aws/config and ~/.aws/credentials for every AWS call of this
+    command, the CLI's own (boto3) and Pulumi's AWS provider (both read AWS_PROFILE)."""
+    profile = getattr(args, "profile", None)
+    if not profile:
+        return
+    import boto3
+    from botocore.exceptions import ProfileNotFound
+
+    try:
+        boto3.Session(profile_name=profile)
+    except ProfileNotFound:
+        raise CliError(f"--profile: no AWS profile {profile!r} in ~/.aws/config or ~/.aws/credentials "
+                       "(AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE)") from None
+    os.environ["AWS_PROFILE"] = profile  # Pulumi's provider
+    boto3.setup_default_session(profile_name=profile)  # boto3.client(...) of this process
+
+
+def check_aws_network(s: AwsSettings) -> None:
+    """`--vpc-id`/`--subnet-id` before anything is created: the VPC exists, the subnets are in it and span
+    two availability zones (RDS refuses a subnet group in one)."""
+    if not s.vpc_id:
+        return
+    from botocore.exceptions import ClientError
+
+    ec2 = _ec2(s.region)
+    try:
+        ec2.describe_vpcs(VpcIds=[s.vpc_id])
+    except ClientError as e:
+        raise CliError(f"--vpc-id: {s.vpc_id} not found in {s.region} ({e.response.get('Error', {}).get('Code')})") from None
+    try:
+        subnets = ec2.describe_subnets(SubnetIds=list(s.subnet_ids))["Subnets"]
+    except ClientError as e:
+        raise CliError(f"--subnet-id: {e.response.get('Error', {}).get('Message', 'not found')}") from None
+    elsewhere = sorted(sn["SubnetId"] for sn in subnets if sn["VpcId"] != s.vpc_id)
+    if elsewhere:
+        raise CliError(f"--subnet-id: {', '.join(elsewhere)} not in {s.vpc_id}")
+    if len({sn["AvailabilityZone"] for sn in subnets}) < 2:
+        raise CliError("--subnet-id: the subnets are all in one availability zone; RDS needs two")
+
+
 def tls_key_from_args(args: Any) -> str:
     """The key of `--master-tls-key` (checked with its certificate by settings_from_args), or ""."""
     try:

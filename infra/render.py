@@ -367,15 +367,15 @@ def agent_user_data_sample(provider: Literal["aws", "gcp"], config: dict[str, An
 # Stand-ins for what the stack creates, so that `render` needs no cloud call.
 def aws_placeholder_facts(s: settings.AwsSettings) -> AwsFacts:
     return AwsFacts(master_private_ip="10.0.0.10", bucket=f"shipyard-{s.cluster_id}-<suffix>",
-                    subnet_ids=("<subnet-a>", "<subnet-b>"), agent_security_group_id="<agent-security-group>",
+                    subnet_ids=s.subnet_ids or ("<subnet-a>", "<subnet-b>"), agent_security_group_id="<agent-security-group>",
                     agent_instance_profile=f"shipyard-{s.cluster_id}-agent",
                     secret_id=f"shipyard/{s.cluster_id}/master")
 
 
 def gcp_placeholder_facts(s: settings.GcpSettings) -> GcpFacts:
     return GcpFacts(master_private_ip="10.10.0.10", bucket=f"shipyard-{s.cluster_id}-<suffix>",
-                    network=f"projects/{s.project}/global/networks/{s.cluster_id}-net",
-                    subnetwork=f"regions/{s.region}/subnetworks/{s.cluster_id}-subnet",
+                    network=f"projects/{s.project}/global/networks/{s.network or s.cluster_id + '-net'}",
+                    subnetwork=f"regions/{s.region}/subnetworks/{s.subnetwork or s.cluster_id + '-subnet'}",
                     agent_service_account=f"{s.cluster_id}-agent@{s.project}.iam.gserviceaccount.com",
                     secret_id=f"projects/{s.project}/secrets/{s.cluster_id}-master")
 

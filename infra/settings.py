@@ -24,6 +24,9 @@ from shipyard_common import clouds
 _CLUSTER_ID_RE = re.compile(r"^[a-z][a-z0-9-]{1,20}[a-z0-9]$")
 _KEYPAIR_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,254}$")
 _DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_VPC_RE = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_SUBNET_RE = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+_GCP_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION_RE = re.compile(r"^\d+(\.\d+)?(s|m|h)?$")
 # What RDS refuses in a master password (and what would need quoting in a URL anyway).
 _DB_PASSWORD_FORBIDDEN = set('/@" \\')
@@ -252,6 +255,10 @@ class AwsSettings(_Common):
     spot_max_price: str | None = None
     db_instance_class: str = "db.t4g.medium"
     use_default_vpc: bool = False
+    # An existing VPC and its subnets (at least two, in two availability zones: RDS needs them; the
+    # master goes in the first, which must route to an internet gateway) instead of a new VPC.
+    vpc_id: str = ""
+    subnet_ids: tuple[str, ...] = ()
     master_ami: str = AWS_MASTER_AMI
     agent_ami: str = AWS_AGENT_AMI
     aux_ami: str = AWS_AUX_AMI
@@ -284,6 +291,22 @@ class AwsSettings(_Common):
             except ValueError:
                 raise _fail("spot-max-price", f"{self.spot_max_price!r} is not a price in USD per hour") from None
         parse_tags([f"{k}={v}" for k, v in self.tags.items()], cloud="aws")
+        self._check_network()
+
+    def _check_network(self) -> None:
+        object.__setattr__(self, "subnet_ids", tuple(self.subnet_ids))
+        if self.vpc_id and self.use_default_vpc:
+            raise _fail("vpc-id", "give --vpc-id or --default-vpc, not both")
+        if self.vpc_id and not _VPC_RE.match(self.vpc_id):
+            raise _fail("vpc-id", f"{self.vpc_id!r} is not a VPC id (vpc-0123abcd...)")
+        for subnet in self.subnet_ids:
+            if not _SUBNET_RE.match(subnet):
+                raise _fail("subnet-id", f"{subnet!r} is not a subnet id (subnet-0123abcd...)")
+        if self.subnet_ids and not self.vpc_id:
+            raise _fail("subnet-id", "only applies with --vpc-id (the VPC the subnets are in)")
+        if self.vpc_id and len(set(self.subnet_ids)) < 2:
+            raise _fail("subnet-id", "give two or more subnets of the VPC, in two availability zones (RDS needs "
+                                     "them; the master goes in the first), e.g. --subnet-id subnet-a --subnet-id subnet-b")
 
     @classmethod
     def from_json(cls, text: str) -> AwsSettings:
@@ -303,6 +326,9 @@ class GcpSettings(_Common):
     gpu_type: str = "nvidia-tesla-t4"
     gpu_num: int = 1
     db_tier: str = "db-custom-1-3840"
+    # An existing VPC network and its subnetwork in the zone's region, instead of new ones.
+    network: str = ""
+    subnetwork: str = ""
     master_image: str = GCP_MASTER_IMAGE
     agent_image: str = GCP_AGENT_IMAGE
     aux_image: str = GCP_AUX_IMAGE
@@ -338,6 +364,14 @@ class GcpSettings(_Common):
         if self.db_tier not in catalog.GCP_SQL_TIERS:
             raise _fail("db-tier", f"unknown Cloud SQL tier {self.db_tier!r} (known: {', '.join(catalog.GCP_SQL_TIERS)})")
         parse_tags([f"{k}={v}" for k, v in self.tags.items()], cloud="gcp")
+        for flag, name in (("network", self.network), ("subnetwork", self.subnetwork)):
+            if name and not _GCP_NAME_RE.match(name):
+                raise _fail(flag, f"{name!r} is not a GCP resource name (lowercase letters, digits and '-', "
+                                  "starting with a letter)")
+        if bool(self.network) != bool(self.subnetwork):
+            missing, given = ("subnetwork", "network") if self.network else ("network", "subnetwork")
+            raise _fail(missing, f"required with --{given} (an existing subnetwork of that network in "
+                                 f"{self.region})")
 
     @property
     def region(self) -> str:

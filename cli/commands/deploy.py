@@ -92,9 +92,12 @@ def down(args: Any) -> int:
 # ---- det deploy aws|gcp -----------------------------------------------------------------------------
 
 
-def _backend_flags(p: argparse.ArgumentParser) -> None:
+def _backend_flags(p: argparse.ArgumentParser, cloud: str = "") -> None:
     p.add_argument("--state-dir", type=Path, help="local Pulumi state directory (default ~/.shipyard/pulumi)")
     p.add_argument("--backend-url", help="a Pulumi state backend instead (file://, s3://, gs://)")
+    if cloud == "aws":
+        p.add_argument("--profile", help="the AWS credentials profile for this command's AWS calls, the CLI's "
+                                         "and Pulumi's (default: AWS_PROFILE, else the default chain)")
 
 
 def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
@@ -112,6 +115,10 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
         p.add_argument("--db-instance-class", help="RDS class (default db.t4g.medium)")
         p.add_argument("--default-vpc", dest="use_default_vpc", action="store_true", default=None,
                        help="use the account's default VPC instead of a new one")
+        p.add_argument("--vpc-id", help="an existing VPC instead of a new one (with --subnet-id)")
+        p.add_argument("--subnet-id", dest="subnet_ids", action="append", metavar="SUBNET_ID",
+                       help="a subnet of --vpc-id (repeat: two or more, in two availability zones; the master goes "
+                            "in the first, which must route to an internet gateway)")
         p.add_argument("--agent-ami", help="AMI of the GPU agents (default: the Deep Learning base AMI)")
         p.add_argument("--master-ami", help="AMI of the master (default: Ubuntu 24.04)")
     else:
@@ -123,6 +130,8 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
         p.add_argument("--gpu-type", help="default nvidia-tesla-t4")
         p.add_argument("--gpu-num", type=int, help="GPUs per compute agent (default 1)")
         p.add_argument("--db-tier", help="Cloud SQL tier (default db-custom-1-3840)")
+        p.add_argument("--network", help="an existing VPC network instead of a new one (with --subnetwork)")
+        p.add_argument("--subnetwork", help="an existing subnetwork of --network in the zone's region")
     p.add_argument("--max-dynamic-agents", type=int, help="GPU agents at most (default 5)")
     p.add_argument("--min-dynamic-agents", type=int, help="GPU agents kept running (default 0)")
     p.add_argument("--max-aux-agents", type=int, help="CPU agents at most (default 2)")
@@ -164,13 +173,13 @@ def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
     p.add_argument("--dry-run", action="store_true", help="preview the changes, create nothing")
     p.add_argument("--wait-timeout", type=float, default=None, metavar="SECONDS",
                    help="how long to wait for the master to answer (default 900; 0: do not wait)")
-    _backend_flags(p)
+    _backend_flags(p, cloud)
     p.set_defaults(func=cloud_up)
     p = csub.add_parser("upgrade", help="ship this Shipyard's wheel to the cluster and restart its master")
     p.add_argument("--cluster-id")
     p.add_argument("--wait-timeout", type=float, default=None, metavar="SECONDS",
                    help="how long to wait for the master to answer again (default 900; 0: do not wait)")
-    _backend_flags(p)
+    _backend_flags(p, cloud)
     p.set_defaults(func=cloud_upgrade)
     p = csub.add_parser("down", help="terminate the agents, then destroy the cluster (its bucket and a final "
                                      "database snapshot are kept unless --delete-data)")
@@ -178,7 +187,7 @@ def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--delete-data", action="store_true",
                    help="delete the checkpoint bucket and the database's final snapshot too")
-    _backend_flags(p)
+    _backend_flags(p, cloud)
     p.set_defaults(func=cloud_down)
     p = csub.add_parser("list", help="the clusters in the state backend")
     _backend_flags(p)
@@ -186,7 +195,7 @@ def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
     p.set_defaults(func=cloud_list)
     p = csub.add_parser("describe", help="master URL, cost at rest, pools and instances")
     p.add_argument("--cluster-id")
-    _backend_flags(p)
+    _backend_flags(p, cloud)
     p.set_defaults(func=cloud_describe)
     p = csub.add_parser("render", help="write master.yaml and the user-data the cluster would boot")
     _cluster_flags(p, cloud)
@@ -221,7 +230,10 @@ def cloud_up(args: Any) -> int:
     db_password, admin_password = dc.passwords_from_args(args)
     backend = dc.Backend.from_args(args)
     wait_s = _wait_timeout(args)
+    dc.use_aws_profile(args)
     dc.require_pulumi()
+    if isinstance(s, dc.AwsSettings):
+        dc.check_aws_network(s)
     with tempfile.TemporaryDirectory(prefix="shipyard-release-") as tmp:
         release_dir = None
         if not s.shipyard_package and not args.dry_run:
@@ -248,6 +260,7 @@ def cloud_upgrade(args: Any) -> int:
     cluster_id = dc.cluster_id_from_args(args)
     backend = dc.Backend.from_args(args)
     wait_s = _wait_timeout(args)
+    dc.use_aws_profile(args)
     outputs = dc.stack_outputs(args.cloud, cluster_id, backend)
     version = dc.upgrade(args.cloud, outputs)
     url = str(outputs.get("master_url"))
@@ -262,6 +275,7 @@ def cloud_down(args: Any) -> int:
 
     cluster_id = dc.cluster_id_from_args(args)
     backend = dc.Backend.from_args(args)
+    dc.use_aws_profile(args)
     if not args.yes and not dc.confirm_down(cluster_id, delete_data=args.delete_data):
         raise CliError(f"not confirmed: nothing was changed (type {cluster_id} when asked, or pass --yes)")
     dc.require_pulumi()
@@ -289,6 +303,7 @@ def cloud_describe(args: Any) -> int:
     from cli import deploy_cloud as dc
 
     cluster_id = dc.cluster_id_from_args(args)
+    dc.use_aws_profile(args)
     outputs = dc.stack_outputs(args.cloud, cluster_id, dc.Backend.from_args(args))
     for line in dc.describe(args.cloud, outputs):
         print(line)

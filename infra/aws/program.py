@@ -1,7 +1,7 @@
 """A Shipyard cluster on AWS, as Pulumi resources.
 
-- network: a VPC with one public subnet in each of two availability zones (or the account's default
-  VPC with `use_default_vpc`);
+- network: a VPC with one public subnet in each of two availability zones (or an existing VPC and
+  its subnets, `--vpc-id`/`--subnet-id`, or the account's default VPC with `use_default_vpc`);
 - security groups: the master's port from the inbound CIDR and from the agents, SSH from the inbound
   CIDR, the database's port from the master only;
 - PostgreSQL on RDS (encrypted, automated backups, not publicly accessible);
@@ -124,7 +124,11 @@ class _Network(NamedTuple):
 
 
 def _network(s: AwsSettings, n: _Naming) -> _Network:
-    """The account's default VPC (`use_default_vpc`), else a VPC of our own."""
+    """An existing VPC (`vpc_id`, `subnet_ids`), the account's default VPC (`use_default_vpc`), else a VPC
+    of our own."""
+    if s.vpc_id:
+        return _Network(vpc_id=pulumi.Output.from_input(s.vpc_id),
+                        subnet_ids=pulumi.Output.from_input(list(s.subnet_ids)))
     if s.use_default_vpc:
         default = aws.ec2.get_vpc_output(default=True)
         return _Network(vpc_id=default.id, subnet_ids=aws.ec2.get_subnets_output(filters=[

@@ -1,6 +1,7 @@
 """A Shipyard cluster on GCP, as Pulumi resources.
 
-- network: a VPC network and one subnetwork in the zone's region;
+- network: a VPC network and one subnetwork in the zone's region (or existing ones, `--network`
+  and `--subnetwork`; the program adds its firewall rules and the Cloud SQL peering range to them);
 - firewall rules of the AWS shape: the master's port from the inbound CIDR and from the agents, SSH
   from the inbound CIDR, agent to agent; and the database's range denied to the agents (Cloud SQL's
   private IP sits behind a peering that ingress rules cannot filter, so the agents' egress to it is
@@ -69,19 +70,25 @@ def _agent_tag(cid: str) -> str:
 
 
 class _Network(NamedTuple):
-    network: gcp.compute.Network
-    subnet: gcp.compute.Subnetwork
+    # A Network and Subnetwork of ours, or the lookups of existing ones (`id` and `name` either way).
+    network: Any
+    subnet: Any
     sql_range: gcp.compute.GlobalAddress
     peering: gcp.servicenetworking.Connection
 
 
 def _network(s: GcpSettings, after_apis: pulumi.ResourceOptions) -> _Network:
-    """The VPC network, its subnetwork, and the range peered with Cloud SQL."""
+    """The VPC network and its subnetwork (new, or the existing `network`/`subnetwork`), and the range
+    peered with Cloud SQL."""
     cid, project = s.cluster_id, s.project
-    network = gcp.compute.Network(f"{cid}-net", name=f"{cid}-net", project=project, auto_create_subnetworks=False,
-                                  description=f"Shipyard {cid}", opts=after_apis)
-    subnet = gcp.compute.Subnetwork(f"{cid}-subnet", name=f"{cid}-subnet", project=project, region=s.region,
-                                    network=network.id, ip_cidr_range=SUBNET_CIDR, private_ip_google_access=True)
+    if s.network:
+        network: Any = gcp.compute.get_network_output(name=s.network, project=project)
+        subnet: Any = gcp.compute.get_subnetwork_output(name=s.subnetwork, region=s.region, project=project)
+    else:
+        network = gcp.compute.Network(f"{cid}-net", name=f"{cid}-net", project=project,
+                                      auto_create_subnetworks=False, description=f"Shipyard {cid}", opts=after_apis)
+        subnet = gcp.compute.Subnetwork(f"{cid}-subnet", name=f"{cid}-subnet", project=project, region=s.region,
+                                        network=network.id, ip_cidr_range=SUBNET_CIDR, private_ip_google_access=True)
     sql_range = gcp.compute.GlobalAddress(f"{cid}-sql-range", name=f"{cid}-sql-range", project=project,
                                           purpose="VPC_PEERING", address_type="INTERNAL",
                                           prefix_length=SQL_PEERING_PREFIX, network=network.id, labels=s.all_tags)

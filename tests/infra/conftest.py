@@ -87,6 +87,14 @@ class Recorder(pulumi.runtime.Mocks):
             return {"id": "vpc-default", "cidrBlock": "172.31.0.0/16"}, []
         if args.token == "aws:ec2/getSubnets:getSubnets":
             return {"ids": ["subnet-d1", "subnet-d2"]}, []
+        if args.token == "gcp:compute/getNetwork:getNetwork":
+            name, project = args.args["name"], args.args.get("project", "p")
+            return {"id": f"projects/{project}/global/networks/{name}", "name": name,
+                    "selfLink": f"https://compute.googleapis.com/compute/v1/projects/{project}/global/networks/{name}"}, []
+        if args.token == "gcp:compute/getSubnetwork:getSubnetwork":
+            name, project, region = args.args["name"], args.args.get("project", "p"), args.args["region"]
+            return {"id": f"projects/{project}/regions/{region}/subnetworks/{name}", "name": name,
+                    "region": region, "ipCidrRange": "10.128.0.0/20"}, []
         return {}, []
 
 

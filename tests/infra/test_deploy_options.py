@@ -28,7 +28,7 @@ from tests.cli.conftest import (  # noqa: F401 (fixtures)
 )
 from tests.infra.conftest import ADMIN_PASSWORD, DB_PASSWORD, run
 from tests.infra.test_deploy_cli import AWS_OK, GCP_OK, moto_env, no_pulumi  # noqa: F401
-from tests.infra.test_programs import SECRET_SIG, aws_settings, gcp_settings, one
+from tests.infra.test_programs import SECRET_SIG, aws_settings, gcp_settings, of_type, one
 from tests.provisioners.conftest import aws_session, moto_reset, moto_server  # noqa: F401
 from tests.tls_certs import self_signed
 
@@ -202,3 +202,115 @@ def test_scheduler_preemption_and_starting_period_reach_both_pools(det: Det, no_
 ])
 def test_bad_scheduler_flags_are_one_line(det: Det, no_pulumi: None, argv: list[str], expected: str) -> None:  # noqa: F811
     _one_line(det("deploy", "gcp", "up", *GCP_OK, *argv), expected)
+
+
+# ---- an existing network ---------------------------------------------------------------------------
+
+SUBNETS = ["subnet-0a1b2c3d4e5f60718", "subnet-0a1b2c3d4e5f60719"]
+
+
+def test_aws_existing_vpc_creates_no_network_and_the_pools_use_its_subnets() -> None:
+    s = aws_settings(vpc_id="vpc-0123456789abcdef0", subnet_ids=tuple(SUBNETS))
+    rec, _ = run(lambda: aws_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
+    for kind in ("ec2/vpc:Vpc", "ec2/subnet:Subnet", "InternetGateway", "RouteTable"):
+        assert not of_type(rec, kind), kind
+    assert one(rec, "rds/subnetGroup:SubnetGroup").inputs["subnetIds"] == SUBNETS
+    assert one(rec, "ec2/networkInterface:NetworkInterface").inputs["subnetId"] == SUBNETS[0]
+    assert {sg.inputs["vpcId"] for sg in of_type(rec, "SecurityGroup")} == {"vpc-0123456789abcdef0"}
+    user_data = one(rec, "ec2/instance:Instance").inputs["userData"]
+    for pool in render.user_data_config(user_data)["resource_pools"]:
+        assert pool["provider"]["subnet_ids"] == SUBNETS
+    statements = json.loads(next(r for r in of_type(rec, "RolePolicy") if r.name.endswith("-master")).inputs["policy"])
+    [in_vpc] = [st for st in statements["Statement"] if st["Sid"] == "RunInTheClusterVpc"]
+    assert in_vpc["Condition"]["ArnLike"]["ec2:Vpc"].endswith(":vpc/vpc-0123456789abcdef0")
+
+
+def test_gcp_existing_network_creates_none_and_the_pools_use_it() -> None:
+    s = gcp_settings(network="shared-vpc", subnetwork="ml-subnet")
+    rec, _ = run(lambda: gcp_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
+    assert not of_type(rec, "compute/network:Network") and not of_type(rec, "compute/subnetwork:Subnetwork")
+    networks = {fw.inputs["network"] for fw in of_type(rec, "Firewall")}
+    assert networks == {"projects/my-project-1/global/networks/shared-vpc"}
+    master = one(rec, "compute/instance:Instance").inputs
+    assert master["networkInterfaces"][0]["subnetwork"] == "projects/my-project-1/regions/us-central1/subnetworks/ml-subnet"
+    for pool in render.user_data_config(master["metadata"]["user-data"])["resource_pools"]:
+        assert pool["provider"]["network"] == "projects/my-project-1/global/networks/shared-vpc"
+        assert pool["provider"]["subnetwork"] == "regions/us-central1/subnetworks/ml-subnet"
+
+
+@pytest.mark.parametrize(("cloud", "argv", "expected"), [
+    ("aws", ["--vpc-id", "vpc-0123456789abcdef0", "--subnet-id", SUBNETS[0]], "--subnet-id: give two or more subnets"),
+    ("aws", ["--subnet-id", SUBNETS[0], "--subnet-id", SUBNETS[1]], "--subnet-id: only applies with --vpc-id"),
+    ("aws", ["--vpc-id", "vpc-0123456789abcdef0", "--default-vpc"], "--vpc-id: give --vpc-id or --default-vpc"),
+    ("aws", ["--vpc-id", "my-vpc"], "--vpc-id: 'my-vpc' is not a VPC id"),
+    ("aws", ["--vpc-id", "vpc-0123456789abcdef0", "--subnet-id", "sn-1", "--subnet-id", SUBNETS[1]],
+     "--subnet-id: 'sn-1' is not a subnet id"),
+    ("gcp", ["--network", "shared-vpc"], "--subnetwork: required with --network"),
+    ("gcp", ["--subnetwork", "ml"], "--network: required with --subnetwork"),
+    ("gcp", ["--network", "Shared_VPC", "--subnetwork", "ml"], "--network: 'Shared_VPC' is not a GCP resource name"),
+])
+def test_bad_network_flags_are_one_line(det: Det, no_pulumi: None, cloud: str, argv: list[str],  # noqa: F811
+                                        expected: str) -> None:
+    _one_line(det("deploy", cloud, "up", *(AWS_OK if cloud == "aws" else GCP_OK), *argv), expected)
+
+
+def test_render_names_the_existing_network(det: Det, no_pulumi: None, tmp_path: Path) -> None:  # noqa: F811
+    config = _render(det, "aws", tmp_path, "--vpc-id", "vpc-0123456789abcdef0", "--subnet-id", SUBNETS[0],
+                     "--subnet-id", SUBNETS[1])
+    assert config["resource_pools"][0]["provider"]["subnet_ids"] == SUBNETS
+    config = _render(det, "gcp", tmp_path, "--network", "shared-vpc", "--subnetwork", "ml-subnet")
+    assert config["resource_pools"][0]["provider"]["subnetwork"] == "regions/us-central1/subnetworks/ml-subnet"
+
+
+def _two_subnets(ec2: Any, vpc: str, zones: tuple[str, str]) -> list[str]:
+    return [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.9.{i}.0/24", AvailabilityZone=z)["Subnet"]["SubnetId"]
+            for i, z in enumerate(zones)]
+
+
+def test_aws_existing_network_is_checked_before_anything_is_created(moto_env: str) -> None:  # noqa: F811
+    from cli import deploy_cloud
+    from cli.errors import CliError
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    good = _two_subnets(ec2, vpc, ("us-east-1a", "us-east-1b"))
+    deploy_cloud.check_aws_network(aws_settings(vpc_id=vpc, subnet_ids=tuple(good)))
+    one_zone = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.9.{i}.0/24", AvailabilityZone="us-east-1c")["Subnet"]
+                ["SubnetId"] for i in (5, 6)]
+    with pytest.raises(CliError, match="--subnet-id: the subnets are all in one availability zone"):
+        deploy_cloud.check_aws_network(aws_settings(vpc_id=vpc, subnet_ids=tuple(one_zone)))
+    other = ec2.create_vpc(CidrBlock="10.8.0.0/16")["Vpc"]["VpcId"]
+    [foreign] = [ec2.create_subnet(VpcId=other, CidrBlock="10.8.1.0/24")["Subnet"]["SubnetId"]]
+    with pytest.raises(CliError, match=f"--subnet-id: {foreign} not in {vpc}"):
+        deploy_cloud.check_aws_network(aws_settings(vpc_id=vpc, subnet_ids=(good[0], foreign)))
+    with pytest.raises(CliError, match="--vpc-id: vpc-0123456789abcdef0 not found in us-east-1"):
+        deploy_cloud.check_aws_network(aws_settings(vpc_id="vpc-0123456789abcdef0", subnet_ids=tuple(good)))
+
+
+# ---- --profile -----------------------------------------------------------------------------------
+
+
+def test_profile_is_checked_and_used_by_every_aws_call(det: Det, no_pulumi: None, moto_env: str,  # noqa: F811
+                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli import deploy_cloud
+
+    config = tmp_path / "aws-config"
+    config.write_text("[profile ops]\nregion = us-east-1\n")
+    creds = tmp_path / "aws-credentials"
+    creds.write_text("[ops]\naws_access_key_id = ops-key\naws_secret_access_key = ops-secret\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.delenv("AWS_PROFILE", raising=False)  # restored after the test, whatever the command sets
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # likewise boto3's default session
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    _one_line(det("deploy", "aws", "up", *AWS_OK, "--profile", "nope"), "--profile: no AWS profile 'nope'")
+    _one_line(det("deploy", "aws", "down", "--cluster-id", "ml-prod", "--yes", "--profile", "nope"),
+              "--profile: no AWS profile 'nope'")
+    assert "AWS_PROFILE" not in os.environ
+    r = det("deploy", "aws", "describe", "--cluster-id", "ml-prod", "--profile", "ops", "--state-dir", str(tmp_path))
+    assert r.code == 1 and "no stack 'ml-prod'" in r.err
+    assert os.environ["AWS_PROFILE"] == "ops"
+    # The CLI's own boto3 calls now sign with the profile's keys (moto accepts any).
+    assert boto3.Session().get_credentials().access_key == "ops-key"  # type: ignore[union-attr]
+    assert deploy_cloud.aws_instances("us-east-1", "ml-prod") == []
