@@ -45,6 +45,7 @@ from infra.settings import (
     check_cluster_id,
     check_password,
     parse_tags,
+    read_ssh_public_key,
     read_tls_pair,
     settings_from_json,
     settings_kwargs,
@@ -79,6 +80,7 @@ def settings_from_args(cloud: Cloud, args: Any) -> Settings:
         pair = read_tls_pair(values.pop("master_tls_cert_path", None), values.pop("master_tls_key_path", None))
         if pair:
             values["master_tls_cert"] = pair[0]
+        values["ssh_public_key"] = read_ssh_public_key(values.pop("keypath", None))
         cls = AwsSettings if cloud == "aws" else GcpSettings
         return cls(**settings_kwargs(values, cls))
     except DeployInputError as e:

@@ -240,6 +240,10 @@ def gcp_master_config(s: settings.GcpSettings, f: GcpFacts) -> dict[str, Any]:
         }
         if f.api_endpoint:
             p["api_endpoint"] = f.api_endpoint
+        if s.min_cpu_platform_agent:
+            p["min_cpu_platform"] = s.min_cpu_platform_agent
+        if s.ssh_public_key:
+            p["ssh_keys"] = [f"{settings.GCP_SSH_USER}:{s.ssh_public_key}"]
         return p
 
     compute = provider(s.agent_image, s.compute_agent_instance_type, COMPUTE_POOL)

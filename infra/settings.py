@@ -27,6 +27,10 @@ _DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)
 _VPC_RE = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _SUBNET_RE = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 _GCP_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_CPU_PLATFORM_RE = re.compile(r"^(Intel|AMD|Ampere) [A-Z][A-Za-z0-9 ]{1,40}$")
+_SSH_KEY_RE = re.compile(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+( [^\n]*)?$")
+# The user the `--keypath` key logs in as on GCP (the `ssh-keys` metadata creates it).
+GCP_SSH_USER = "shipyard"
 _DURATION_RE = re.compile(r"^\d+(\.\d+)?(s|m|h)?$")
 # What RDS refuses in a master password (and what would need quoting in a URL anyway).
 _DB_PASSWORD_FORBIDDEN = set('/@" \\')
@@ -129,6 +133,19 @@ def read_tls_pair(cert_path: str | None, key_path: str | None) -> tuple[str, str
     except ssl.SSLError as e:
         raise _fail("master-tls-key", f"{key_path} does not go with {cert_path} ({e.reason or e})") from None
     return cert, key
+
+
+def read_ssh_public_key(path: str | None) -> str | None:
+    """`--keypath`: the text of an SSH public key file (the .pub, never the private key)."""
+    if not path:
+        return None
+    try:
+        text = Path(path).expanduser().read_text("ascii").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise _fail("keypath", f"cannot read {path}: {getattr(e, 'strerror', None) or 'not a text file'}") from None
+    if "PRIVATE KEY" in text:
+        raise _fail("keypath", f"{path} is a private key: give the public one ({path}.pub)")
+    return text
 
 
 def _duration(flag: str, value: str) -> str:
@@ -329,6 +346,11 @@ class GcpSettings(_Common):
     # An existing VPC network and its subnetwork in the zone's region, instead of new ones.
     network: str = ""
     subnetwork: str = ""
+    # `--keypath`: an SSH public key (the file's text) for user GCP_SSH_USER on the master and the
+    # agents, through the `ssh-keys` metadata (the master's OS Login is then off).
+    ssh_public_key: str = ""
+    min_cpu_platform_master: str = ""
+    min_cpu_platform_agent: str = ""
     master_image: str = GCP_MASTER_IMAGE
     agent_image: str = GCP_AGENT_IMAGE
     aux_image: str = GCP_AUX_IMAGE
@@ -368,6 +390,12 @@ class GcpSettings(_Common):
             if name and not _GCP_NAME_RE.match(name):
                 raise _fail(flag, f"{name!r} is not a GCP resource name (lowercase letters, digits and '-', "
                                   "starting with a letter)")
+        if self.ssh_public_key and not _SSH_KEY_RE.match(self.ssh_public_key):
+            raise _fail("keypath", "not an OpenSSH public key (one line: ssh-ed25519 AAAA... comment)")
+        for flag, platform in (("min-cpu-platform-master", self.min_cpu_platform_master),
+                               ("min-cpu-platform-agent", self.min_cpu_platform_agent)):
+            if platform and not _CPU_PLATFORM_RE.match(platform):
+                raise _fail(flag, f"{platform!r} is not a CPU platform name (e.g. 'Intel Ice Lake', 'AMD Milan')")
         if bool(self.network) != bool(self.subnetwork):
             missing, given = ("subnetwork", "network") if self.network else ("network", "subnetwork")
             raise _fail(missing, f"required with --{given} (an existing subnetwork of that network in "

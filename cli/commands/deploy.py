@@ -132,6 +132,10 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
         p.add_argument("--db-tier", help="Cloud SQL tier (default db-custom-1-3840)")
         p.add_argument("--network", help="an existing VPC network instead of a new one (with --subnetwork)")
         p.add_argument("--subnetwork", help="an existing subnetwork of --network in the zone's region")
+        p.add_argument("--keypath", help="an SSH public key file (.pub) for user shipyard on the master and the "
+                                         "agents (ssh-keys metadata; turns the master's OS Login off)")
+        p.add_argument("--min-cpu-platform-master", help="least CPU platform of the master (e.g. 'Intel Ice Lake')")
+        p.add_argument("--min-cpu-platform-agent", help="least CPU platform of the agents (e.g. 'AMD Milan')")
     p.add_argument("--max-dynamic-agents", type=int, help="GPU agents at most (default 5)")
     p.add_argument("--min-dynamic-agents", type=int, help="GPU agents kept running (default 0)")
     p.add_argument("--max-aux-agents", type=int, help="CPU agents at most (default 2)")

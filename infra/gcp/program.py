@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import release, render
+from infra import release, render, settings
 from infra.settings import GcpSettings
 
 SUBNET_CIDR = "10.10.0.0/20"
@@ -240,6 +240,9 @@ def _master(s: GcpSettings, net: _Network, bucket: gcp.storage.Bucket, accounts:
                                       address_type="EXTERNAL", labels=labels, opts=after_apis)
     user_data = pulumi.Output.all(internal_ip.address, bucket.name, net.network.name, net.subnet.name,
                                   accounts.agent.email, secret.name).apply(lambda a: master_user_data(s, *a))
+    metadata: dict[str, Any] = {"user-data": user_data, "enable-oslogin": "TRUE"}
+    if s.ssh_public_key:  # metadata keys are ignored under OS Login
+        metadata.update({"ssh-keys": f"{settings.GCP_SSH_USER}:{s.ssh_public_key}", "enable-oslogin": "FALSE"})
     master = gcp.compute.Instance(
         f"{cid}-master", name=f"{cid}-master", project=project, zone=s.zone, machine_type=s.master_instance_type,
         boot_disk={"initialize_params": {"image": s.master_image, "size": MASTER_DISK_GB, "type": "pd-balanced",
@@ -247,7 +250,7 @@ def _master(s: GcpSettings, net: _Network, bucket: gcp.storage.Bucket, accounts:
         network_interfaces=[{"subnetwork": net.subnet.id, "network_ip": internal_ip.address,
                              "access_configs": [{"nat_ip": external_ip.address}]}],
         service_account={"email": accounts.master.email, "scopes": ["cloud-platform"]},
-        metadata={"user-data": user_data, "enable-oslogin": "TRUE"},
+        metadata=metadata, min_cpu_platform=s.min_cpu_platform_master or None,
         shielded_instance_config={"enable_secure_boot": True, "enable_vtpm": True,
                                   "enable_integrity_monitoring": True},
         tags=[_master_tag(cid)], labels=labels, allow_stopping_for_update=True,

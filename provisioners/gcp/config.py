@@ -113,6 +113,10 @@ class GcpPoolConfig(ProviderSettings):
     # A VM found powered off (TERMINATED, STOPPED, SUSPENDED: not by this master) is still deleted;
     # true keeps its disks (autoDelete turned off first), false deletes them with it.
     keep_stopped_disks: Annotated[bool, boolean()] = False
+    # The least CPU generation the VMs get (e.g. "Intel Ice Lake"); None: whatever the zone has.
+    min_cpu_platform: Annotated[str | None, text(optional=True)] = None
+    # Lines of the `ssh-keys` metadata key ("USER:ssh-ed25519 AAAA... comment"): SSH access without OS Login.
+    ssh_keys: Annotated[tuple[str, ...], text_list()] = ()
 
     @model_validator(mode="before")
     @classmethod

@@ -350,6 +350,7 @@ class GcpProvider(GceReader):
                 compute_v1.Items(key=METADATA_CLUSTER, value=self.cluster_id),
                 compute_v1.Items(key=METADATA_POOL, value=self.pool),
                 compute_v1.Items(key=METADATA_LAUNCH_ID, value=spec.launch_id),
+                *([compute_v1.Items(key="ssh-keys", value="\n".join(cfg.ssh_keys))] if cfg.ssh_keys else []),
             ]
         )
         scheduling = compute_v1.Scheduling()
@@ -417,6 +418,8 @@ class GcpProvider(GceReader):
             ]
         if cfg.network_tags:
             inst.tags = compute_v1.Tags(items=list(cfg.network_tags))
+        if cfg.min_cpu_platform:
+            inst.min_cpu_platform = cfg.min_cpu_platform
         return inst
 
     def _describe(self, spec: LaunchSpec, name: str, zone: str) -> CloudInstance:

@@ -314,3 +314,58 @@ def test_profile_is_checked_and_used_by_every_aws_call(det: Det, no_pulumi: None
     # The CLI's own boto3 calls now sign with the profile's keys (moto accepts any).
     assert boto3.Session().get_credentials().access_key == "ops-key"  # type: ignore[union-attr]
     assert deploy_cloud.aws_instances("us-east-1", "ml-prod") == []
+
+
+# ---- GCP --keypath, --min-cpu-platform-master/-agent ------------------------------------------------------
+
+PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHdTwQ3mJt0x2B9qk1f3b5a7c9e1g3i5k7m9o1q3s5u7 ops@laptop"
+
+
+def test_gcp_keypath_and_cpu_platforms_reach_master_and_agents(det: Det, no_pulumi: None,  # noqa: F811
+                                                               tmp_path: Path) -> None:
+    from provisioners.factory import COMMON_KEYS
+    from provisioners.gcp import GcpPoolConfig
+
+    pub = tmp_path / "id_ed25519.pub"
+    pub.write_text(PUBKEY + "\n")
+    config = _render(det, "gcp", tmp_path, "--keypath", str(pub), "--min-cpu-platform-agent", "Intel Ice Lake")
+    for pool in config["resource_pools"]:
+        cfg = GcpPoolConfig.from_dict({k: v for k, v in pool["provider"].items() if k not in COMMON_KEYS})
+        assert cfg.ssh_keys == (f"shipyard:{PUBKEY}",) and cfg.min_cpu_platform == "Intel Ice Lake"
+    s = gcp_settings(ssh_public_key=PUBKEY, min_cpu_platform_master="AMD Milan")
+    rec, _ = run(lambda: gcp_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
+    master = one(rec, "compute/instance:Instance").inputs
+    assert master["metadata"]["ssh-keys"] == f"shipyard:{PUBKEY}" and master["metadata"]["enable-oslogin"] == "FALSE"
+    assert master["minCpuPlatform"] == "AMD Milan"
+    rec, _ = run(lambda: gcp_program.build(gcp_settings(), db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
+    master = one(rec, "compute/instance:Instance").inputs
+    assert master["metadata"]["enable-oslogin"] == "TRUE" and "ssh-keys" not in master["metadata"]
+    assert "minCpuPlatform" not in master
+
+
+@pytest.mark.integration
+def test_gcp_agents_launch_with_the_key_and_the_cpu_platform() -> None:
+    from tests.provisioners.test_gcp import make_provider, metadata_of, running_gce_fake, specs
+
+    with running_gce_fake() as fake:
+        prov = make_provider(fake, ssh_keys=[f"shipyard:{PUBKEY}"], min_cpu_platform="Intel Ice Lake")
+        (inst,) = prov.launch(specs("launch-0001")).launched
+        body = fake.sent[inst.id]
+    assert metadata_of(body)["ssh-keys"] == f"shipyard:{PUBKEY}" and body["minCpuPlatform"] == "Intel Ice Lake"
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--keypath", "/nonexistent/key.pub"], "--keypath: cannot read /nonexistent/key.pub"),
+    (["--min-cpu-platform-agent", "skylake"], "--min-cpu-platform-agent: 'skylake' is not a CPU platform name"),
+])
+def test_bad_gcp_host_flags_are_one_line(det: Det, no_pulumi: None, argv: list[str], expected: str) -> None:  # noqa: F811
+    _one_line(det("deploy", "gcp", "up", *GCP_OK, *argv), expected)
+
+
+def test_keypath_refuses_a_private_key_and_junk(det: Det, no_pulumi: None, tmp_path: Path) -> None:  # noqa: F811
+    private = tmp_path / "id_ed25519"
+    private.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----\n")
+    _one_line(det("deploy", "gcp", "up", *GCP_OK, "--keypath", str(private)), "--keypath: ")
+    junk = tmp_path / "junk.pub"
+    junk.write_text("hello\n")
+    _one_line(det("deploy", "gcp", "up", *GCP_OK, "--keypath", str(junk)), "--keypath: not an OpenSSH public key")
