@@ -432,6 +432,11 @@ def down(cloud: Cloud, cluster_id: str, backend: Backend, *, wait_s: float = AGE
     elif outputs:
         _print_line(f"kept: the bucket {outputs.get('checkpoint_bucket')} and the database's final "
                     f"{'snapshot ' + final_snapshot_id(cluster_id) if cloud == 'aws' else 'backup'}")
+    if outputs and cloud == "aws" and outputs.get("settings") and outputs.get("log_group"):
+        s = settings_from_json(cloud, outputs["settings"])
+        if isinstance(s, AwsSettings) and s.retain_log_group:
+            _print_line(f"kept: the log group {outputs['log_group']} (--no-retain-log-group at up deletes it with "
+                        "the cluster)")
 
 
 def final_snapshot_id(cluster_id: str) -> str:

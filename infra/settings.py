@@ -276,6 +276,8 @@ class AwsSettings(_Common):
     # master goes in the first, which must route to an internet gateway) instead of a new VPC.
     vpc_id: str = ""
     subnet_ids: tuple[str, ...] = ()
+    # `down` keeps the CloudWatch log group (retain_on_delete), unless --no-retain-log-group.
+    retain_log_group: bool = True
     master_ami: str = AWS_MASTER_AMI
     agent_ami: str = AWS_AGENT_AMI
     aux_ami: str = AWS_AUX_AMI

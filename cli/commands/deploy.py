@@ -115,6 +115,9 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
         p.add_argument("--db-instance-class", help="RDS class (default db.t4g.medium)")
         p.add_argument("--default-vpc", dest="use_default_vpc", action="store_true", default=None,
                        help="use the account's default VPC instead of a new one")
+        p.add_argument("--retain-log-group", action=argparse.BooleanOptionalAction, default=None,
+                       help="whether down keeps the CloudWatch log group (default: kept, its events expire after "
+                            "30 days)")
         p.add_argument("--vpc-id", help="an existing VPC instead of a new one (with --subnet-id)")
         p.add_argument("--subnet-id", dest="subnet_ids", action="append", metavar="SUBNET_ID",
                        help="a subnet of --vpc-id (repeat: two or more, in two availability zones; the master goes "

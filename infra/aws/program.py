@@ -249,7 +249,10 @@ def _secret_and_logs(n: _Naming, db: aws.rds.Instance, *, db_password: pulumi.In
     secret_version = aws.secretsmanager.SecretVersion(named("master-secret"), secret_id=secret.id,
                                                       secret_string=pulumi.Output.secret(payload))
     log_group = aws.cloudwatch.LogGroup(named("logs"), name=f"/shipyard/{cid}", retention_in_days=LOG_RETENTION_DAYS,
-                                        tags=tags("logs"))
+                                        tags=tags("logs"),
+                                        # `down` keeps it (its events expire by themselves) unless
+                                        # --no-retain-log-group.
+                                        opts=pulumi.ResourceOptions(retain_on_delete=s.retain_log_group))
     return _SecretAndLogs(secret=secret, version=secret_version, log_group=log_group)
 
 

@@ -369,3 +369,23 @@ def test_keypath_refuses_a_private_key_and_junk(det: Det, no_pulumi: None, tmp_p
     junk = tmp_path / "junk.pub"
     junk.write_text("hello\n")
     _one_line(det("deploy", "gcp", "up", *GCP_OK, "--keypath", str(junk)), "--keypath: not an OpenSSH public key")
+
+
+# ---- the log group -----------------------------------------------------------------------------------
+
+
+def test_down_keeps_the_log_group_unless_asked_not_to(det: Det, no_pulumi: None, tmp_path: Path) -> None:  # noqa: F811
+    from tests.infra.test_programs import _retained
+
+    for retain in (True, False):
+        s = aws_settings(retain_log_group=retain)
+        _, kept = _retained(lambda s=s: aws_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
+        assert ("aws:cloudwatch/logGroup:LogGroup" in kept) is retain
+        assert "aws:s3/bucket:Bucket" in kept
+    from cli import deploy_cloud
+    from cli.main import build_parser
+
+    args = build_parser().parse_args(["deploy", "aws", "up", *AWS_OK, "--no-retain-log-group"])
+    assert deploy_cloud.settings_from_args("aws", args).retain_log_group is False  # type: ignore[union-attr]
+    args = build_parser().parse_args(["deploy", "aws", "up", *AWS_OK])
+    assert deploy_cloud.settings_from_args("aws", args).retain_log_group is True  # type: ignore[union-attr]

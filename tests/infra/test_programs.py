@@ -346,6 +346,7 @@ def test_aws_down_keeps_a_final_snapshot_and_the_bucket() -> None:
     assert one(rec, "s3/bucket:Bucket").inputs["forceDestroy"] is False
     # The bucket and the settings that keep it private and encrypted outlive the stack.
     assert kept == {"aws:s3/bucket:Bucket", "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+                    "aws:cloudwatch/logGroup:LogGroup",
                     "aws:s3/bucketOwnershipControls:BucketOwnershipControls",
                     "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
                     "aws:s3/bucketPolicy:BucketPolicy"}
