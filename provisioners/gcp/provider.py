@@ -340,19 +340,17 @@ class GcpProvider(GceReader):
                 raise
         return op
 
+    def _metadata(self, spec: LaunchSpec) -> compute_v1.Metadata:
+        items = {METADATA_USER_DATA: spec.user_data, METADATA_MASTER: self.master_url,
+                 METADATA_CLUSTER: self.cluster_id, METADATA_POOL: self.pool, METADATA_LAUNCH_ID: spec.launch_id}
+        if self.cfg.ssh_keys:
+            items["ssh-keys"] = "\n".join(self.cfg.ssh_keys)
+        return compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in items.items()])
+
     def _instance_resource(self, spec: LaunchSpec, name: str, zone: str) -> compute_v1.Instance:
         cfg = self.cfg
         labels = {**cfg.labels, **self._labels, LABEL_LAUNCH_ID: label_value(spec.launch_id)}
-        metadata = compute_v1.Metadata(
-            items=[
-                compute_v1.Items(key=METADATA_USER_DATA, value=spec.user_data),
-                compute_v1.Items(key=METADATA_MASTER, value=self.master_url),
-                compute_v1.Items(key=METADATA_CLUSTER, value=self.cluster_id),
-                compute_v1.Items(key=METADATA_POOL, value=self.pool),
-                compute_v1.Items(key=METADATA_LAUNCH_ID, value=spec.launch_id),
-                *([compute_v1.Items(key="ssh-keys", value="\n".join(cfg.ssh_keys))] if cfg.ssh_keys else []),
-            ]
-        )
+        metadata = self._metadata(spec)
         scheduling = compute_v1.Scheduling()
         if cfg.gpu_num > 0 or cfg.is_spot:
             # GPUs cannot live-migrate; spot/preemptible VMs must terminate on maintenance too.
