@@ -89,6 +89,12 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
     current = cluster.read()
     if current and alive(current.get("master_pid")):
         raise CliError(f"a local cluster is already running at {current['master_url']} (det deploy local down first)")
+    url = f"http://127.0.0.1:{port}"
+    # A master that died (crashed, killed) leaves its agents running, still retrying it: those that
+    # will find the new master (same URL) are kept, with their trials, instead of starting a second
+    # agent of the same id beside them (which exited, leaving a dead pid on record and the live
+    # agent unrecorded, so `down` missed it); the others are stopped.
+    survivors = _adopt_agents(state_dir, current, url, agents)
     # 0700: it holds the admin password, the agent token, the master's database and token key.
     private_files.private_dir(state_dir)
     pw_file = state_dir / "admin-password"
@@ -99,7 +105,6 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
         password = secrets.token_urlsafe(15)
         private_files.write_private(pw_file, password.encode())
         new_password = True
-    url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, SHIPYARD_ADMIN_PASSWORD=password)
     cmd = [sys.executable, "-m", "control_plane", "--port", str(port), "--state-dir", str(state_dir / "master")]
     if db:
@@ -128,6 +133,10 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
         for i in range(agents):
             agent_id = f"local-{i}"
             log = state_dir / "agents" / f"{agent_id}.log"
+            if agent_id in survivors:
+                data["agents"].append({"id": agent_id, "pid": survivors[agent_id], "log": str(log)})
+                cluster.write(data)
+                continue
             pid = _spawn(
                 [sys.executable, "-m", "agent_bootstrap.agent", "--master-url", url, "--resource-pool", "default",
                  "--agent-id", agent_id, "--token-file", str(token_file), "--work-dir",
@@ -142,6 +151,41 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
         raise
     data["new_admin_password"] = new_password
     return data
+
+
+def agent_processes(state_dir: Path) -> dict[str, int]:
+    """The live agents of this cluster, found by their command lines (their --work-dir is under
+    `state_dir`/agents), whatever the run file says: agent id -> pid. Linux (/proc); else none."""
+    root = str(state_dir.resolve() / "agents")
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "agent_bootstrap.agent" not in argv or "--work-dir" not in argv or "--agent-id" not in argv:
+            continue
+        work_dir = argv[argv.index("--work-dir") + 1] if argv.index("--work-dir") + 1 < len(argv) else ""
+        if work_dir and str(Path(work_dir).resolve().parent) == root and alive(int(entry.name)):
+            found[argv[argv.index("--agent-id") + 1]] = int(entry.name)
+    return found
+
+
+def _adopt_agents(state_dir: Path, current: dict[str, Any], url: str, agents: int) -> dict[str, int]:
+    """Agents still running from the cluster's last run: those this `up` keeps (same master URL, an
+    id it would start), by id; the rest are stopped."""
+    live = agent_processes(state_dir)
+    for a in current.get("agents", []):  # recorded ones too (a platform without /proc)
+        if alive(a.get("pid")):
+            live.setdefault(a["id"], int(a["pid"]))
+    wanted = {f"local-{i}" for i in range(agents)}
+    keep = {i: pid for i, pid in live.items() if i in wanted and current.get("master_url") == url}
+    for agent_id, pid in live.items():
+        if agent_id not in keep:
+            _stop(pid, grace=20)
+    return keep
 
 
 def _wait_agents(s: Any, ids: list[str], timeout: float, data: dict[str, Any]) -> None:
@@ -175,10 +219,12 @@ def down(state_dir: Path, quiet: bool = False) -> int:
     if alive(data.get("master_pid")):
         _teardown_pools(data["master_url"], state_dir)
     stopped += _stop_local_instances(state_dir)
-    for a in data.get("agents", []):
-        if alive(a.get("pid")):
-            _stop(a["pid"], grace=20)
-            stopped += 1
+    # The recorded agents, and any other agent of this cluster still running (found by its command line).
+    pids = {int(a["pid"]) for a in data.get("agents", []) if alive(a.get("pid"))}
+    pids |= set(agent_processes(state_dir).values())
+    for pid in sorted(pids):
+        _stop(pid, grace=20)
+        stopped += 1
     if alive(data.get("master_pid")):
         _stop(data["master_pid"], grace=15)
         stopped += 1

@@ -133,6 +133,16 @@ class MasterConfig(_Strict):
     # experiment (its model definition travels base64 in the JSON), `max_body_bytes` for any other.
     max_request_bytes: int = Field(160 * 1024 * 1024, gt=0)
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    # Request-body memory (frontdoor/body_budget.py): a body over `body_spool_bytes` (or chunked) is
+    # spooled to a file in <state_dir>/request-bodies as it arrives, and until its request is answered
+    # counts against its caller's budget (a user's, whatever token they use; else the client address)
+    # and the host's (every master process on the host together). One that does not fit is refused
+    # before it is read: 429 when the caller's own bodies fill its budget, 503 when the host's is
+    # full, both with Retry-After. The host's budget bounds the master's memory
+    # (docs/PERFORMANCE.md). body_budget_bytes: 0 turns budgets and spooling off.
+    body_spool_bytes: int = Field(1024 * 1024, gt=0)
+    body_budget_per_caller_bytes: int = Field(192 * 1024 * 1024, gt=0)
+    body_budget_bytes: int = Field(320 * 1024 * 1024, ge=0)
     model_def_max_bytes: int = Field(96 * 1024 * 1024, gt=0)
     max_grid_trials: int = Field(10_000, gt=0)
     # An agent that has not polled for this long is disconnected: nothing new is placed on it.
@@ -216,6 +226,15 @@ class MasterConfig(_Strict):
         if self.default_resource_pool not in names:
             raise ValueError(
                 f"default_resource_pool: {self.default_resource_pool!r} is not one of the pools {names}"
+            )
+        if self.body_budget_bytes and not (
+                max(self.max_request_bytes, self.max_body_bytes) <= self.body_budget_per_caller_bytes
+                <= self.body_budget_bytes):
+            raise ValueError(
+                f"body_budget_per_caller_bytes ({self.body_budget_per_caller_bytes}) must be at least "
+                f"max_request_bytes ({self.max_request_bytes}) and max_body_bytes ({self.max_body_bytes}), and at most "
+                f"body_budget_bytes ({self.body_budget_bytes}), or a body within its limit could never be "
+                "taken (body_budget_bytes: 0 turns the budgets off)"
             )
         if self.request_limit + self.cluster_concurrent_requests > self.db_pool_size - 1:
             raise ValueError(
@@ -302,6 +321,11 @@ _ENV_FIELDS = (
     "metrics_enabled",
     "api_workers",
     "leader_lease_s",
+    "max_request_bytes",
+    "max_body_bytes",
+    "body_spool_bytes",
+    "body_budget_per_caller_bytes",
+    "body_budget_bytes",
 )
 
 

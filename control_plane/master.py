@@ -25,6 +25,7 @@ from control_plane.config import MasterConfig
 from control_plane.db import migrate
 from control_plane.db.engine import make_engine, make_session_factory, read_only, transaction
 from control_plane.db.models import ClusterInfo, ResourcePool, User
+from control_plane.db.quotas import SharedQuotas
 from control_plane.errors import NotLeader
 from shipyard_common import private_files
 
@@ -71,6 +72,9 @@ class Master:
         self.login_throttle = auth.LoginThrottle(self.sessions, per_user=config.login_max_failures_per_user,
                                                  per_address=config.login_max_failures_per_address,
                                                  window_s=config.login_failure_window_s)
+        # Counters every master process counts together (db/quotas.py): open log searches,
+        # request-body memory.
+        self.quotas = SharedQuotas(self.sessions)
         self.stopping = threading.Event()
         self.autoscaler: Any = None  # set by runtime.start_background when pools are elastic
         self._threads: list[threading.Thread] = []
@@ -318,6 +322,7 @@ class Master:
             self.leadership.resign(self.clock())
         if self.wakebus is not None:
             self.wakebus.stop()
+        self.quotas.stop()
         self.engine.dispose()
 
     def new_id(self) -> str:

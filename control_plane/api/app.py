@@ -71,7 +71,7 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     for router in extra_routers or []:
         app.include_router(router)
     install_ui(app)  # the web UI at / (control_plane/ui), beside /api/v1
-    app.add_middleware(BodyLimits, config=master.config)
+    app.add_middleware(BodyLimits, config=master.config, master=master)
     _install_admission(app, master)
     return app
 

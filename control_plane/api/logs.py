@@ -241,7 +241,7 @@ def trial_logs(
         trial = access.get_trial(db, trialId)
         access.require_read_trial(p, trial)
     flt, follow, limit, desc = params
-    lease = log_records.search_slot(p, flt)
+    lease = log_records.search_slot(master.quotas, p, flt)
     return _released(lease, _log_stream(master, trial.task_id, trialId, flt, lambda r: _trial_log_json(r, trialId),
                                         follow=follow, limit=limit, desc=desc, slot=slot))
 
@@ -258,7 +258,7 @@ def task_logs(
     with master.read_sessions() as db:
         trial_id = log_records.readable_task(db, p, taskId)
     flt, follow, limit, desc = params
-    lease = log_records.search_slot(p, flt)
+    lease = log_records.search_slot(master.quotas, p, flt)
     return _released(lease, _log_stream(master, taskId, trial_id, flt, _task_log_json, follow=follow, limit=limit,
                                         desc=desc, slot=slot))
 

@@ -380,3 +380,19 @@ class WakeSignal(Base):
     __tablename__ = "wake_signal"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class QuotaLease(Base):
+    """A share of a counter every master process counts together (db/quotas.py): one open
+    log search of a caller, or the bytes of a large request body being held. Each lease expires
+    unless the process holding it renews it, so the shares of a process that died come back on
+    their own."""
+
+    __tablename__ = "quota_leases"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(255))  # what is counted: "log_search:user:5", "body:<host>:all"
+    amount: Mapped[int] = mapped_column(BigInteger)
+    holder: Mapped[str] = mapped_column(String(128))  # the process: "<host>:<pid>:<random>"
+    expires_at: Mapped[float] = mapped_column(Float)  # seconds since the epoch
+
+    __table_args__ = (Index("ix_quota_leases_key", "key", "expires_at"), Index("ix_quota_leases_expires", "expires_at"))

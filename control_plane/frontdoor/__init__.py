@@ -5,6 +5,7 @@ between the HTTP routes (api/, ui/) and the services.
   Retry-After; health answered from memory; `AdmissionControl`, the ASGI entry of every request.
 - access_log.py: every request counted and logged around the front door (refusals included).
 - limits.py: body limits enforced while reading (413), NUL in the URL (400).
+- body_budget.py: large bodies spooled to disk within the caller's and the host's memory budgets.
 - express.py, fastjson.py: the hot routes' fast paths (bodies parsed from bytes, orjson answers)
   and the express lane that serves them straight from the front door.
 - group_commit.py with log_batches.py and metric_batches.py: requests written together, one

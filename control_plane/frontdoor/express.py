@@ -60,7 +60,8 @@ class ExpressLane:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hit = self.match(scope) if scope["type"] == "http" else None
         declared = content_length(scope) if hit is not None else None
-        if hit is None or declared is None or declared > body_limit(self.config, "POST", scope["path"]):
+        if hit is None or declared is None or declared > body_limit(self.config, "POST", scope["path"]) or (
+                self.config.body_budget_bytes and declared > self.config.body_spool_bytes):  # frontdoor/body_budget.py
             await self.full(scope, receive, send)
             return
         route, handler, child = hit

@@ -12,7 +12,10 @@ whatever the application does with the failed read (FastAPI turns a failing body
 own 400): once the limit is crossed, whatever response the application starts is replaced.
 
 Only creating an experiment needs a big body (its model definition travels base64 inside the
-JSON); every other request gets the much smaller `max_body_bytes`.
+JSON); every other request gets the much smaller `max_body_bytes`. The 413 names the setting.
+
+A body over `body_spool_bytes` (or chunked) goes through frontdoor/body_budget.py instead: spooled
+to disk as it arrives, within the caller's and the host's budgets of request-body memory.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane.config import MasterConfig
 from control_plane.errors import FieldProblem
+from control_plane.frontdoor.body_budget import BodyBudget, spooled
 from control_plane.frontdoor.error_shape import error_json
+from control_plane.master import Master
 
 log = logging.getLogger("shipyard.api.limits")
 
@@ -33,9 +38,14 @@ LARGE_BODIES = frozenset({("POST", "/api/v1/experiments")})
 
 
 def body_limit(config: MasterConfig, method: str, path: str) -> int:
-    if (method, path.rstrip("/") or "/") in LARGE_BODIES:
-        return config.max_request_bytes
-    return min(config.max_body_bytes, config.max_request_bytes)
+    return limit_and_setting(config, method, path)[0]
+
+
+def limit_and_setting(config: MasterConfig, method: str, path: str) -> tuple[int, str]:
+    """The route's body limit and the master setting it comes from (named in the 413)."""
+    if (method, path.rstrip("/") or "/") in LARGE_BODIES or config.max_request_bytes < config.max_body_bytes:
+        return config.max_request_bytes, "max_request_bytes"
+    return config.max_body_bytes, "max_body_bytes"
 
 
 class _TooLarge(Exception):
@@ -45,9 +55,11 @@ class _TooLarge(Exception):
 class BodyLimits:
     """ASGI middleware: 413 for a body over its route's limit, before it is read whole."""
 
-    def __init__(self, app: ASGIApp, config: MasterConfig) -> None:
+    def __init__(self, app: ASGIApp, config: MasterConfig, master: Master | None = None) -> None:
         self.app = app
         self.config = config
+        budget = BodyBudget(master) if master is not None else None
+        self.budget = budget if budget is not None and budget.enabled else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,10 +69,19 @@ class BodyLimits:
         if nul is not None:
             await _send_error(send, 400, f"{nul}: must not contain NUL characters", nul)
             return
-        limit = body_limit(self.config, scope["method"], scope["path"])
+        limit, setting = limit_and_setting(self.config, scope["method"], scope["path"])
         declared = content_length(scope)
+
+        async def reject(send: Send, limit: int) -> None:
+            log.info("event=request_body_too_large method=%s path=%s limit=%s", scope["method"], scope["path"], limit)
+            await _send_error(send, 413, f"request body larger than {limit} bytes ({setting})", None, close=True)
+
         if declared is not None and declared > limit:
-            await _reject(send, limit)
+            await reject(send, limit)
+            return
+        if self.budget is not None and self.budget.wants(scope, declared):
+            await spooled(self.app, self.budget, scope, receive, send, limit=limit, declared=declared,
+                          too_large=reject)
             return
         seen = 0
         over = False
@@ -84,7 +105,7 @@ class BodyLimits:
                 # Whatever the app answers to the failed read (FastAPI: a 400) becomes the 413.
                 if msg["type"] == "http.response.start" and not started:
                     started = True
-                    await _reject(send, limit)
+                    await reject(send, limit)
                 return
             if msg["type"] == "http.response.start":
                 started = True
@@ -94,9 +115,7 @@ class BodyLimits:
             await self.app(scope, counted, guarded)
         except _TooLarge:
             if not started:
-                await _reject(send, limit)
-        if over:
-            log.info("event=request_body_too_large method=%s path=%s limit=%s", scope["method"], scope["path"], limit)
+                await reject(send, limit)
 
 
 def content_length(scope: Scope) -> int | None:
@@ -117,10 +136,6 @@ def _nul_in_url(scope: Scope) -> str | None:
             if "\x00" in name or "\x00" in value:
                 return name.replace("\x00", "") or "query"
     return None
-
-
-async def _reject(send: Send, limit: int) -> None:
-    await _send_error(send, 413, f"request body larger than {limit} bytes", None, close=True)
 
 
 async def _send_error(send: Send, status: int, message: str, field: str | None, *, close: bool = False) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +27,7 @@ from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.db.engine import transaction
 from control_plane.db.models import Allocation, TaskLog, Trial
+from control_plane.db.quotas import Claim, Lease, QuotaFull, SharedQuotas
 from control_plane.errors import DomainError, TooManyRequests, bad_request, forbidden, not_found
 from control_plane.master import Master
 from control_plane.services import access
@@ -311,62 +311,40 @@ def compile_search(pattern: str) -> Any:
         raise bad_request(f"invalid or unsupported regular expression (RE2 syntax): {reason}", "searchText") from None
 
 
-class _SearchSlots:
-    """How many log searches each caller has open; a caller at the limit gets a 429."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._open: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def acquire(self, key: str) -> None:
-        with self._lock:
-            if self._open.get(key, 0) >= self.limit:
-                raise TooManyRequests(f"at most {self.limit} log searches at once per user; retry when one ends")
-            self._open[key] = self._open.get(key, 0) + 1
-
-    def release(self, key: str) -> None:
-        with self._lock:
-            left = self._open.get(key, 0) - 1
-            if left > 0:
-                self._open[key] = left
-            else:
-                self._open.pop(key, None)
-
-    def open_count(self, key: str) -> int:
-        with self._lock:
-            return self._open.get(key, 0)
-
-
-SEARCH_SLOTS = _SearchSlots(MAX_SEARCHES_PER_USER)
-
-
-def searcher_key(p: Principal) -> str:
-    """Whose searches count together: a user's, or one allocation's."""
+def caller_key(p: Principal) -> str:
+    """Whose searches (and request bodies, frontdoor/limits.py) count together: a user's, whatever
+    token or login they use; one allocation's; one agent's."""
     if p.kind is TokenKind.USER:
         return f"user:{p.user_id}"
     return f"{p.kind.value}:{p.allocation_id or p.agent_id or p.trial_id}"
 
 
+def search_key(p: Principal) -> str:
+    return f"log_search:{caller_key(p)}"
+
+
 class SearchLease:
     """One open search; `release` is idempotent, so the stream's end and a fallback may both call it."""
 
-    def __init__(self, key: str | None) -> None:
-        self._key = key
+    def __init__(self, lease: Lease | None) -> None:
+        self._lease = lease
 
     def release(self) -> None:
-        key, self._key = self._key, None
-        if key is not None:
-            SEARCH_SLOTS.release(key)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.give_back()
 
 
-def search_slot(p: Principal, flt: LogFilter) -> SearchLease:
-    """Take one of the caller's search slots if the filter searches text (429 if none is free)."""
+def search_slot(quotas: SharedQuotas, p: Principal, flt: LogFilter) -> SearchLease:
+    """Take one of the caller's search slots if the filter searches text (429 if none is free).
+    Counted in the database (db/quotas.py), so the cap holds across every API worker process."""
     if not flt.search_text:
         return SearchLease(None)
-    key = searcher_key(p)
-    SEARCH_SLOTS.acquire(key)
-    return SearchLease(key)
+    try:
+        return SearchLease(quotas.take([Claim(search_key(p), MAX_SEARCHES_PER_USER)], 1))
+    except QuotaFull:
+        raise TooManyRequests(
+            f"at most {MAX_SEARCHES_PER_USER} log searches at once per user; retry when one ends") from None
 
 
 @dataclass

@@ -503,7 +503,7 @@ def trial_logs(request: Request, trial_id: str) -> Response:
     if after_raw and not after_raw.isdigit():
         raise bad_request("must be a cursor from an earlier answer", "after")
     flt = logs.LogFilter(search_text=request.query_params.get("search") or None)
-    lease = logs.search_slot(ui.principal, flt)
+    lease = logs.search_slot(master.quotas, ui.principal, flt)
     try:
         with _read(master) as s:
             trial = access.get_trial(s, tid)

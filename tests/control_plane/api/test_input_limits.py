@@ -39,7 +39,7 @@ def test_catastrophic_regex_answers_with_re2_results(client, admin_headers, mast
     assert r.headers["content-type"].startswith("application/x-ndjson")
     # only the line whose run of `a` reaches the end of the line (its newline is not part of it)
     assert [x["log"] for x in _log_lines(r.text)] == ["x" + "a" * 5_000 + "\n"]
-    assert log_records.SEARCH_SLOTS.open_count(f"user:{_admin_id(master)}") == 0  # the slot is back
+    assert master.quotas.used(f"log_search:user:{_admin_id(master)}") == 0  # the slot is back
 
 
 def test_patterns_re2_cannot_take_are_400_naming_search_text(client, admin_headers, master) -> None:
@@ -58,7 +58,7 @@ def test_log_searches_are_limited_per_user(client, admin_headers, master) -> Non
     trial = only_trial(master, eid)
     admin = Principal(kind=TokenKind.USER, token_id=0, user_id=_admin_id(master), username="admin", admin=True)
     searching = LogFilter(search_text="x")
-    held = [log_records.search_slot(admin, searching) for _ in range(log_records.MAX_SEARCHES_PER_USER)]
+    held = [log_records.search_slot(master.quotas, admin, searching) for _ in range(log_records.MAX_SEARCHES_PER_USER)]
     try:
         url = f"/api/v1/trials/{trial.id}/logs"
         r = client.get(url, headers=admin_headers, params={"searchText": "line"})
@@ -70,7 +70,7 @@ def test_log_searches_are_limited_per_user(client, admin_headers, master) -> Non
             lease.release()
             lease.release()  # idempotent: a lease frees one slot once
     assert client.get(url, headers=admin_headers, params={"searchText": "line"}).status_code == 200
-    assert log_records.SEARCH_SLOTS.open_count(f"user:{admin.user_id}") == 0
+    assert master.quotas.used(f"log_search:user:{admin.user_id}") == 0
 
 
 def _admin_id(master) -> int:  # type: ignore[no-untyped-def]
