@@ -3,14 +3,18 @@
 The autoscaler renders it once per launch (`Autoscaler.default_user_data`). What the instance does:
 
 1. cloud-init installs Python and the agent's libraries from the distribution
-   (`packages:`; no package index is needed for Shipyard itself);
+   (`packages:`; no package index is needed for Shipyard itself). The agent runs on Python 3.9 to
+   3.13 (the images' own: Ubuntu 22.04 has 3.10, Debian 11 3.9);
 2. `write_files` puts down the agent config (/etc/shipyard/agent.yaml), the credential
    (/etc/shipyard/agent-token, 0600), the pool's startup script if any
    (/etc/shipyard/startup-script) and the boot script (/usr/local/bin/shipyard-agent-boot);
 3. `runcmd` runs the boot script (templates/shipyard-agent-boot.sh): startup script first, then
    the instance id from the metadata service (AWS IMDSv2 / GCE), the agent's code from the master
-   (`GET /api/v1/agent/package`) into /opt/shipyard, and the systemd unit shipyard-agent.service
-   (Restart=on-failure, `--instance-id`/`--agent-id` = the cloud's instance id);
+   (`GET /api/v1/agent/package`) into /opt/shipyard; where the distribution's libraries are
+   missing or too old (pydantic 1), a venv on top of them with the exact versions of the
+   package's constraints file (agent_bootstrap/constraints.txt, `pip install -c`); then the
+   systemd unit shipyard-agent.service (Restart=on-failure, `--instance-id`/`--agent-id` = the
+   cloud's instance id);
 4. when the agent loses the master for good it runs `on_connection_lost` (power off by default),
    so an instance whose master is gone stops billing.
 
@@ -31,7 +35,6 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from importlib import resources
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
 import yaml
@@ -51,8 +54,11 @@ METADATA_URLS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google
 # Debian/Ubuntu packages: the interpreter, venv (the fallback when the distribution's pydantic is
 # older than 2) and the agent's four third-party libraries.
 PACKAGES = ("python3", "python3-venv", "python3-yaml", "python3-httpx", "python3-pydantic", "python3-tenacity")
-# The same libraries for the venv fallback, pinned to the master's own versions when known.
+# The same libraries for the venv fallback (distribution name → pip requirement), installed with
+# the exact versions of the constraints file, which the agent package carries too.
 PIP_REQUIREMENTS = {"httpx": "httpx", "pyyaml": "PyYAML", "pydantic": "pydantic", "tenacity": "tenacity"}
+# In the source tree and in the agent package (agent_bootstrap/package.py), relative to its root.
+CONSTRAINTS_PATH = "agent_bootstrap/constraints.txt"
 # What `container_runtime: docker` adds: the engine, and the SDK the docker runtime speaks through.
 DOCKER_PACKAGES = ("docker.io", "python3-docker")
 CONTAINER_RUNTIMES = ("process", "docker")
@@ -138,16 +144,35 @@ def agent_config(p: BootstrapParams) -> dict[str, Any]:
     return cfg
 
 
-def pip_pins(container_runtime: str = "process") -> list[str]:
-    """`name==version` of the agent's libraries as installed with this master (unpinned if unknown)."""
-    pins = []
-    wanted = dict(PIP_REQUIREMENTS, **({"docker": "docker"} if container_runtime == "docker" else {}))
-    for dist, name in wanted.items():
-        try:
-            pins.append(f"{name}=={version(dist)}")
-        except PackageNotFoundError:
-            pins.append(name)
+def constraints_text() -> str:
+    """agent_bootstrap/constraints.txt: exact pins of what the agent and the harness import, for
+    every Python from 3.9 to 3.13 (the master's own pins may need a newer one)."""
+    return resources.files("agent_bootstrap").joinpath("constraints.txt").read_text("utf-8")
+
+
+def agent_constraints() -> dict[str, str]:
+    """The constraints file as {normalized distribution name: version}."""
+    pins: dict[str, str] = {}
+    for line in constraints_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, ver = line.partition("==")
+            if not sep or not ver.strip():
+                raise ValueError(f"constraints.txt: {line!r} is not an exact pin (name==version)")
+            pins[_normalized(name)] = ver.strip()
     return pins
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pip_pins(container_runtime: str = "process") -> list[str]:
+    """`name==version` of the agent's libraries, from the constraints file (the versions every
+    supported Python installs; the rest of their closure is pinned there too)."""
+    pins = agent_constraints()
+    wanted = dict(PIP_REQUIREMENTS, **({"docker": "docker"} if container_runtime == "docker" else {}))
+    return [f"{name}=={pins[_normalized(dist)]}" for dist, name in wanted.items()]
 
 
 def docker_setup_script() -> str:
@@ -166,6 +191,7 @@ def boot_script(p: BootstrapParams, work_dir: str = WORK_DIR) -> str:
         "LAUNCH_ID": shlex.quote(p.launch_id),
         "WORK_DIR": shlex.quote(work_dir),
         "PIP_PINS": " ".join(shlex.quote(pin) for pin in pip_pins(p.container_runtime)),
+        "CONSTRAINTS_PATH": shlex.quote(CONSTRAINTS_PATH),
         "DEFAULT_METADATA_URL": METADATA_URLS[p.provider],
     }
     script = _PLACEHOLDER_RE.sub(lambda m: values[m.group(0).strip("@")], template)

@@ -7,8 +7,10 @@ always run the same code and no package index is needed for Shipyard itself. The
 `agent_bootstrap` package's `__init__`, the `agent` daemon package, the `shipyard_common`
 package (what master, agent and harness all speak) and the `harness` (the Core API the agent's
 trials import); unpacked into a directory,
-`PYTHONPATH=dir python3 -m agent_bootstrap.agent` runs it. Its only third-party imports are httpx,
-pyyaml, pydantic and tenacity.
+`PYTHONPATH=dir python3 -m agent_bootstrap.agent` runs it, on Python 3.9 to 3.13. Its only
+third-party imports are httpx, pyyaml, pydantic and tenacity (the harness adds requests, the
+docker runtime the docker SDK), at the versions of `agent_bootstrap/constraints.txt`, which the
+archive carries for the boot's venv.
 
 The archive is built once per process from the installed source files, byte-for-byte
 deterministic (sorted entries, fixed mtimes and owners, gzip without a timestamp), so its digest
@@ -46,7 +48,11 @@ def _source_files() -> list[tuple[str, Path]]:
     import shipyard_common
 
     bootstrap_dir = Path(agent_bootstrap.__file__).resolve().parent
-    found: list[tuple[str, Path]] = [("agent_bootstrap/__init__.py", bootstrap_dir / "__init__.py")]
+    found: list[tuple[str, Path]] = [
+        ("agent_bootstrap/__init__.py", bootstrap_dir / "__init__.py"),
+        # Exact pins of the agent's and the harness's libraries: the boot's venv installs with them.
+        ("agent_bootstrap/constraints.txt", bootstrap_dir / "constraints.txt"),
+    ]
     agent_dir = bootstrap_dir / "agent"
     for path in agent_dir.rglob("*"):
         rel = path.relative_to(bootstrap_dir)

@@ -6,8 +6,9 @@ and reports what was already in place:
 
   connect        SSH with key auth; the host key must be known (host_key, known_hosts, or the
                  master user's ~/.ssh/known_hosts): an unknown or changed key is refused
-  check_python   python3 >= 3.11 with httpx, pyyaml, pydantic 2 and tenacity; if the system's lacks
-                 them, a venv (system packages visible) with the master's pinned versions
+  check_python   python3 >= 3.9 with httpx, pyyaml, pydantic 2 and tenacity; if the system's lacks
+                 them, a venv (system packages visible) with the versions of the agent's
+                 constraints file (agent_bootstrap/constraints.txt, uploaded as constraints.txt)
   upload_agent   the agent package the master serves (control_plane/api/agent_package.py), by
                  SFTP, unpacked into <remote_dir>/agent; skipped when its digest is already there
   write_config   <remote_dir>/agent.yaml (master URL, pool, work dir, reconnect settings)
@@ -18,7 +19,7 @@ and reports what was already in place:
   verify_agent   the agent process is alive a moment later (else the log's tail is reported)
 
 Layout on the host (`remote_dir`, default ~/.shipyard): agent/ (code), agent.yaml, agent-token,
-work/, agent.pid, agent.log, venv/ (only if needed), instance.json (which cluster/pool/launch this
+work/, agent.pid, agent.log, venv/ and constraints.txt (only if needed), instance.json (which cluster/pool/launch this
 host serves: what `provisioners.static` lists).
 """
 
@@ -48,7 +49,7 @@ UNIT_NAME = "shipyard-agent.service"
 SYSTEMD_UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 DEPS_CHECK = (
     "import sys, httpx, yaml, tenacity, pydantic; "
-    "assert sys.version_info >= (3, 11), 'Python 3.11+ needed'; "
+    "assert sys.version_info >= (3, 9), 'Python 3.9+ needed'; "
     "assert int(pydantic.VERSION.split('.')[0]) >= 2, 'pydantic 2 needed'; "
     "print(sys.version.split()[0])"
 )
@@ -328,18 +329,21 @@ def _python(r: _Remote, host: StaticHost, base: str, steps: _Steps) -> str:
     if rc2 == 0:
         steps.add("check_python", "already", f"{venv_py} {out2.strip()} (venv from an earlier run)")
         return venv_py
-    from agent_bootstrap.cloud_init import pip_pins
+    from agent_bootstrap.cloud_init import constraints_text, pip_pins
 
     pins = " ".join(shlex.quote(p) for p in pip_pins())
+    constraints = f"{base}/constraints.txt"
+    r.write(constraints, constraints_text().encode(), 0o644)
     rc3, _, err3 = r.run(
         f"{shlex.quote(host.python)} -m venv --system-site-packages {shlex.quote(base + '/venv')} && "
-        f"{shlex.quote(venv_py)} -m pip install --quiet --disable-pip-version-check {pins} && "
+        f"{shlex.quote(venv_py)} -m pip install --quiet --disable-pip-version-check "
+        f"-c {shlex.quote(constraints)} {pins} && "
         f"{shlex.quote(venv_py)} -c {shlex.quote(DEPS_CHECK)}", timeout=600)
     if rc3 != 0:
         reason = (err.strip().splitlines() or ["?"])[-1]
         raise steps.fail("check_python", "invalid",
                          f"{host.python} cannot run the agent ({reason}) and a venv could not be made: "
-                         f"{(err3.strip().splitlines() or ['?'])[-1]}; install python3 (3.11+) with "
+                         f"{(err3.strip().splitlines() or ['?'])[-1]}; install python3 (3.9+) with "
                          "python3-httpx, python3-yaml, python3-pydantic (2.x) and python3-tenacity")
     steps.add("check_python", "done", f"created {base}/venv with {pins}")
     return venv_py

@@ -10,7 +10,7 @@ older agents.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, Optional, Union, get_args
 
 from pydantic import AliasChoices, Field, ValidationError, field_serializer, field_validator
 
@@ -41,9 +41,9 @@ AgentId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0
 class SlotInfo(StrictWire):
     id: str = Field(min_length=1, max_length=64)
     type: SlotType = "cpu"
-    uuid: str | None = None
-    brand: str | None = None
-    memory_mb: int | None = None
+    uuid: Optional[str] = None
+    brand: Optional[str] = None
+    memory_mb: Optional[int] = None
 
 
 class RegisterRequest(StrictWire):
@@ -52,7 +52,7 @@ class RegisterRequest(StrictWire):
     resource_pool: str = Field(max_length=64)
     version: str = Field(default="", max_length=64)
     addresses: list[str] = Field(default_factory=list)
-    instance_id: str | None = Field(default=None, max_length=128)
+    instance_id: Optional[str] = Field(default=None, max_length=128)
     slots: list[SlotInfo] = Field(default_factory=list, max_length=MAX_SLOTS)
     # The allocations whose tasks this agent still runs: the master keeps those it still wants
     # there and lists the others in the answer's `kill`.
@@ -61,17 +61,17 @@ class RegisterRequest(StrictWire):
 
 class RegisterResponse(Wire):
     session_id: str = Field(min_length=1)
-    heartbeat_interval_s: float | None = Field(default=None, validation_alias=AliasChoices(
+    heartbeat_interval_s: Optional[float] = Field(default=None, validation_alias=AliasChoices(
         "heartbeatIntervalS", "heartbeatIntervalSeconds", "heartbeat_interval_s"))
     kill: list[str] = Field(default_factory=list)
-    cluster_id: str | None = None
+    cluster_id: Optional[str] = None
     # Set only when this registration enrolled the agent (its first, or the first after an admin
     # reset): the agent's own credential, bound to its id. The agent keeps it (0600) and presents
     # it from then on; the enrolment token no longer registers this agent id.
-    agent_credential: str | None = Field(default=None, repr=False)
+    agent_credential: Optional[str] = Field(default=None, repr=False)
     # The longest wait between reconnect attempts the master allows: it declares an agent lost
     # only after this plus its heartbeat timeout, so the agent never waits longer.
-    reconnect_backoff_max_s: float | None = Field(default=None, gt=0)
+    reconnect_backoff_max_s: Optional[float] = Field(default=None, gt=0)
 
 
 class ContainerMount(Wire):
@@ -85,12 +85,12 @@ class ContainerSpec(Wire):
     `docker` use it; an agent running tasks as processes refuses a task whose `image` is set."""
 
     # `environment.image` for the agent's device type; None: the agent's default image.
-    image: str | None = None
+    image: Optional[str] = None
     force_pull: bool = False
     # `environment.registry_auth` (Docker's names: username, password, serveraddress, ...).
-    registry_auth: dict[str, str] | None = Field(default=None, repr=False)
-    shm_size_bytes: int | None = Field(default=None, ge=0)
-    memory_bytes: int | None = Field(default=None, ge=0)
+    registry_auth: Optional[dict[str, str]] = Field(default=None, repr=False)
+    shm_size_bytes: Optional[int] = Field(default=None, ge=0)
+    memory_bytes: Optional[int] = Field(default=None, ge=0)
     # shared_fs checkpoint storage and `bind_mounts`, in the container at the paths given.
     mounts: list[ContainerMount] = Field(default_factory=list)
 
@@ -98,17 +98,17 @@ class ContainerSpec(Wire):
 class TaskSpec(Wire):
     allocation_id: str = Field(min_length=1)
     task_id: str = ""
-    trial_id: int | None = None
-    experiment_id: int | None = None
-    run_id: int | None = None
-    entrypoint: list[str] | str
+    trial_id: Optional[int] = None
+    experiment_id: Optional[int] = None
+    run_id: Optional[int] = None
+    entrypoint: Union[list[str], str]
     env: dict[str, str] = Field(default_factory=dict)
     slot_ids: list[str] = Field(default_factory=list)
-    token: str | None = Field(default=None, repr=False)
-    model_definition_path: str | None = None
-    kill_grace_seconds: float | None = Field(default=None, ge=0)
+    token: Optional[str] = Field(default=None, repr=False)
+    model_definition_path: Optional[str] = None
+    kill_grace_seconds: Optional[float] = Field(default=None, ge=0)
     # Container settings (environment.image & co.); None from a master that predates them.
-    container: ContainerSpec | None = None
+    container: Optional[ContainerSpec] = None
 
     @field_validator("env", mode="before")
     @classmethod
@@ -141,10 +141,10 @@ class StartCommand(Wire):
 class KillCommand(Wire):
     type: Literal["kill"] = "kill"
     allocation_id: str
-    grace_seconds: float | None = Field(default=None, ge=0)
+    grace_seconds: Optional[float] = Field(default=None, ge=0)
 
 
-Command = StartCommand | KillCommand
+Command = Union[StartCommand, KillCommand]
 
 
 class CommandsResponse(Wire):
@@ -155,13 +155,13 @@ class TaskEvent(Wire):
     allocation_id: str
     type: TaskEventType
     # Bounded like the master's Integer columns (out of range would be a database error, not a 400).
-    pid: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
-    message: str | None = Field(default=None, max_length=MAX_EVENT_MESSAGE)
-    time: datetime | None = None
+    pid: Optional[int] = Field(default=None, ge=0, le=2**31 - 1)
+    exit_code: Optional[int] = Field(default=None, ge=-(2**31), le=2**31 - 1)
+    message: Optional[str] = Field(default=None, max_length=MAX_EVENT_MESSAGE)
+    time: Optional[datetime] = None
 
     @field_serializer("time")
-    def _time(self, value: datetime | None) -> str | None:
+    def _time(self, value: datetime | None) -> Optional[str]:
         return None if value is None else rfc3339(value)
 
 

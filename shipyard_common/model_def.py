@@ -13,6 +13,8 @@ as is every path that could land outside the destination folder. ``validate`` an
 pure; ``unpack`` writes to disk but trusts nothing in the archive.
 """
 
+from __future__ import annotations
+
 import base64
 import binascii
 import gzip

@@ -13,7 +13,7 @@ Unset `max_instances` is 5 (Determined's default): a pool never grows without a 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 from pydantic import Field, model_validator
 
@@ -53,18 +53,18 @@ class ElasticSettings(StrictSettings):
     launch_error_backoff: Duration = DEFAULT_LAUNCH_ERROR_BACKOFF
     launch_error_backoff_max: Duration = DEFAULT_LAUNCH_ERROR_BACKOFF_MAX
     # The URL the pool's agents reach the master at; None: the master's advertised URL.
-    master_url: str | None = None
+    master_url: Optional[str] = None
     # Shell run by cloud-init before the agent starts.
     startup_script: str = ""
     # Options of the agents the pool boots (checked by agent_bootstrap.cloud_init).
     agent: dict[str, Any] = Field(default_factory=dict)
     # At most this many launches per decision; None: as many as the demand needs.
-    max_launch_per_decision: int | None = Field(None, ge=1)
+    max_launch_per_decision: Optional[int] = Field(None, ge=1)
     # The lifetime of the one-use token an instance enrols its agent with.
     bootstrap_token_ttl: Duration = DEFAULT_BOOTSTRAP_TOKEN_TTL
     # How long an instance may be missing from the cloud's lists before it is presumed gone; None:
     # DEFAULT_LIST_MISS_GRACE, or at once for providers whose list is consistent.
-    list_miss_grace: Duration | None = None
+    list_miss_grace: Optional[Duration] = None
     # During a long launch backoff (quota), one instance is launched this often to see whether the
     # error is over, rather than waiting for the whole backoff.
     launch_probe_interval: Duration = DEFAULT_LAUNCH_PROBE_INTERVAL

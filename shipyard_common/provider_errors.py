@@ -8,10 +8,10 @@ cores import no provider."""
 
 from __future__ import annotations
 
-import enum
+from shipyard_common.compat import StrEnum
 
 
-class ErrorKind(enum.StrEnum):
+class ErrorKind(StrEnum):
     CAPACITY = "capacity"  # no capacity in this zone/subnet: try the next one
     QUOTA = "quota"  # account limit: back the pool off exponentially, show it on the pool
     THROTTLED = "throttled"  # rate limited: retry with jitter (bounded)
@@ -20,7 +20,7 @@ class ErrorKind(enum.StrEnum):
     UNKNOWN = "unknown"  # anything else: treated like a transient failure with backoff
 
 
-class ErrorScope(enum.StrEnum):
+class ErrorScope(StrEnum):
     """How much of the pool's capacity the error blocks (as SkyPilot sorts failover errors)."""
 
     ZONE = "zone"  # one zone, subnet or host: the pool's other locations may still work

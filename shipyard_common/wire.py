@@ -11,7 +11,7 @@ the user's training process).
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 NAN = "NaN"
 POS_INF = "Infinity"
@@ -38,7 +38,7 @@ def encode_float(x: float) -> float | str:
 def rfc3339(t: datetime) -> str:
     """An aware datetime in UTC; a naive one is taken to be UTC already (the database's convention)."""
     if t.tzinfo is not None:
-        t = t.astimezone(UTC)
+        t = t.astimezone(timezone.utc)
     return t.strftime(_RFC3339)
 
 
@@ -52,7 +52,7 @@ def rfc3339_epoch(epoch_s: float) -> str:
     sec = int(epoch_s)
     cached_sec, prefix = _second_cache
     if sec != cached_sec:
-        prefix = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        prefix = datetime.fromtimestamp(sec, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
         _second_cache = (sec, prefix)
     micros = min(999_999, int((epoch_s - sec) * 1_000_000))
     return f"{prefix}.{micros:06d}Z"

@@ -13,7 +13,7 @@ import sys
 import types
 import typing
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Strict, ValidationError
 from pydantic.alias_generators import to_camel
@@ -29,8 +29,10 @@ MAX_JSON_NUMBER = sys.float_info.max
 # bodies do not get this far: pydantic-core's parser (the fast paths) stops at 200 levels and
 # json.loads (FastAPI's) at the recursion limit, both a 400.
 MAX_JSON_DEPTH = 64
+# `Union[...]` and, from Python 3.10, `X | Y` (the master's models use both).
+_UNION_ORIGINS = (typing.Union, getattr(types, "UnionType", typing.Union))
 
-Loc = tuple[str | int, ...]
+Loc = tuple[Union[str, int], ...]
 
 
 class Wire(BaseModel):
@@ -59,7 +61,7 @@ def _members(value: Any) -> Any:
     """(key, member) pairs of a container, None for anything else."""
     if isinstance(value, dict):
         return value.items()
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return enumerate(value)
     if isinstance(value, BaseModel) and not isinstance(value, StrictWire):  # one that does not check itself
         return ((name, getattr(value, name)) for name in type(value).model_fields)
@@ -140,7 +142,7 @@ def _carries_text(annotation: Any) -> bool:
         return False
     if origin is typing.Annotated:
         return _carries_text(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType) or (origin in (list, tuple) and typing.get_args(annotation)):
+    if origin in _UNION_ORIGINS or (origin in (list, tuple) and typing.get_args(annotation)):
         return any(_carries_text(a) for a in typing.get_args(annotation) if a is not Ellipsis)
     if isinstance(annotation, type) and (issubclass(annotation, enum.Enum) or issubclass(annotation, StrictWire)):
         return False
@@ -152,11 +154,11 @@ def _hardened(name: str, field: FieldInfo, cleaned: frozenset[str]) -> bool:
     if _TEXT_CHECK in field.metadata or _VALUE_CHECK in field.metadata:
         return False  # inherited, already hardened
     added = False
-    if field.annotation in (bool, bool | None) and not any(isinstance(m, Strict) for m in field.metadata):
+    if field.annotation in (bool, Optional[bool]) and not any(isinstance(m, Strict) for m in field.metadata):
         field.metadata.append(Strict())
         added = True
     if name not in cleaned and _carries_text(field.annotation):
-        field.metadata.append(_TEXT_CHECK if field.annotation in (str, str | None) else _VALUE_CHECK)
+        field.metadata.append(_TEXT_CHECK if field.annotation in (str, Optional[str]) else _VALUE_CHECK)
         added = True
     return added
 

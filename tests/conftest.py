@@ -17,6 +17,10 @@ from tests.pg import PostgresServer, find_pg_bin, free_port, skip_or_fail
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_PASSWORD = "admin-test-pw-1"
+# The interpreter of the masters the tests start. tests/pythons/ runs the agent's and the
+# harness's tests under other Pythons, without the master's dependencies: it sets this to the
+# main venv's, so their agents (sys.executable) meet a real master.
+MASTER_PYTHON = os.environ.get("SHIPYARD_MASTER_PYTHON") or sys.executable
 
 # Masters the tests start run as one process unless a test asks for API workers: each worker
 # costs a second of imports at every start, and the suite starts masters a few hundred times.
@@ -104,7 +108,7 @@ class LiveMaster:
 
     def start(self, timeout: float = 30) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", self.module, "--port", str(self.port), "--db", self.db_url,
+        cmd = [MASTER_PYTHON, "-m", self.module, "--port", str(self.port), "--db", self.db_url,
                "--state-dir", str(self.state_dir)]
         if self.config_path:
             cmd[3:3] = ["--config", str(self.config_path)]

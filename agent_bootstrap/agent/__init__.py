@@ -12,7 +12,15 @@ Modules, top to bottom of the dependency order:
   daemon   the connection loop, command handling, task supervision and shutdown
 """
 
-from __future__ import annotations
+import sys
+
+# The oldest Python the agent runs on (and the harness; the master needs 3.11). Checked first, in
+# syntax every Python 3 parses, so an older interpreter gets this line and not a traceback.
+MIN_PYTHON = (3, 9)
+if sys.version_info < MIN_PYTHON:
+    sys.stderr.write("the Shipyard agent needs Python {}.{} or newer; {} is {}.{}\n".format(
+        *MIN_PYTHON, sys.executable, *sys.version_info[:2]))
+    raise SystemExit(2)  # a configuration error: restarting cannot help (the unit's RestartPreventExitStatus)
 
 try:  # the version the agent reports when it registers
     from importlib.metadata import version as _version

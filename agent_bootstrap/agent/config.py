@@ -12,7 +12,7 @@ import argparse
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -31,24 +31,24 @@ class AgentConfig(BaseModel):
     master_url: str = DEFAULT_MASTER_URL
     resource_pool: str = Field("default", min_length=1)
     agent_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
-    token: str | None = Field(default=None, repr=False)
-    token_file: Path | None = None
+    token: Optional[str] = Field(default=None, repr=False)
+    token_file: Optional[Path] = None
     work_dir: Path = Field(default_factory=lambda: Path.home() / ".shipyard-agent")
     # CPU slot count, used whenever the agent offers CPU slots (slot_type cpu, or auto without GPUs).
-    slots: int | None = Field(default=None, ge=1, le=1024)
+    slots: Optional[int] = Field(default=None, ge=1, le=1024)
     slot_type: Literal["auto", "cpu", "cuda"] = "auto"
     # The agent keeps reconnecting to a lost master for as long as it runs, its tasks running
     # meanwhile; it gives up (kills its tasks, runs on_connection_lost, exits 4) only when one of
     # these explicit limits is set and reached: failed attempts in a row, or seconds since the
     # connection was lost.
-    agent_reconnect_attempts: int | None = Field(None, ge=1)
-    reconnect_give_up_s: float | None = Field(None, gt=0)
+    agent_reconnect_attempts: Optional[int] = Field(None, ge=1)
+    reconnect_give_up_s: Optional[float] = Field(None, gt=0)
     agent_reconnect_backoff: float = Field(1.0, gt=0)
     # Upper bound of one backoff wait. The master also announces its own cap at registration
     # (its agent_reconnect_cap_s, from which its agent-lost grace derives); the lower one applies.
     agent_reconnect_backoff_max: float = Field(15.0, gt=0)
-    on_connection_lost: str | None = None
-    instance_id: str | None = None
+    on_connection_lost: Optional[str] = None
+    instance_id: Optional[str] = None
     # Long-poll timeout of GET .../commands; the long-poll is also the heartbeat, so it stays well
     # under the master's agent_heartbeat_timeout_s (20 s by default).
     poll_timeout: float = Field(10.0, gt=0, le=60)
@@ -66,12 +66,12 @@ class AgentConfig(BaseModel):
     # `process` (tasks as host processes) or `docker` (tasks as containers, the settings below).
     runtime: str = Field("process", min_length=1)
     # docker: the engine's address (default: $DOCKER_HOST, else the local socket).
-    docker_host: str | None = None
+    docker_host: Optional[str] = None
     # docker: the image of a task whose experiment sets no environment.image, per slot type.
-    container_image_cpu: str | None = None
-    container_image_cuda: str | None = None
+    container_image_cpu: Optional[str] = None
+    container_image_cuda: Optional[str] = None
     # docker: the user the container runs as (`uid[:gid]` or a name in the image; default the image's).
-    container_user: str | None = None
+    container_user: Optional[str] = None
     # docker: host paths bound read-only into every container, at the same path (e.g. a Python
     # environment shared by the trials), or `host_path:container_path`.
     container_mounts: list[str] = Field(default_factory=list)

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
 from agent_bootstrap.agent.client import (
@@ -113,7 +113,7 @@ class LogLine:
     source: Literal["task", "agent"] = "task"
     level: str = "LOG_LEVEL_INFO"
     token: str | None = field(default=None, repr=False)
-    timestamp: datetime = field(default_factory=lambda: datetime.now(UTC))
+    timestamp: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
     @property
     def size(self) -> int:

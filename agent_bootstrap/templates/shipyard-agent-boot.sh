@@ -3,10 +3,11 @@
 # instance from runcmd. It turns this host into an agent of pool @@POOL_COMMENT@@:
 #   1. run the pool's startup script (/etc/shipyard/startup-script), if there is one;
 #   2. read this instance's id from the cloud's metadata service;
-#   3. check the Python dependencies of the agent (a venv on top of the system packages if the
-#      distribution's are missing or too old);
-#   4. fetch the agent's code from the master (GET /api/v1/agent/package, bootstrap token) into
+#   3. fetch the agent's code from the master (GET /api/v1/agent/package, bootstrap token) into
 #      /opt/shipyard;
+#   4. check the Python dependencies of the agent (Python 3.9+; a venv on top of the system
+#      packages, with the exact versions of the package's constraints file, if the distribution's
+#      are missing or too old);
 #   5. write and start the systemd unit shipyard-agent.service (--instance-id/--agent-id from 2).
 # The credential stays in /etc/shipyard/agent-token (0600): it is never put on a command line.
 #
@@ -23,6 +24,8 @@ POOL=@@POOL@@
 LAUNCH_ID=@@LAUNCH_ID@@
 WORK_DIR_PATH=@@WORK_DIR@@
 PIP_PINS=(@@PIP_PINS@@)
+# In the agent's package: exact pins of the agent's libraries and their dependencies.
+CONSTRAINTS_PATH=@@CONSTRAINTS_PATH@@
 
 ROOT="${SHIPYARD_ROOT:-}"
 ROOT="${ROOT%/}"
@@ -124,6 +127,10 @@ metadata_instance_id() {
     esac
 }
 
+python_supported() {
+    "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' 2>/dev/null
+}
+
 python_deps_ok() {
     "$1" -c 'import httpx, yaml, tenacity, pydantic; assert int(pydantic.VERSION.split(".")[0]) >= 2' 2>/dev/null
 }
@@ -175,21 +182,25 @@ main() {
 
     local python
     python=$(command -v "$PY") || fail "no Python interpreter $PY"
-    if ! python_deps_ok "$python"; then
-        # Older distributions ship pydantic 1 (the agent needs 2) or lack a module: add exactly
-        # the master's versions in a venv that still sees the system packages.
-        log python_deps_missing "action=venv pins=\"${PIP_PINS[*]}\""
-        mkdir -p "$(dirname "$VENV_DIR")"
-        "$python" -m venv --system-site-packages "$VENV_DIR" || fail "cannot create $VENV_DIR"
-        retry 5 "$VENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check "${PIP_PINS[@]}" ||
-            fail "cannot install the agent's Python dependencies"
-        python="$VENV_DIR/bin/python"
-        python_deps_ok "$python" || fail "the agent's Python dependencies are still missing"
-    fi
+    python_supported "$python" ||
+        fail "$python is Python $("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])'); the agent needs 3.9 or newer"
 
     mkdir -p "$ROOT/opt" "$WORK_DIR" "$(dirname "$UNIT_FILE")"
     chmod 0700 "$WORK_DIR"
     fetch_agent_package || fail "cannot fetch the agent from $MASTER_URL"
+
+    if ! python_deps_ok "$python"; then
+        # Older distributions ship pydantic 1 (the agent needs 2) or lack a module: add them in a
+        # venv that still sees the system packages, at the versions of the package's constraints.
+        log python_deps_missing "action=venv pins=\"${PIP_PINS[*]}\""
+        mkdir -p "$(dirname "$VENV_DIR")"
+        "$python" -m venv --system-site-packages "$VENV_DIR" || fail "cannot create $VENV_DIR"
+        retry 5 "$VENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check \
+            -c "$INSTALL_DIR/$CONSTRAINTS_PATH" "${PIP_PINS[@]}" ||
+            fail "cannot install the agent's Python dependencies"
+        python="$VENV_DIR/bin/python"
+        python_deps_ok "$python" || fail "the agent's Python dependencies are still missing"
+    fi
     PYTHONPATH="$INSTALL_DIR" "$python" -m agent_bootstrap.agent --help >/dev/null ||
         fail "the agent fetched from the master does not run"
     log agent_installed "path=$INSTALL_DIR python=$python"

@@ -88,7 +88,7 @@ class TorchCollectives:
         padded[: payload.numel()] = payload
         out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self._size)]
         tdist.all_gather(out, padded, group=self._group)
-        return [self._decode(t, int(n.item())) for t, n in zip(out, sizes, strict=True)]
+        return [self._decode(t, int(n.item())) for t, n in zip(out, sizes)]
 
     def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
         everyone = self.allgather(obj)  # small objects: one all-gather is simpler than gather + sizes

@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
@@ -46,7 +46,7 @@ from harness.core._session import APIError, HonourRetryAfter, NotFoundError, Ses
 log = logging.getLogger("harness.core")
 
 # (group, steps_completed, metrics, batch_metrics, report_time_epoch_s)
-_Item = tuple[str, int, dict[str, Any], list[Any] | None, float]
+_Item = tuple[str, int, dict[str, Any], Optional[list[Any]], float]
 
 
 class MetricsReportError(RuntimeError):
@@ -285,7 +285,7 @@ class MetricsReporter:
                     return
                 log.warning("event=metrics_batch_rejected trial_id=%s size=%d error=%r action=resend_singly",
                             self._trial_id, len(bodies), str(e))
-        for body, raw in zip(bodies, encoded, strict=True):
+        for body, raw in zip(bodies, encoded):
             try:
                 self._send(self._single_path, raw)
                 self.stats.sent += 1

@@ -37,7 +37,7 @@ class MetricsSink(Protocol):
     def flush(self, timeout: float | None = None) -> bool: ...
 
 
-@dataclass(slots=True)
+@dataclass
 class MetricsReport:
     group: str
     steps_completed: int

@@ -25,9 +25,12 @@ from agent_bootstrap.agent.config import load_config
 from agent_bootstrap.cloud_init import (
     BOOT_SCRIPT_PATH,
     CONFIG_PATH,
+    CONSTRAINTS_PATH,
     STARTUP_SCRIPT_PATH,
     TOKEN_PATH,
     BootstrapParams,
+    agent_constraints,
+    pip_pins,
     render_user_data,
     validate_agent_options,
 )
@@ -122,6 +125,19 @@ def test_boot_script_parses_under_bash_n(provider: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_venv_fallback_installs_the_constraints_the_package_carries() -> None:
+    pins = agent_constraints()
+    # The whole closure of the agent's and the harness's libraries, each at one exact version.
+    assert {"httpx", "httpcore", "h11", "anyio", "idna", "certifi", "pyyaml", "pydantic", "pydantic-core",
+            "annotated-types", "typing-extensions", "typing-inspection", "tenacity", "requests", "urllib3",
+            "charset-normalizer", "docker"} <= set(pins)
+    assert pip_pins() == [f"{name}=={pins[name.lower()]}" for name in ("httpx", "PyYAML", "pydantic", "tenacity")]
+    assert pip_pins("docker")[-1] == f"docker=={pins['docker']}"
+    script = files_of(render_user_data(params()))[BOOT_SCRIPT_PATH]["content"]
+    assert f"CONSTRAINTS_PATH={CONSTRAINTS_PATH}\n" in script and '-c "$INSTALL_DIR/$CONSTRAINTS_PATH"' in script
+    assert "PIP_PINS=(" + " ".join(pip_pins()) + ")" in script
+
+
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
@@ -159,6 +175,7 @@ def test_agent_package_is_deterministic_and_has_no_bytecode() -> None:
     assert "agent_bootstrap/agent/__main__.py" in names
     assert "shipyard_common/__init__.py" in names and "shipyard_common/model_def.py" in names
     assert "harness/core/__init__.py" in names  # the Core API, for the agent's trials
+    assert "agent_bootstrap/constraints.txt" in names  # the exact pins the boot's venv installs
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     # Nothing of the master: the agent imports only agent_bootstrap and shipyard_common.
     assert not any(n.startswith("control_plane") for n in names)

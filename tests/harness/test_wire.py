@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -62,7 +62,7 @@ def test_anything_json_like_encodes_strictly(value: object) -> None:
 
 @given(st.floats(min_value=0, max_value=4e9, allow_nan=False))
 def test_rfc3339_matches_datetime(t: float) -> None:
-    expected = datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    expected = datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     got = _wire.rfc3339(t)
     # datetime rounds microseconds half-even, we truncate: at most one microsecond apart.
     parsed_e = datetime.strptime(expected, "%Y-%m-%dT%H:%M:%S.%fZ")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 import pytest
 from pydantic import ValidationError
@@ -24,7 +24,7 @@ from shipyard_common.agent_protocol import (
 
 @pytest.mark.parametrize("kind", TASK_EVENT_TYPES)
 def test_every_event_the_agent_can_send_is_accepted(kind: str) -> None:
-    sent = TaskEvent(allocation_id="a1", type=kind, time=datetime(2024, 5, 1, 12, tzinfo=UTC), pid=7)  # type: ignore[arg-type]
+    sent = TaskEvent(allocation_id="a1", type=kind, time=datetime(2024, 5, 1, 12, tzinfo=timezone.utc), pid=7)  # type: ignore[arg-type]
     body = EventsRequest(session_id="s", events=[sent]).to_wire()
     assert body["events"][0]["time"] == "2024-05-01T12:00:00.000000Z"
     got = EventsRequest.model_validate(body)

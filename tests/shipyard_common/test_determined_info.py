@@ -38,7 +38,8 @@ def test_prepare_writes_private_info_files(tmp_path: Path) -> None:
     trial = json.loads((info_dir / "trial.json").read_text())
     assert (trial["trial_id"], trial["steps_completed"], trial["trial_run_id"], trial["hparams"]) == (7, 40, 2, {"lr": 0.1})
     assert json.loads((info_dir / "rendezvous.json").read_text())["container_slot_counts"] == [2]
-    assert env["PYTHONPATH"] == f"{determined_env.SHIM_DIR}{os.pathsep}/x"
+    # The shim, then the package root (it holds the harness here as in the unpacked agent package).
+    assert env["PYTHONPATH"] == os.pathsep.join([str(determined_env.SHIM_DIR), str(determined_env.PACKAGE_ROOT), "/x"])
     assert env["DET_USER"] == "alice"
     assert determined_env.prepare({"PATH": "/bin"}, tmp_path / "other") == {"PATH": "/bin"}  # not a trial
 

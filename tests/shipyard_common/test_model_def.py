@@ -1,6 +1,8 @@
 """Tests for model definitions: validating the uploaded v1File list, deterministic packing, and
 safe unpacking, including hand-built malicious archives."""
 
+from __future__ import annotations
+
 import base64
 import gzip
 import io

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import pytest
 from pydantic import AfterValidator, Field, model_validator
@@ -41,11 +41,11 @@ def _not_empty(zones: tuple[str, ...]) -> tuple[str, ...]:
 
 class Section(StrictSettings):
     name: Annotated[str, text()]
-    note: Annotated[str | None, text(optional=True)] = None
+    note: Annotated[Optional[str], text(optional=True)] = None
     size: Annotated[int, integer(1, 10)] = 1
-    count: Annotated[int | None, integer(0, optional=True)] = None
+    count: Annotated[Optional[int], integer(0, optional=True)] = None
     on: Annotated[bool, boolean()] = False
-    url: Annotated[str | None, http_url(optional=True)] = None
+    url: Annotated[Optional[str], http_url(optional=True)] = None
     zones: Annotated[tuple[str, ...], text_list(item=_no_x), AfterValidator(_not_empty)] = ("a",)
     tags: Annotated[dict[str, str], str_mapping(_short)] = Field(default_factory=dict)
     period: Duration = timedelta(minutes=5)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -30,9 +30,9 @@ def test_rfc3339_is_utc_with_microseconds_and_a_z() -> None:
 
 @given(st.integers(min_value=0, max_value=4_000_000_000), st.integers(min_value=0, max_value=999_999))
 def test_the_epoch_form_matches_the_datetime_form(seconds: int, micros: int) -> None:
-    t = datetime.fromtimestamp(seconds, UTC).replace(microsecond=micros)
+    t = datetime.fromtimestamp(seconds, timezone.utc).replace(microsecond=micros)
     epoch = seconds + micros / 1_000_000
-    got = datetime.strptime(rfc3339_epoch(epoch), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-    want = datetime.strptime(rfc3339(t), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    got = datetime.strptime(rfc3339_epoch(epoch), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    want = datetime.strptime(rfc3339(t), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
     # The epoch form truncates what float seconds cannot hold exactly: at most a microsecond apart.
     assert abs((got - want).total_seconds()) <= 1e-6
