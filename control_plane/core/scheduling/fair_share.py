@@ -57,6 +57,15 @@ class _Job:
     pending: list[PendingAllocation] = field(default_factory=list)
 
 
+def _shares(jobs: Mapping[str, _Job], capacity: int) -> dict[Hashable, float]:
+    """Each job's share: its demand is what it holds plus what it waits for, capped by its max_slots."""
+    demand = {}
+    for name, j in jobs.items():
+        want = j.held + sum(p.slots for p in j.pending)
+        demand[name] = (min(want, j.max_slots) if j.max_slots is not None else want, max(j.weight, _EPS))
+    return weighted_max_min(capacity, demand)
+
+
 def schedule(
     pending: Sequence[PendingAllocation],
     running: Sequence[RunningAllocation],
@@ -73,18 +82,17 @@ def schedule(
             j.held += r.slots
     for p in sorted(pending, key=lambda p: p.queue_key):
         jobs.setdefault(p.job, _Job(p.weight, p.max_slots)).pending.append(p)
-    capacity = sum(pool.total)
-    demand = {}
-    for name, j in jobs.items():
-        want = j.held + sum(p.slots for p in j.pending)
-        demand[name] = (min(want, j.max_slots) if j.max_slots is not None else want, max(j.weight, _EPS))
-    share = weighted_max_min(capacity, demand)
+    share = _shares(jobs, sum(pool.total))
     preemption = preemption and any(r.preemptible and not r.stopping for r in running)
 
     assignments: list[Assignment] = []
     preemptions: list[str] = []
     reasons: dict[str, str] = {}
     unplaced: list[str] = []
+
+    def above_share(r: RunningAllocation) -> bool:
+        """May yield (to another job): preemptible, and its job stays at or above its share without it."""
+        return r.preemptible and jobs[r.job].held - r.slots >= share[r.job] - _EPS
 
     def wait_rest(j: _Job, start: int, why: str) -> None:
         for q in j.pending[start:]:
@@ -108,6 +116,8 @@ def schedule(
         if parts is not None:
             assignments.append(Assignment(p.id, parts))
             j.held += k
+            if pool.preemptible is not None:  # its work may now yield
+                pool.preemptible.recheck_job(name)
             if n + 1 < len(j.pending):
                 heapq.heappush(heap, (j.held - share[name], j.pending[n + 1].queue_key, name, n + 1))
             continue
@@ -119,14 +129,14 @@ def schedule(
             continue
         why = pool.waiting_reason(k) + f"; its job holds {j.held} of its fair share {share[name]:.1f}"
         if preemption and j.held + k <= share[name] + _EPS:
-            def eligible(r: RunningAllocation, me: str = name) -> bool:
-                other = jobs[r.job]
-                return r.preemptible and r.job != me and other.held - r.slots >= share[r.job] - _EPS
-            got = pool.preempt_for(k, p.priority, eligible)
+            index = pool.track_preemptible(above_share)
+            got = pool.preempt_for(k, p.priority, exclude_job=name)
             if got is not None:
                 for r in got[1]:
                     jobs[r.job].held -= r.slots
                     preemptions.append(r.id)
+                for job in {r.job for r in got[1]}:  # their work may no longer yield
+                    index.recheck_job(job)
                 if got[1]:
                     why = f"preempting {len(got[1])} allocation(s) of jobs above their fair share"
         unplaced.append(p.id)

@@ -9,13 +9,16 @@ slot count, as in Determined: a part is a whole agent of that size), never parti
 now is `cap = min(free, total - reserved)`: work placed there may run long, so it must leave the
 reserved slots to free up; what may still be reserved is `room = total - reserved`. Agents sit in
 buckets by (cap, room) and, while unreserved, by (total, free), so each decision costs a scan over
-slot counts (a handful), not over agents."""
+slot counts (a handful), not over agents. Within a pass cap and room only shrink (nothing is freed or
+unreserved), so a gang size that failed to be placed or reserved fails at once for the rest of it.
+Preemption asks the index of preemptible work (preemption.py), not every agent."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
 from control_plane.core.scheduling.policy import AgentSlots, Fitting, Part, RunningAllocation
+from control_plane.core.scheduling.preemption import PreemptibleWork
 
 
 def whole_agent_parts(slots: int, agent_slots: int) -> int | None:
@@ -70,12 +73,18 @@ class PoolState:
         self.cnt_f = [0] * w
         self.reserved_priorities: tuple[int, int] | None = None  # (best, worst) of reservations
         self._shapes: dict[int, list[tuple[int, int]]] = {}
+        # Gangs that failed to be placed / reserved this pass: they fail for the rest of it, as placeable
+        # and reservable slots only shrink within a pass (nothing is freed, nothing unreserved).
+        self.unplaceable: set[int] = set()
+        self.unreservable: set[int] = set()
+        self.preemptible: PreemptibleWork | None = None  # the index of preemptible work, once asked for
         for i in range(len(ags)):
             self._add(i)
         # Running work per agent (for preemption) and slots about to free up (stopping allocations).
         self.running_on: dict[int, list[RunningAllocation]] = {}
         self.soon = [0] * len(ags)
         self.victims: set[str] = set()
+        self.running = running
         for r in running:
             for p in r.parts:
                 i = self.index.get(p.agent_id)
@@ -143,6 +152,8 @@ class PoolState:
         taken, self.free[i] = tuple(ids[:k]), ids[k:]
         self.nfree[i] -= k
         self._add(i)
+        if self.preemptible is not None:
+            self.preemptible.changed(i)
         return Part(self.ids[i], taken)
 
     def reserve(self, i: int, k: int, priority: int) -> None:
@@ -151,6 +162,8 @@ class PoolState:
         rp = self.reserved_priorities
         self.reserved_priorities = (priority, priority) if rp is None else (min(rp[0], priority), max(rp[1], priority))
         self._add(i)
+        if self.preemptible is not None:
+            self.preemptible.changed(i)
 
     def find_one(self, k: int, fitting: Fitting) -> int | None:
         """An agent whose placeable slots hold `k`: best fit (fewest that hold it) or worst (most)."""
@@ -178,21 +191,31 @@ class PoolState:
         """Place a gang now, whole: on one agent when one holds it, else on whole agents."""
         if slots <= 0:
             return ()
+        if slots in self.unplaceable:
+            return None
         i = self.find_one(slots, fitting)
         if i is not None:
             return (self.take(i, slots),)
-        if slots <= self.m:
-            return None
-        for t, n in self.shapes(slots):
-            agents = self.find_whole(t, n)
-            if agents is not None:
-                return tuple(self.take(a, t) for a in agents)
+        if slots > self.m:
+            for t, n in self.shapes(slots):
+                agents = self.find_whole(t, n)
+                if agents is not None:
+                    return tuple(self.take(a, t) for a in agents)
+        self.unplaceable.add(slots)
         return None
 
     # -- reserving (the head of the queue keeps the slots it waits for)
     def reserve_for(self, slots: int, priority: int) -> list[int] | None:
         """Reserve, for a gang that cannot start now, the agents closest to holding it (the most
         placeable slots: nothing else goes there, so they stay the closest until it starts)."""
+        if slots in self.unreservable:
+            return None
+        got = self._reserve_for(slots, priority)
+        if got is None:
+            self.unreservable.add(slots)
+        return got
+
+    def _reserve_for(self, slots: int, priority: int) -> list[int] | None:
         if slots <= self.m:
             if not any(self.cnt_r[r] for r in range(slots, self.m + 1)):
                 return None
@@ -231,65 +254,43 @@ class PoolState:
         return self.reserved_priorities
 
     # -- preempting
-    def preempt_for(self, slots: int, priority: int, eligible: Callable[[RunningAllocation], bool],
+    def track_preemptible(self, eligible: Callable[[RunningAllocation], bool]) -> PreemptibleWork:
+        """Start the index of preemptible work (preemption.py) with the policy's `eligible`; the policy
+        names the allocations whose eligibility may have changed since (`preemptible.recheck`)."""
+        if self.preemptible is None:
+            self.preemptible = PreemptibleWork(self, self.running, eligible)
+        return self.preemptible
+
+    def preempt_for(self, slots: int, priority: int, exclude_job: str | None = None,
                     ) -> tuple[list[int], list[RunningAllocation]] | None:
         """The agents a gang could have once the fewest eligible running allocations stop (newest
         first, only as many as needed; slots of allocations already stopping count as coming free),
-        and those victims; None when no eviction makes room. The agents are reserved for it."""
+        and those victims; None when no eviction makes room. The agents are reserved for it.
+        Eligible: as `track_preemptible` was told, and not of `exclude_job`."""
+        index = self.preemptible
+        assert index is not None, "track_preemptible first"
         if slots <= self.m:
-            best: tuple[tuple[int, int, int], int, list[RunningAllocation]] | None = None
-            # An agent with no running work that could hold it would have taken it already.
-            for i in self.running_on:
-                if self.total[i] - self.reserved[i] < slots:
-                    continue
-                have = self.nfree[i] + self.soon[i]
-                chosen: list[RunningAllocation] = []
-                if have < slots:
-                    cands = sorted((r for r in self.running_on.get(i, ())
-                                    if not r.stopping and r.id not in self.victims and eligible(r)),
-                                   key=lambda r: (-r.order, r.id))
-                    for r in cands:
-                        if have >= slots:
-                            break
-                        chosen.append(r)
-                        have += sum(len(p.slot_ids) for p in r.parts if p.agent_id == self.ids[i])
-                    if have < slots:
-                        continue
-                cost = (len(chosen), sum(r.slots for r in chosen), i)
-                if best is None or cost < best[0]:
-                    best = (cost, i, chosen)
-                    if not chosen:
-                        break
-            if best is None:
+            got = index.on_one(slots, exclude_job)
+            if got is None:
                 return None
-            self._evict(best[2])
-            self.reserve(best[1], slots, priority)
-            return [best[1]], best[2]
+            self._evict(got[1])
+            self.reserve(got[0], slots, priority)
+            return [got[0]], got[1]
         for t, n in self.shapes(slots):
-            options: list[tuple[tuple[int, int], int, list[RunningAllocation]]] = []
-            for (size, _f), b in self.unres.items():
-                if size != t:
-                    continue
-                for i in b:
-                    live = [r for r in self.running_on.get(i, ())
-                            if not r.stopping and r.id not in self.victims]
-                    if all(eligible(r) for r in live):
-                        options.append(((len(live), i), i, live))
-            if len(options) >= n:
-                options.sort(key=lambda o: o[0])
-                victims: dict[str, RunningAllocation] = {}
-                for _, _, live in options[:n]:
-                    victims.update((r.id, r) for r in live)
-                self._evict(list(victims.values()))
-                agents = [o[1] for o in options[:n]]
+            whole = index.on_whole(t, n, exclude_job)
+            if whole is not None:
+                agents, victims = whole
+                self._evict(victims)
                 for i in agents:
                     self.reserve(i, t, priority)
-                return agents, list(victims.values())
+                return agents, victims
         return None
 
     def _evict(self, victims: Iterable[RunningAllocation]) -> None:
         for r in victims:
             self.victims.add(r.id)
+            if self.preemptible is not None:
+                self.preemptible.evicted(r)
             for p in r.parts:
                 i = self.index.get(p.agent_id)
                 if i is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal, Protocol
 
 Fitting = Literal["best", "worst"]
@@ -70,7 +71,7 @@ class RunningAllocation:
     def job(self) -> str:
         return self.job_id or self.id
 
-    @property
+    @cached_property
     def slots(self) -> int:
         return sum(len(p.slot_ids) for p in self.parts)
 

@@ -39,6 +39,39 @@ def _behind(n_higher: int, n_same: int) -> str:
     return f"behind {_plural(n_same, 'earlier job')} of the same priority"
 
 
+class _Sweep:
+    """What may yield to the allocation being placed: preemptible work of strictly lower priority
+    (a higher number). The queue is walked by priority, so work leaves the index of preemptible work
+    as the walk reaches its priority, each allocation once."""
+
+    def __init__(self, pool: PoolState, running: Sequence[RunningAllocation], priority: int) -> None:
+        self.level = priority
+        self.index = pool.track_preemptible(lambda r: r.preemptible and r.priority > self.level)
+        self.queue = sorted((r for r in running if r.preemptible and not r.stopping), key=lambda r: r.priority)
+        self.n = 0
+
+    def to(self, priority: int) -> None:
+        self.level, start = priority, self.n
+        while self.n < len(self.queue) and self.queue[self.n].priority <= priority:
+            self.n += 1
+        self.index.recheck(self.queue[start:self.n])
+
+
+def _reserve(pool: PoolState, k: int, priority: int) -> str | None:
+    """Reserve for a gang that cannot start now; why it waits, or None when nothing is left to reserve.
+    The reason speaks of the pool as it was before (a failed preemption changed nothing)."""
+    if k in pool.unreservable:
+        return None
+    blocker = pool.blocked_by_reservation(k)
+    at_most, whole = (pool.max_cap(), None) if k <= pool.m else (None, pool.whole_free(k))
+    if pool.reserve_for(k, priority) is None:
+        return None
+    if blocker is not None:
+        return ("reserved slots for a higher-priority job" if blocker[1] < priority
+                else "reserved slots for a job ahead in the queue")
+    return pool.waiting_reason(k, at_most, whole)
+
+
 def schedule(
     pending: Sequence[PendingAllocation],
     running: Sequence[RunningAllocation],
@@ -62,6 +95,7 @@ def schedule(
     higher_waiting = 0  # of those, jobs of strictly higher priority than the current one
     current: int | None = None
     no_eviction_from = 1 << 62  # a gang this large or larger found nothing to preempt: neither will later ones
+    sweep: _Sweep | None = None
 
     order = sorted(pending, key=lambda p: (p.priority, p.order if p.queue_position is None else p.queue_position,
                                            p.order, p.id))
@@ -90,11 +124,11 @@ def schedule(
             reasons[p.id] = unschedulable_reason(k, pool.sizes)
             continue
         ahead_same = len(waiting_jobs) - higher_waiting - (job in waiting_jobs)
-        blocker = pool.blocked_by_reservation(k)
-        at_most, whole = (pool.max_cap(), None) if k <= pool.m else (None, pool.whole_free(k))
         reason: str | None = None
         if preemption and p.priority < lowest and k < no_eviction_from:
-            got = pool.preempt_for(k, p.priority, lambda r, mine=p.priority: r.preemptible and r.priority > mine)
+            sweep = sweep or _Sweep(pool, running, p.priority)
+            sweep.to(p.priority)
+            got = pool.preempt_for(k, p.priority)
             if got is None:
                 no_eviction_from = k
             else:
@@ -102,16 +136,7 @@ def schedule(
                 preemptions.extend(r.id for r in victims)
                 reason = (f"preempting {_plural(len(victims), 'lower-priority allocation')}" if victims
                           else "waiting for slots of allocations already stopping")
-        if reason is None:
-            if pool.reserve_for(k, p.priority) is not None:
-                if blocker is not None:
-                    reason = ("reserved slots for a higher-priority job" if blocker[1] < p.priority
-                              else "reserved slots for a job ahead in the queue")
-                else:
-                    reason = pool.waiting_reason(k, at_most, whole)
-            else:
-                reason = _behind(higher_waiting, ahead_same)
-        reasons[p.id] = reason
+        reasons[p.id] = reason or _reserve(pool, k, p.priority) or _behind(higher_waiting, ahead_same)
         waiting_jobs.add(job)
     return ScheduleDecision(tuple(assignments), tuple(preemptions), tuple(unplaced), reasons)
 
