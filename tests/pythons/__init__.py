@@ -41,7 +41,6 @@ the constraints) and on 3.8 (refused in one line).
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import hashlib
 import io
@@ -53,12 +52,12 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.locks import file_lock
 from tests.pg import missing_part
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,24 +149,13 @@ def venv_key(python: Path) -> str:
     return h.hexdigest()[:12]
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def venv_for(version: str, python: Path) -> Path:
     """The cached venv of `python` with the constraints and the test tools (made on first use, under
     a lock; other venvs of this version, from older constraints, are removed then)."""
     root = cache_root()
     venv = root / f"{version}-{venv_key(python)}"
     ready = venv / ".shipyard-ready"
-    with _locked(root / f"{version}.lock"):
+    with file_lock(root / f"{version}.lock"):
         if ready.exists():
             return venv
         shutil.rmtree(venv, ignore_errors=True)
