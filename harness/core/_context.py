@@ -43,7 +43,7 @@ from harness.core._searcher import (
     parse_max_length,
     parse_units,
 )
-from harness.core._session import Session
+from harness.core._session import RetryPolicy, Session
 from harness.core._train import EarlyExitReason, LocalMetricsSink, TrainContext
 from harness.storage import CheckpointStorage, StorageConfigError, from_config
 
@@ -233,7 +233,7 @@ def _cluster_context(info: ClusterInfo, dist: DistributedContext, storage: Check
     assert info.master_url is not None and info.trial_id is not None
     config = info.experiment_config
     metric_name, smaller_is_better = _searcher_metric(config)
-    session = Session(info.master_url, info.session_token)
+    session = Session(info.master_url, info.session_token, retry=RetryPolicy.for_trial(os.environ))
     reporter = MetricsReporter(session, info.trial_id, info.trial_run_id, reporter_config)
     train = TrainContext(reporter, dist, session=session, trial_id=info.trial_id,
                          experiment_id=info.experiment_id, searcher_metric=metric_name,

@@ -5,8 +5,8 @@ Errors are sorted into two kinds, because the callers act differently on them:
   may be restarting (it can be killed at any instant and comes back from its database).
 - APIError (NotFoundError, AuthError, ...): the master answered and said no. Retrying is pointless.
 
-`request()` retries transient errors with tenacity (bounded attempts and total delay, exponential
-backoff with jitter). Long-running background loops (metrics reporter, preemption watcher) call
+`request()` retries transient errors with tenacity (exponential backoff with jitter; bounded attempts
+and total delay by default, without a bound for a trial: `RetryPolicy.for_trial`). Long-running background loops (metrics reporter, preemption watcher) call
 `request_once()` and run their own policy.
 """
 
@@ -18,7 +18,7 @@ import random
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import requests
 from tenacity import (
@@ -26,6 +26,7 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
+    stop_never,
     wait_random_exponential,
 )
 
@@ -84,11 +85,32 @@ class AuthError(APIError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    # Enough to ride out a master restart of a few minutes, still bounded.
-    max_attempts: int = 30
-    max_delay_s: float = 300.0
+    """Bounded by default (a tool, a test); `for_trial()` is unbounded. None: no limit."""
+
+    max_attempts: Optional[int] = 30
+    max_delay_s: Optional[float] = 300.0
     wait_initial_s: float = 0.25
     wait_max_s: float = 15.0
+
+    @classmethod
+    def for_trial(cls, environ: Mapping[str, str]) -> RetryPolicy:
+        """A trial's: transient errors are retried for as long as the trial lives, so a master
+        that is down for an hour (restarting, being upgraded, its host replaced) costs the trial
+        that hour and nothing else; the trial itself ends only when the agent ends it. Waits grow
+        to 30 s (SHIPYARD_RETRY_WAIT_MAX_S: tests shrink it)."""
+        wait_max = float(environ.get("SHIPYARD_RETRY_WAIT_MAX_S") or 30.0)
+        return cls(max_attempts=None, max_delay_s=None, wait_initial_s=min(0.25, wait_max), wait_max_s=wait_max)
+
+    def stop(self) -> Any:
+        bounds = [stop_after_attempt(self.max_attempts)] if self.max_attempts is not None else []
+        if self.max_delay_s is not None:
+            bounds.append(stop_after_delay(self.max_delay_s))
+        if not bounds:
+            return stop_never
+        out = bounds[0]
+        for b in bounds[1:]:
+            out = out | b
+        return out
 
 
 def _error_message(resp: requests.Response) -> str:
@@ -181,17 +203,19 @@ class Session:
         raise APIError(method, path, status, message)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """request_once with bounded retries on transient errors."""
+        """request_once, retrying transient errors as the session's policy says."""
         policy = self.retry
 
         def _log_retry(state: Any) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning("event=api_retry method=%s path=%s attempt=%d error=%r", method, path,
-                        state.attempt_number, str(exc))
+            # Every attempt for the first ten, then every tenth: an hour's outage is not a flood.
+            if state.attempt_number <= 10 or state.attempt_number % 10 == 0:
+                exc = state.outcome.exception() if state.outcome else None
+                log.warning("event=api_retry method=%s path=%s attempt=%d error=%r", method, path,
+                            state.attempt_number, str(exc))
 
         for attempt in Retrying(
             retry=retry_if_exception_type(TransientAPIError),
-            stop=stop_after_attempt(policy.max_attempts) | stop_after_delay(policy.max_delay_s),
+            stop=policy.stop(),
             wait=HonourRetryAfter(wait_random_exponential(multiplier=policy.wait_initial_s, max=policy.wait_max_s)),
             before_sleep=_log_retry,
             reraise=True,

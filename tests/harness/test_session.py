@@ -28,6 +28,27 @@ def test_transient_failures_are_retried_until_the_master_answers(fake_master: Fa
     assert len(attempts) >= 2 and all(a == {"progress": 0.5} for a in attempts)
 
 
+def test_a_trials_session_outlasts_any_outage(fake_master: FakeMaster) -> None:
+    """A trial's session has no attempt or time bound: a master down for longer than the bounded
+    policy's 30 attempts (here with waits shrunk to 20 ms) is waited out, the request not lost."""
+    policy = RetryPolicy.for_trial({"SHIPYARD_RETRY_WAIT_MAX_S": "0.02"})
+    assert (policy.max_attempts, policy.max_delay_s, policy.wait_max_s) == (None, None, 0.02)
+    assert RetryPolicy.for_trial({}).wait_max_s == 30.0
+    fake_master.refuse()  # connection refused: the master is gone
+    s = Session(fake_master.url, "tok", retry=policy)
+    timer = threading.Timer(2.0, fake_master.restore)
+    timer.start()
+    try:
+        assert s.post("/api/v1/checkpoints", {"uuid": "c-1"}) == {}
+    finally:
+        timer.cancel()
+    assert fake_master.bodies("POST", r"/api/v1/checkpoints") == [{"uuid": "c-1"}]
+    # An answer that says no is still final at once, however patient the policy.
+    fake_master.fail_with(404)
+    with pytest.raises(NotFoundError):
+        s.get("/api/v1/trials/1")
+
+
 def test_attempts_are_bounded(fake_master: FakeMaster) -> None:
     fake_master.fail_with(502)
     s = Session(fake_master.url, "tok", retry=QUICK)
