@@ -95,8 +95,13 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
     # agent of the same id beside them (which exited, leaving a dead pid on record and the live
     # agent unrecorded, so `down` missed it); the others are stopped.
     survivors = _adopt_agents(state_dir, current, url, agents)
-    # 0700: it holds the admin password, the agent token, the master's database and token key.
+    # Traverse-only (0711): trials, which run as other users (agent/identity.py), reach their task
+    # directories under agents/<id>/tasks through it, and can neither list it nor read what it holds:
+    # the admin password and the agent token are 0600, the master's state (database, token key)
+    # in master/ 0700, the logs 0600.
     private_files.private_dir(state_dir)
+    os.chmod(state_dir, 0o711)
+    private_files.private_dir(state_dir / "master")
     pw_file = state_dir / "admin-password"
     if pw_file.exists():
         password = pw_file.read_text().strip()
@@ -129,6 +134,7 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
         token_file = state_dir / "agent-token"
         private_files.write_private(token_file, agent_token.encode())
         private_files.private_dir(state_dir / "agents")
+        os.chmod(state_dir / "agents", 0o711)
         agent_env = {k: v for k, v in os.environ.items() if k != "SHIPYARD_ADMIN_PASSWORD"}
         for i in range(agents):
             agent_id = f"local-{i}"

@@ -93,6 +93,9 @@ class ContainerSpec(Wire):
     memory_bytes: Optional[int] = Field(default=None, ge=0)
     # shared_fs checkpoint storage and `bind_mounts`, in the container at the paths given.
     mounts: list[ContainerMount] = Field(default_factory=list)
+    # The directory a shared_fs checkpoint storage writes into (host_path + storage_path): the
+    # agent creates it, writable by every task user, when it is missing.
+    checkpoint_path: Optional[str] = None
 
 
 class TaskSpec(Wire):
@@ -107,6 +110,8 @@ class TaskSpec(Wire):
     token: Optional[str] = Field(default=None, repr=False)
     model_definition_path: Optional[str] = None
     kill_grace_seconds: Optional[float] = Field(default=None, ge=0)
+    # The Shipyard user the task belongs to: a root agent runs it as that user's OS uid (issue 27).
+    user_id: Optional[int] = None
     # Container settings (environment.image & co.); None from a master that predates them.
     container: Optional[ContainerSpec] = None
 

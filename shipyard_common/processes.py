@@ -68,6 +68,8 @@ def start_session(argv: Sequence[str], log_path: Path, env: dict[str, str]) -> s
     """Start `argv` detached: its own session (so it outlives us and `stop_process_group` reaches its
     children), stdin from /dev/null, stdout and stderr appended to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
+    # 0600: a log may name paths and settings that are nobody else's business (issue 27).
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as out:
         return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)

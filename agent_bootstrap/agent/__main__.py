@@ -74,7 +74,7 @@ def clean_work_dir(config: AgentConfig, runtime: TaskRuntime) -> None:
     killed = runtime.clean_up_leftovers()
     if killed:
         log.warning("event=leftovers_killed processes=%d", killed)
-    tasks_dir = config.work_dir / "tasks"
+    tasks_dir = config.task_dir or config.work_dir / "tasks"
     # The directories of tasks the runtime can reattach to (containers outlive their agent) stay.
     leftovers = getattr(runtime, "leftovers", list)()
     kept = {t.workdir.resolve() for t in leftovers if t.workdir is not None}

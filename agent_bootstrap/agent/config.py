@@ -62,6 +62,13 @@ class AgentConfig(BaseModel):
     log_buffer_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     model_def_max_bytes: int = Field(96 * 1024 * 1024, gt=0)
     keep_task_dirs: bool = False
+    # Who tasks run as (agent/identity.py): `per_user` (a root agent runs each Shipyard user's tasks
+    # as uid/gid task_uid_base + user id, never as root) or `agent` (as the agent's own user).
+    task_user: Literal["per_user", "agent"] = "per_user"
+    task_uid_base: int = Field(200000, ge=1000, le=2**31 - 2**24)
+    # Where task directories go (default <work_dir>/tasks); task users must be able to traverse
+    # its ancestors.
+    task_dir: Optional[Path] = None
     # The task runtime by its registered name (agent_bootstrap/agent/runtime); checked at start-up:
     # `process` (tasks as host processes) or `docker` (tasks as containers, the settings below).
     runtime: str = Field("process", min_length=1)
@@ -85,7 +92,7 @@ class AgentConfig(BaseModel):
             v = "http://" + v
         return v
 
-    @field_validator("work_dir", "token_file", mode="before")
+    @field_validator("work_dir", "token_file", "task_dir", mode="before")
     @classmethod
     def _expand(cls, v: Any) -> Any:
         if v is None or v == "":
@@ -161,6 +168,10 @@ _OPTIONS: list[tuple[str, Any, str]] = [
     ("log_batch_lines", int, "flush task logs when this many lines are buffered (default 500)"),
     ("log_buffer_bytes", int, "bound of buffered task logs while the master is unreachable"),
     ("model_def_max_bytes", int, "refuse model definitions that unpack to more than this"),
+    ("task_user", str, "who tasks run as: per_user (default; a root agent runs each user's tasks as "
+                       "uid task_uid_base + user id) or agent (the agent's own user)"),
+    ("task_uid_base", int, "per_user: the uid/gid of user N's tasks is this + N (default 200000)"),
+    ("task_dir", str, "where task directories go (default <work_dir>/tasks)"),
     ("runtime", str, "task runtime: process (default: tasks as process groups on this host) or docker "
                      "(tasks as containers)"),
     ("docker_host", str, "docker runtime: Docker engine address (default $DOCKER_HOST, else the local socket)"),
@@ -183,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         if name == "slot_type":
             p.add_argument(flag, choices=["auto", "cpu", "cuda"], help=help_text)
+        elif name == "task_user":
+            p.add_argument(flag, choices=["per_user", "agent"], help=help_text)
         elif name == "log_level":
             p.add_argument(flag, choices=["debug", "info", "warning", "error"], help=help_text)
         else:

@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from agent_bootstrap.agent import __version__, determined_env
+from agent_bootstrap.agent import __version__, determined_env, identity
 from agent_bootstrap.agent.client import (
     AuthRefused,
     MasterClient,
@@ -73,6 +73,7 @@ from agent_bootstrap.agent.runtime import (
     LeftoverTask,
     Mount,
     OutputFn,
+    RunAs,
     StartFailed,
     Stream,
     TaskHandle,
@@ -288,7 +289,11 @@ class Agent:
         self._client_factory = client_factory or (
             lambda: MasterClient(config.master_url, self._auth_token, timeout=config.http_timeout))
         self._base_env = dict(os.environ if base_env is None else base_env)
-        self.tasks_dir = config.work_dir / "tasks"
+        self.tasks_dir = config.task_dir or config.work_dir / "tasks"
+        # The agent's work dir (its credential) and the tasks dir: traverse-only for task users.
+        self._own_dirs = tuple(d for d in (config.work_dir,) if d.resolve() in self.tasks_dir.resolve().parents)
+        self.identities = identity.TaskIdentities(config.task_user, config.task_uid_base, self.tasks_dir,
+                                                  own=self._own_dirs)
 
         self._stop = threading.Event()
         self._exit_code: int | None = None
@@ -348,6 +353,9 @@ class Agent:
                  self.config.resource_pool, self.config.master_url, len(self.slots),
                  self.slots[0].type if self.slots else "none", __version__)
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
+        if self.identities.enabled:
+            for d in (*self._own_dirs, self.tasks_dir):
+                identity.traverse_only(d)
         self.shipper.start()
         self.outbox.start()
         self._adopt_leftovers()  # before the first registration, which reports them running
@@ -673,7 +681,7 @@ class Agent:
             except KeyError as e:
                 raise _SetupError(f"slot {e.args[0]!r} is not a slot of agent {self.agent_id}") from None
             workdir = self._task_dir(alloc)
-            workdir.mkdir(parents=True)
+            workdir.mkdir(mode=0o700)
             if spec.model_definition_path:
                 try:
                     self._fetch_model_definition(task, workdir)
@@ -686,10 +694,11 @@ class Agent:
             base = (task_environment(self._base_env, spec, slots, self.agent_id) if container is None
                     else container_environment(spec, slots, self.agent_id))
             env = determined_env.prepare(base, workdir)
+            run_as = self._give_to_task_user(spec, workdir, env)
             try:
                 handle = self.runtime.start(LaunchSpec(
                     allocation_id=alloc, argv=spec.argv, env=env, workdir=workdir, output=self._output_fn(task),
-                    image=container.image if container else None, container=container))
+                    image=container.image if container else None, container=container, run_as=run_as))
             except StartFailed as e:
                 self._agent_line(task, e.message)
                 self._drain(alloc)
@@ -718,6 +727,23 @@ class Agent:
                 # the whole experiment config.
                 task.spec = None
                 task.handle = None
+
+    def _give_to_task_user(self, spec: TaskSpec, workdir: Path, env: dict[str, str]) -> RunAs | None:
+        """The task's OS identity (identity.py); its directory handed to it, its checkpoint
+        directory made if missing, HOME its directory (the agent's HOME is not its to write)."""
+        run_as = self.identities.run_as(spec.user_id)
+        if run_as is None:
+            return None
+        try:
+            identity.give_tree(workdir, run_as)
+            checkpoint = spec.container.checkpoint_path if spec.container else None
+            if checkpoint:
+                identity.shared_checkpoint_dir(checkpoint)
+        except OSError as e:
+            raise _SetupError(f"cannot prepare the task for uid {run_as.uid}: {e}") from None
+        if "HOME" not in spec.env:
+            env["HOME"] = str(workdir)
+        return run_as
 
     def _run_to_end(self, task: _Task, handle: TaskHandle) -> None:
         """Wait for the task (killing it when asked), clean it up and report how it ended."""

@@ -341,6 +341,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> Ta
         model_definition_path=f"/api/v1/experiments/{exp.id}/model_def",
         kill_grace_seconds=master.config.task_kill_grace_s,
         container=container_spec(cfg, agent_device_type(agent)),
+        user_id=exp.owner_id,
     )
 
 

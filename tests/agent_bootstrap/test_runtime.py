@@ -18,6 +18,7 @@ from agent_bootstrap.agent.runtime import (
     MARKER_ENV,
     LaunchSpec,
     ProcessRuntime,
+    RunAs,
     RuntimeOptions,
     StartFailed,
     TaskHandle,
@@ -133,6 +134,22 @@ def test_environment_cwd_and_marker(runtime: ProcessRuntime, tmp_path: Path) -> 
     assert runtime.wait(handle) == 0
     runtime.release(handle)
     assert out.text("stdout") == f"bar {tmp_path} marked\n"
+
+
+@linux_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_a_task_run_as_another_user_has_its_ids_no_groups_and_no_new_privileges(
+        runtime: ProcessRuntime, tmp_path: Path) -> None:
+    out = Collector()
+    body = 'echo "$(id -u) $(id -g) [$(id -G)]"; grep NoNewPrivs /proc/self/status; cat /proc/1/environ'
+    handle = runtime.start(LaunchSpec("a", ["/bin/sh", "-c", body], {"PATH": "/usr/bin:/bin"}, tmp_path, out,
+                                      run_as=RunAs(65534, 65533)))
+    assert runtime.wait(handle) != 0  # pid 1's environment is root's
+    runtime.release(handle)
+    lines = out.text("stdout").splitlines()
+    assert lines[0] == "65534 65533 [65533]"  # its group only, none of the agent's
+    assert lines[1].split() == ["NoNewPrivs:", "1"]
+    assert "Permission denied" in out.text("stderr")
 
 
 def test_kill_sends_sigterm_then_sigkill_after_grace(runtime: ProcessRuntime, tmp_path: Path) -> None:

@@ -71,7 +71,9 @@ def test_the_master_sends_the_image_of_the_agents_device_type_and_the_mounts() -
     assert again.spec.container == cpu and "registryAuth" in spec.to_wire()["container"]
     assert "s3cret" not in repr(cpu) and "s3cret" not in repr(spec)
     # A master without container settings: no image, nothing else.
-    assert container_spec(parse(), "cpu") == ContainerSpec(mounts=cpu.mounts[:1])
+    assert container_spec(parse(), "cpu") == ContainerSpec(mounts=cpu.mounts[:1], checkpoint_path="/mnt/ckpt")
+    # The directory the harness writes checkpoints into: the agent makes it for its task users.
+    assert cpu.checkpoint_path == "/mnt/ckpt"
 
 
 CPU = [Slot(id="0", type="cpu", brand="cpu")]

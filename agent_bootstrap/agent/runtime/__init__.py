@@ -12,6 +12,7 @@ from agent_bootstrap.agent.runtime.base import (
     LeftoverTask,
     Mount,
     OutputFn,
+    RunAs,
     RuntimeOptions,
     RuntimeUnavailable,
     StartFailed,
@@ -38,7 +39,7 @@ from agent_bootstrap.agent.runtime.process import (
 
 __all__ = [
     "MARKER_ENV", "ContainerLaunch", "DockerRuntime", "LaunchSpec", "LeftoverTask", "Mount", "OutputFn",
-    "ProcessRuntime", "RuntimeOptions", "RuntimeUnavailable", "StartFailed", "Stream",
+    "ProcessRuntime", "RunAs", "RuntimeOptions", "RuntimeUnavailable", "StartFailed", "Stream",
     "TaskHandle", "TaskPidfile", "TaskRuntime", "UnknownRuntime", "create_runtime", "exit_code_of",
     "kill_marked", "processes_with_marker", "register_runtime", "runtime_names", "stop_task",
 ]

@@ -63,6 +63,14 @@ class ContainerLaunch:
 
 
 @dataclass(frozen=True)
+class RunAs:
+    """The OS user and group a task runs as (agent/identity.py), without supplementary groups."""
+
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """What to run for one allocation. `output` receives the task's output line by line, from
     threads of the runtime; it must not block for long."""
@@ -75,6 +83,8 @@ class LaunchSpec:
     # A container image, for runtimes that run one; the process runtime refuses a spec with one.
     image: str | None = None
     container: ContainerLaunch | None = None
+    # Who the task runs as; None: as the agent's own user (an agent that cannot switch users).
+    run_as: RunAs | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -105,12 +105,15 @@ def _load_prctl() -> Callable[..., int] | None:
 # Resolved once in the parent: the child between fork and exec must do as little as possible.
 _PRCTL = _load_prctl()
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
 _SIGKILL = int(signal.SIGKILL)
 
 
 def _child_setup(parent_pid: int) -> None:  # runs in the forked child, before exec
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+        # No setuid binary gives the task back what it was dropped from (LaunchSpec.run_as).
+        _PRCTL(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     # The agent may have died between fork and prctl; then no signal will ever come.
     if os.getppid() != parent_pid:
         os._exit(125)
@@ -175,7 +178,10 @@ class TaskPidfile:
 
     def _write_locked(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"bootId": self._boot, "agentPid": os.getpid(), "tasks": self._tasks}))
+        data = json.dumps({"bootId": self._boot, "agentPid": os.getpid(), "tasks": self._tasks}).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the agent's, not its tasks'
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, self.path)
 
     def add(self, allocation_id: str, nonce: str) -> None:
@@ -314,12 +320,17 @@ class ProcessRuntime:
             self.pidfile.add(spec.allocation_id, nonce)
         parent = os.getpid()
         workdir = spec.workdir
+        # Dropped in the child between fork and exec (Popen: setgroups([]), setgid, setuid, in that
+        # order), so nothing of the task ever runs as the agent's user.
+        identity: dict[str, Any] = {}
+        if spec.run_as is not None:
+            identity = {"user": spec.run_as.uid, "group": spec.run_as.gid, "extra_groups": []}
 
         def spawn() -> subprocess.Popen[bytes]:
             return subprocess.Popen(
                 argv, cwd=str(workdir), env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                preexec_fn=(lambda: _child_setup(parent)) if IS_LINUX else None,
+                preexec_fn=(lambda: _child_setup(parent)) if IS_LINUX else None, **identity,
             )
 
         try:
@@ -344,7 +355,8 @@ class ProcessRuntime:
                                  name=f"task-{stream}-{spec.allocation_id}", daemon=True)
             t.start()
             task.readers.append(t)
-        log.info("event=task_process_started allocation=%s pid=%d argv0=%r", spec.allocation_id, proc.pid, argv[0])
+        log.info("event=task_process_started allocation=%s pid=%d argv0=%r uid=%s", spec.allocation_id, proc.pid,
+                 argv[0], spec.run_as.uid if spec.run_as else os.getuid())
         return TaskHandle(id=str(proc.pid), allocation_id=spec.allocation_id, runtime=NAME, pid=proc.pid, data=task)
 
     def signal(self, handle: TaskHandle, sig: int) -> None:

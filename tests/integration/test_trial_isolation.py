@@ -1,0 +1,145 @@
+"""Issue 27, item 1: a non-admin's trial cannot read the cluster's secrets.
+
+A real `det deploy local` cluster (two agents, run as root as in production, on SQLite in the
+master's state dir and on PostgreSQL): an admin's trial holds one agent, a non-admin's probe runs on
+the other and tries to read the admin password, the master's token key, the database file, the
+pool's agent token, both agents' credentials, the master's log and the other trial's directory.
+Every read fails with EACCES, the probe runs as its user's uid (not root), and the trial still
+reports metrics and checkpoints to shared_fs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.conftest import Cluster, model_files, trial_config
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root agent")]
+
+UID_BASE = 200000  # the agent's default task_uid_base
+
+PROBE = """\
+import errno, json, os
+print("uid=%d gid=%d groups=%s" % (os.getuid(), os.getgid(), os.getgroups()), flush=True)
+for name, path in sorted(json.load(open("targets.json")).items()):
+    try:
+        if name.endswith("_dir"):
+            os.listdir(path)
+        else:
+            open(path, "rb").read(1)
+        print("PROBE %s READ" % name, flush=True)
+    except OSError as e:
+        print("PROBE %s %s" % (name, errno.errorcode.get(e.errno, e.errno)), flush=True)
+os.listdir(os.environ["SHIPYARD_DET_INFO_DIR"])  # its own token: readable
+print("PROBE own_dir READ", flush=True)
+"""
+
+
+def _file(path: str, text: str) -> dict[str, Any]:
+    return {"path": path, "type": 48, "content": base64.b64encode(text.encode()).decode(), "mode": 0o644,
+            "mtime": 0, "uid": 0, "gid": 0}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    # Not under pytest's tmp_path (0700): task users must traverse the path to their directories.
+    base = Path(tempfile.mkdtemp(prefix="shipyard-isolation-", dir="/tmp"))
+    os.chmod(base, 0o711)
+    db = None  # SQLite in the master's state dir, as `det deploy local` lays it out
+    if request.param == "postgres":
+        db = request.getfixturevalue("postgres_server").create_database()
+    c = Cluster(base / "cluster", db or "", agents=2, master_yaml={
+        "checkpoint_storage": {"type": "shared_fs", "host_path": str(base / "checkpoints")}})
+    c.db_url = db  # type: ignore[assignment]
+    old = os.environ.get("SHIPYARD_CLI_DIR")
+    os.environ["SHIPYARD_CLI_DIR"] = str(base / "cli")
+    try:
+        c.up()
+        yield c
+    finally:
+        c.down()
+        if old is None:
+            os.environ.pop("SHIPYARD_CLI_DIR", None)
+        else:
+            os.environ["SHIPYARD_CLI_DIR"] = old
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _python_env() -> dict[str, str]:
+    """This venv's interpreter lives under /root (0700 here): task users run the system's python3 of
+    the same version with the venv's packages, as a host with the agent installed system-wide does."""
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no /usr/bin/python3 for task users")
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+
+
+def test_a_non_admins_trial_reads_none_of_the_clusters_secrets(cluster: Cluster) -> None:
+    state = cluster.state
+    env = _python_env()
+    # The admin's trial, holding one agent.
+    holder_cfg = trial_config("holder", environment={"environment_variables": env})
+    holder_cfg["entrypoint"] = "python3 hold.py"
+    holder_id = cluster.submit(holder_cfg, [_file("hold.py", "import time\ntime.sleep(600)\n")])
+    tasks = [state / "agents" / f"local-{i}" / "tasks" for i in range(2)]
+    other = cluster.wait(lambda: next((d for t in tasks if t.is_dir() for d in t.iterdir()
+                                       if (d / ".determined-info").is_dir()), None), 60, "the admin's task directory")
+
+    targets = {
+        "admin_password": state / "admin-password",
+        "agent_token": state / "agent-token",
+        "master_log": state / "master.log",
+        "token_secret": state / "master" / "token-secret",
+        "master_state_dir": state / "master",
+        "credential_0": state / "agents" / "local-0" / "state" / "agent-credential",
+        "credential_1": state / "agents" / "local-1" / "state" / "agent-credential",
+        "agent_log": state / "agents" / "local-0.log",
+        "other_trial_dir": other,
+        "other_trial_info_dir": other / ".determined-info",
+        "tasks_dir": tasks[0],
+        "state_dir": state,
+    }
+    if not cluster.db_url:
+        targets["database"] = state / "master" / "shipyard.db"
+    for path in targets.values():
+        assert path.exists(), path  # each secret is there: the probe's failures are refusals
+    probe_targets = {k: str(v) for k, v in targets.items()}  # the probe lists those ending in _dir
+
+    r = cluster.post("/api/v1/users", {"user": {"username": "mallory"}, "password": "mallory-password-1"})
+    user_id = r["user"]["id"]
+    token = httpx.post(cluster.url + "/api/v1/auth/login",
+                       json={"username": "mallory", "password": "mallory-password-1"}).json()["token"]
+    cfg = trial_config("probe", length=20, environment={"environment_variables": env})
+    cfg["entrypoint"] = "python3 probe.py && python3 train.py"
+    files = model_files() + [_file("probe.py", PROBE), _file("targets.json", json.dumps(probe_targets))]
+    r2 = httpx.post(cluster.url + "/api/v1/experiments", headers={"Authorization": f"Bearer {token}"},
+                    json={"config": yaml.safe_dump(cfg), "modelDefinition": files}, timeout=30)
+    assert r2.status_code == 200, r2.text
+    exp_id = r2.json()["experiment"]["id"]
+    cluster.wait_experiment(exp_id, timeout=240)
+    trial = cluster.trials(exp_id)[0]
+    logs = cluster.logs(trial["id"])
+    uid = UID_BASE + user_id
+    assert f"uid={uid} gid={uid} groups=[]" in logs, logs
+    probed = [line.split("PROBE ", 1)[1].split() for line in logs.splitlines() if "PROBE " in line]
+    results = {name: outcome for name, outcome in probed}
+    assert results.pop("own_dir", None) == "READ", logs
+    assert results == {name: "EACCES" for name in probe_targets}, logs
+    # It still trained and checkpointed, as its own user, into the shared directory.
+    assert cluster.metrics(trial["id"], "training")
+    ckpts = [p for p in (state.parent / "checkpoints").iterdir()]
+    assert ckpts and all(p.stat().st_uid == uid for p in ckpts)
+    assert (state.parent / "checkpoints").stat().st_mode & 0o7777 == 0o1777
+    cluster.post(f"/api/v1/experiments/{holder_id}/kill")
