@@ -155,6 +155,10 @@ class MasterConfig(_Strict):
     agent_reconnect_cap_s: float = Field(15.0, gt=0, le=3600)
     scheduler_interval_s: float = Field(0.5, gt=0)
     task_kill_grace_s: float = Field(10.0, ge=0)
+    # A trial reaches only its task directory and its checkpoint storage (issue 27): experiment
+    # configs with bind_mounts, resources.devices or environment.add_capabilities are refused (400)
+    # unless the admin sets this.
+    allow_task_host_access: bool = False
     # `det agent disable --drain`: work still running on a draining agent after this long is
     # preempted (cooperatively, then killed after the preemption grace).
     agent_drain_timeout_s: float = Field(1800.0, gt=0)

@@ -292,8 +292,11 @@ class Agent:
         self.tasks_dir = config.task_dir or config.work_dir / "tasks"
         # The agent's work dir (its credential) and the tasks dir: traverse-only for task users.
         self._own_dirs = tuple(d for d in (config.work_dir,) if d.resolve() in self.tasks_dir.resolve().parents)
-        self.identities = identity.TaskIdentities(config.task_user, config.task_uid_base, self.tasks_dir,
-                                                  own=self._own_dirs)
+        # An admin's container_user is the docker runtime's choice of user, as before.
+        docker_user = getattr(runtime, "runs_images", False) and config.container_user
+        self.identities = identity.TaskIdentities("agent" if docker_user else config.task_user,
+                                                  config.task_uid_base, self.tasks_dir, own=self._own_dirs,
+                                                  on_host=not getattr(runtime, "runs_images", False))
 
         self._stop = threading.Event()
         self._exit_code: int | None = None

@@ -54,7 +54,8 @@ def unreachable_ancestor(path: Path, own: tuple[Path, ...] = ()) -> Optional[Pat
 class TaskIdentities:
     """Decides the uid/gid of each task and prepares what it may reach."""
 
-    def __init__(self, mode: str, uid_base: int, tasks_dir: Path, own: tuple[Path, ...] = ()) -> None:
+    def __init__(self, mode: str, uid_base: int, tasks_dir: Path, own: tuple[Path, ...] = (),
+                 on_host: bool = True) -> None:
         self.uid_base = uid_base
         self.enabled = False
         if mode != "per_user":
@@ -64,7 +65,8 @@ class TaskIdentities:
             log.warning("event=tasks_run_as_agent_user uid=%d reason=%r", os.geteuid(),
                         "the agent is not root and cannot switch users: trials can read what this user can")
             return
-        blocked = unreachable_ancestor(tasks_dir, own)
+        # A container sees its task directory bound at its path, not the host's directories above.
+        blocked = unreachable_ancestor(tasks_dir, own) if on_host else None
         if blocked is not None:
             log.warning("event=tasks_run_as_agent_user reason=%r",
                         f"{blocked} is not traversable by other users, so a task user could not reach its "

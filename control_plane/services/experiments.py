@@ -131,6 +131,14 @@ def validate(s: Session, master: Master, new: NewExperiment) -> ValidatedExperim
     unservable = pool_capacity.unservable_reason(s, master, pool.name, cfg.resources.slots_per_trial)
     if unservable is not None:
         raise bad_request(unservable, "config.resources.slots_per_trial")
+    if not master.config.allow_task_host_access:
+        for field_name, asked in (("config.bind_mounts", cfg.bind_mounts),
+                                  ("config.resources.devices", cfg.resources.devices),
+                                  ("config.environment.add_capabilities", cfg.environment.add_capabilities)):
+            if asked:
+                raise bad_request(
+                    "refused: a trial gets only its task directory and its checkpoint storage; host paths, "
+                    "devices and capabilities need allow_task_host_access in the master config", field_name)
     if cfg.name is not None and len(cfg.name) > NAME_MAX:
         raise bad_request(f"must be at most {NAME_MAX} characters", "config.name")
 

@@ -96,8 +96,7 @@ def test_a_trial_in_a_container_reports_and_a_restarted_agent_leaves_no_orphan(
     api = Api(master)
     work = tmp_path / "work"
     a = start_agent(master, docker_engine, work, agents)
-    ckpt = tmp_path / "checkpoints"
-    ckpt.mkdir()
+    ckpt = tmp_path / "checkpoints"  # made by the agent, writable by every task user (1777)
     config = {
         "name": "in-a-container", "entrypoint": ["python3", "train.py"],
         "hyperparameters": {"lr": 0.1, "validate_every": 2},

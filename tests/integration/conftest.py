@@ -34,6 +34,8 @@ class Cluster:
         self.master_yaml = master_yaml or {}
         self.data: dict[str, Any] = {}
         self.client: httpx.Client | None = None
+        self.runtime = "process"  # the agents' task runtime (deploy_local.up's runtime and image)
+        self.image: str | None = None
 
     def up(self) -> None:
         from cli import deploy_local
@@ -42,7 +44,7 @@ class Cluster:
         self.state.mkdir(parents=True, exist_ok=True)
         cfg.write_text(yaml.safe_dump({"agent_heartbeat_timeout_s": 8, "task_kill_grace_s": 3, **self.master_yaml}))
         self.data = deploy_local.up(self.state, agents=self.agents, port=free_port(), db=self.db_url, slots=1,
-                                    pool_config=cfg)
+                                    pool_config=cfg, runtime=self.runtime, image=self.image)
         self.url = self.data["master_url"]
         token = httpx.post(self.url + "/api/v1/auth/login", json={
             "username": "admin", "password": (self.state / "admin-password").read_text().strip()}).json()["token"]

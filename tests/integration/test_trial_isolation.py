@@ -11,6 +11,7 @@ reports metrics and checkpoints to shared_fs.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -34,6 +35,8 @@ UID_BASE = 200000  # the agent's default task_uid_base
 PROBE = """\
 import errno, json, os
 print("uid=%d gid=%d groups=%s" % (os.getuid(), os.getgid(), os.getgroups()), flush=True)
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+print("privileges CapEff=%s NoNewPrivs=%s" % (status["CapEff"].strip(), status["NoNewPrivs"].strip()), flush=True)
 for name, path in sorted(json.load(open("targets.json")).items()):
     try:
         if name.endswith("_dir"):
@@ -53,17 +56,21 @@ def _file(path: str, text: str) -> dict[str, Any]:
             "mtime": 0, "uid": 0, "gid": 0}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def isolated_cluster(request: pytest.FixtureRequest, runtime: str = "process",
+                     image: str | None = None) -> Iterator[Cluster]:
+    """A two-agent deploy-local cluster on request.param's database (SQLite in the master's state
+    dir, as `det deploy local` lays it out, or PostgreSQL), with shared_fs checkpoints."""
     # Not under pytest's tmp_path (0700): task users must traverse the path to their directories.
     base = Path(tempfile.mkdtemp(prefix="shipyard-isolation-", dir="/tmp"))
     os.chmod(base, 0o711)
-    db = None  # SQLite in the master's state dir, as `det deploy local` lays it out
+    db = None
     if request.param == "postgres":
         db = request.getfixturevalue("postgres_server").create_database()
     c = Cluster(base / "cluster", db or "", agents=2, master_yaml={
         "checkpoint_storage": {"type": "shared_fs", "host_path": str(base / "checkpoints")}})
     c.db_url = db  # type: ignore[assignment]
+    c.runtime, c.image = runtime, image
     old = os.environ.get("SHIPYARD_CLI_DIR")
     os.environ["SHIPYARD_CLI_DIR"] = str(base / "cli")
     try:
@@ -78,7 +85,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _python_env() -> dict[str, str]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    with isolated_cluster(request) as c:
+        yield c
+
+
+def host_python_env() -> dict[str, str]:
     """This venv's interpreter lives under /root (0700 here): task users run the system's python3 of
     the same version with the venv's packages, as a host with the agent installed system-wide does."""
     if not os.path.exists("/usr/bin/python3"):
@@ -86,17 +99,17 @@ def _python_env() -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "PYTHONPATH": sysconfig.get_paths()["purelib"]}
 
 
-def test_a_non_admins_trial_reads_none_of_the_clusters_secrets(cluster: Cluster) -> None:
+def probe_secrets(cluster: Cluster, env: dict[str, str], **extra: Any) -> tuple[int, dict[str, str]]:
+    """An admin's trial holds one agent; a new non-admin user's trial runs the probe on the other,
+    then trains. Returns the probe's uid and {secret: errno name or READ}, after checking that it
+    read its own info files, reported metrics and checkpointed as itself."""
     state = cluster.state
-    env = _python_env()
-    # The admin's trial, holding one agent.
-    holder_cfg = trial_config("holder", environment={"environment_variables": env})
+    holder_cfg = trial_config("holder", environment={"environment_variables": env}, **extra)
     holder_cfg["entrypoint"] = "python3 hold.py"
     holder_id = cluster.submit(holder_cfg, [_file("hold.py", "import time\ntime.sleep(600)\n")])
     tasks = [state / "agents" / f"local-{i}" / "tasks" for i in range(2)]
     other = cluster.wait(lambda: next((d for t in tasks if t.is_dir() for d in t.iterdir()
                                        if (d / ".determined-info").is_dir()), None), 60, "the admin's task directory")
-
     targets = {
         "admin_password": state / "admin-password",
         "agent_token": state / "agent-token",
@@ -117,29 +130,38 @@ def test_a_non_admins_trial_reads_none_of_the_clusters_secrets(cluster: Cluster)
         assert path.exists(), path  # each secret is there: the probe's failures are refusals
     probe_targets = {k: str(v) for k, v in targets.items()}  # the probe lists those ending in _dir
 
-    r = cluster.post("/api/v1/users", {"user": {"username": "mallory"}, "password": "mallory-password-1"})
-    user_id = r["user"]["id"]
+    user_id = cluster.post("/api/v1/users", {"user": {"username": "mallory"},
+                                             "password": "mallory-password-1"})["user"]["id"]
     token = httpx.post(cluster.url + "/api/v1/auth/login",
                        json={"username": "mallory", "password": "mallory-password-1"}).json()["token"]
-    cfg = trial_config("probe", length=20, environment={"environment_variables": env})
+    cfg = trial_config("probe", length=20, environment={"environment_variables": env}, **extra)
     cfg["entrypoint"] = "python3 probe.py && python3 train.py"
     files = model_files() + [_file("probe.py", PROBE), _file("targets.json", json.dumps(probe_targets))]
-    r2 = httpx.post(cluster.url + "/api/v1/experiments", headers={"Authorization": f"Bearer {token}"},
-                    json={"config": yaml.safe_dump(cfg), "modelDefinition": files}, timeout=30)
-    assert r2.status_code == 200, r2.text
-    exp_id = r2.json()["experiment"]["id"]
+    r = httpx.post(cluster.url + "/api/v1/experiments", headers={"Authorization": f"Bearer {token}"},
+                   json={"config": yaml.safe_dump(cfg), "modelDefinition": files}, timeout=30)
+    assert r.status_code == 200, r.text
+    exp_id = r.json()["experiment"]["id"]
     cluster.wait_experiment(exp_id, timeout=240)
     trial = cluster.trials(exp_id)[0]
     logs = cluster.logs(trial["id"])
     uid = UID_BASE + user_id
-    assert f"uid={uid} gid={uid} groups=[]" in logs, logs
+    # No supplementary group but its own (a container lists its primary group there too).
+    assert f"uid={uid} gid={uid} groups=[]" in logs or f"uid={uid} gid={uid} groups=[{uid}]" in logs, logs
+    assert "privileges CapEff=0000000000000000 NoNewPrivs=1" in logs, logs
     probed = [line.split("PROBE ", 1)[1].split() for line in logs.splitlines() if "PROBE " in line]
     results = {name: outcome for name, outcome in probed}
     assert results.pop("own_dir", None) == "READ", logs
-    assert results == {name: "EACCES" for name in probe_targets}, logs
+    assert set(results) == set(probe_targets), logs
     # It still trained and checkpointed, as its own user, into the shared directory.
     assert cluster.metrics(trial["id"], "training")
-    ckpts = [p for p in (state.parent / "checkpoints").iterdir()]
+    ckpt_dir = state.parent / "checkpoints"
+    ckpts = list(ckpt_dir.iterdir())
     assert ckpts and all(p.stat().st_uid == uid for p in ckpts)
-    assert (state.parent / "checkpoints").stat().st_mode & 0o7777 == 0o1777
+    assert ckpt_dir.stat().st_mode & 0o7777 == 0o1777
     cluster.post(f"/api/v1/experiments/{holder_id}/kill")
+    return uid, results
+
+
+def test_a_non_admins_trial_reads_none_of_the_clusters_secrets(cluster: Cluster) -> None:
+    _, results = probe_secrets(cluster, host_python_env())
+    assert results == {name: "EACCES" for name in results}

@@ -167,8 +167,11 @@ class DockerRuntime:
         if not argv or not argv[0]:
             raise StartFailed(127, "entrypoint is empty")
         self._ensure_image(spec)
-        self._give_task_dir(spec.workdir)
-        make_bind_sources(c.mounts, self.user)
+        # run_as: the daemon gave the task its directory already (agent/identity.py).
+        user = f"{spec.run_as.uid}:{spec.run_as.gid}" if spec.run_as is not None else self.user
+        if spec.run_as is None:
+            self._give_task_dir(spec.workdir)
+        make_bind_sources(c.mounts, user)
         types = self._sdk.types
         mounts = [types.Mount(target=str(spec.workdir), source=str(spec.workdir), type="bind")]
         mounts += [types.Mount(target=m.container_path, source=m.host_path, type="bind", read_only=m.read_only)
@@ -181,8 +184,11 @@ class DockerRuntime:
                     LABEL_WORKDIR: str(spec.workdir)},
             log_config=types.LogConfig(type="json-file", config={"max-size": LOG_MAX_SIZE, "max-file": LOG_MAX_FILES}),
         )
-        if self.user:
-            kwargs["user"] = self.user
+        if user:
+            kwargs["user"] = user
+        if spec.run_as is not None:
+            # Unprivileged (issue 27): never privileged, no capabilities, no setuid way back.
+            kwargs.update(privileged=False, cap_drop=["ALL"], security_opt=["no-new-privileges"])
         if c.shm_size_bytes:
             kwargs["shm_size"] = c.shm_size_bytes
         if c.memory_bytes:
