@@ -82,6 +82,26 @@ def agent_runtime_args(runtime: str, image: str | None = None) -> list[str]:
             "--container-image-cuda", image or GPU_ENV_IMAGE]
 
 
+def _master_config(state_dir: Path, pool_config: Path | None) -> Path:
+    """The master's config: the given one, with checkpoints by default in <state_dir>/checkpoints
+    rather than the master's default <state_dir>/master/checkpoints, which trials, running as
+    their own users (agent/identity.py), cannot reach."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if pool_config:
+        try:
+            data = yaml.safe_load(pool_config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise CliError(f"--config: cannot read {pool_config}: {e}") from None
+        if not isinstance(data, dict):
+            raise CliError(f"--config: {pool_config} is not a mapping")
+    data.setdefault("checkpoint_storage", {"type": "shared_fs", "host_path": str(state_dir / "checkpoints")})
+    path = state_dir / "master-config.yaml"
+    private_files.write_private(path, yaml.safe_dump(data).encode())
+    return path
+
+
 def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, pool_config: Path | None,
        timeout: float = 60, runtime: str = "process", image: str | None = None) -> dict[str, Any]:
     runtime_args = agent_runtime_args(runtime, image)
@@ -114,8 +134,7 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
     cmd = [sys.executable, "-m", "control_plane", "--port", str(port), "--state-dir", str(state_dir / "master")]
     if db:
         cmd += ["--db", db]
-    if pool_config:
-        cmd[3:3] = ["--config", str(pool_config)]
+    cmd[3:3] = ["--config", str(_master_config(state_dir, pool_config))]
     master_log = state_dir / "master.log"
     master_pid = _spawn(cmd, master_log, env)
     data: dict[str, Any] = {"master_url": url, "master_pid": master_pid, "master_log": str(master_log),

@@ -60,15 +60,15 @@ def _file(path: str, text: str) -> dict[str, Any]:
 def isolated_cluster(request: pytest.FixtureRequest, runtime: str = "process",
                      image: str | None = None) -> Iterator[Cluster]:
     """A two-agent deploy-local cluster on request.param's database (SQLite in the master's state
-    dir, as `det deploy local` lays it out, or PostgreSQL), with shared_fs checkpoints."""
+    dir, as `det deploy local` lays it out, or PostgreSQL), with its default shared_fs checkpoints."""
     # Not under pytest's tmp_path (0700): task users must traverse the path to their directories.
     base = Path(tempfile.mkdtemp(prefix="shipyard-isolation-", dir="/tmp"))
     os.chmod(base, 0o711)
     db = None
     if request.param == "postgres":
         db = request.getfixturevalue("postgres_server").create_database()
-    c = Cluster(base / "cluster", db or "", agents=2, master_yaml={
-        "checkpoint_storage": {"type": "shared_fs", "host_path": str(base / "checkpoints")}})
+    # deploy local's default checkpoint storage, <state dir>/checkpoints, which the agent creates.
+    c = Cluster(base / "cluster", db or "", agents=2, master_yaml=None)
     c.db_url = db  # type: ignore[assignment]
     c.runtime, c.image = runtime, image
     old = os.environ.get("SHIPYARD_CLI_DIR")
@@ -154,7 +154,7 @@ def probe_secrets(cluster: Cluster, env: dict[str, str], **extra: Any) -> tuple[
     assert set(results) == set(probe_targets), logs
     # It still trained and checkpointed, as its own user, into the shared directory.
     assert cluster.metrics(trial["id"], "training")
-    ckpt_dir = state.parent / "checkpoints"
+    ckpt_dir = state / "checkpoints"
     ckpts = list(ckpt_dir.iterdir())
     assert ckpts and all(p.stat().st_uid == uid for p in ckpts)
     assert ckpt_dir.stat().st_mode & 0o7777 == 0o1777
@@ -163,5 +163,14 @@ def probe_secrets(cluster: Cluster, env: dict[str, str], **extra: Any) -> tuple[
 
 
 def test_a_non_admins_trial_reads_none_of_the_clusters_secrets(cluster: Cluster) -> None:
+    # det deploy local's layout: traverse-only directories on the way to the task directories,
+    # everything else its owner's alone.
+    state = cluster.state
+    modes = {p: p.stat().st_mode & 0o7777 for p in (
+        state, state / "agents", state / "admin-password", state / "agent-token", state / "master",
+        state / "master.log", state / "master-config.yaml", state / "agents" / "local-0.log")}
+    assert modes == {state: 0o711, state / "agents": 0o711, state / "admin-password": 0o600,
+                     state / "agent-token": 0o600, state / "master": 0o700, state / "master.log": 0o600,
+                     state / "master-config.yaml": 0o600, state / "agents" / "local-0.log": 0o600}
     _, results = probe_secrets(cluster, host_python_env())
     assert results == {name: "EACCES" for name in results}
