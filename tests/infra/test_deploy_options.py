@@ -300,7 +300,11 @@ def test_profile_is_checked_and_used_by_every_aws_call(det: Det, no_pulumi: None
     creds.write_text("[ops]\naws_access_key_id = ops-key\naws_secret_access_key = ops-secret\n")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
-    monkeypatch.delenv("AWS_PROFILE", raising=False)  # restored after the test, whatever the command sets
+    # setenv first: monkeypatch records the variable's absence, so whatever the command sets is
+    # removed after the test (a bare delenv of an unset name records nothing, and the profile then
+    # leaked into every later test of this worker).
+    monkeypatch.setenv("AWS_PROFILE", "unset")
+    monkeypatch.delenv("AWS_PROFILE")
     monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # likewise boto3's default session
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
