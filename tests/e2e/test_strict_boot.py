@@ -19,9 +19,9 @@ import pytest
 from tests.docker.conftest import docker_engine  # noqa: F401 (the engine fixture)
 from tests.e2e.boot import Cloud, FakeMetadataServer, GceFakeCloud, MotoCloud
 from tests.e2e.cloud_image import ImageUnavailable, ensure_image
-from tests.e2e.conftest import AGENT_OPTIONS, E2E, aws_pool, default_subnet
+from tests.e2e.conftest import AGENT_OPTIONS, E2E, TRAIN_PY, aws_pool, default_subnet
 from tests.e2e.container_boot import ROOT_KEY, ContainerBootHarness, metadata_address
-from tests.e2e.test_elastic_pools import assert_agent_registered, assert_ran_on
+from tests.e2e.test_elastic_pools import assert_agent_registered, assert_ran_on, trial_logs
 from tests.pg import missing_part
 from tests.provisioners.conftest import Ec2FaultProxy
 
@@ -68,7 +68,10 @@ def test_agent_boots_unmodified_in_a_clean_python39_machine_and_trains(
                                    metadata=cloud_metadata)
     e2e.harnesses.append(harness.start())
 
-    trial_id = e2e.create_experiment(provider)["trialIds"][0]
+    # The trial says who it runs as: on a cloud host's layout the agent (root) runs it as its
+    # owner's unprivileged uid, as a real user's trial would.
+    trial_id = e2e.create_experiment(provider, "import os\nprint('trial uid', os.getuid(), flush=True)\n"
+                                     + TRAIN_PY)["trialIds"][0]
     inst = harness.wait_for(
         lambda: next((i for i in harness.instances.values() if i.state == "running"), None), 900,
         "the instance booted by cloud-init with its agent's unit active")
@@ -93,6 +96,8 @@ def test_agent_boots_unmodified_in_a_clean_python39_machine_and_trains(
     assert trial["state"] == "STATE_COMPLETED"
     assert_agent_registered(e2e, inst, provider)
     assert_ran_on(e2e, trial_id, inst.id)
+    uids = [int(e["log"].split()[-1]) for e in trial_logs(e2e, trial_id) if e["log"].startswith("trial uid")]
+    assert uids and all(uid >= 200000 for uid in uids), uids  # task_uid_base + the owner's id, not root
     # The bootstrap token only in its 0600 file, never in a log.
     rc, out = harness.exec(inst.id, ["stat", "-c", "%a", "/etc/shipyard/agent-token"])
     assert out.strip() == "600", out
