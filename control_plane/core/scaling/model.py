@@ -1,0 +1,128 @@
+"""The scale decider's vocabulary: what it is given (demand, arrivals, instances, limits) and what
+it answers (a decision of launches and terminations, each with its reason). Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from control_plane.core.states import InstanceState
+
+# The pool settings' defaults have one home (shipyard_common/pool_settings.py); the limits a test or
+# a benchmark builds by hand take the same ones.
+from shipyard_common.pool_settings import (
+    DEFAULT_ARRIVAL_WINDOW,
+    DEFAULT_MAX_AGENT_STARTING_PERIOD,
+    DEFAULT_MAX_DISCONNECTED_PERIOD,
+    DEFAULT_MAX_IDLE_AGENT_PERIOD,
+)
+
+__all__ = [
+    "DEFAULT_ARRIVAL_WINDOW",
+    "DEFAULT_MAX_AGENT_STARTING_PERIOD",
+    "DEFAULT_MAX_DISCONNECTED_PERIOD",
+    "DEFAULT_MAX_IDLE_AGENT_PERIOD",
+    "Arrival",
+    "InstanceView",
+    "PendingDemand",
+    "PoolLimits",
+    "ScaleDecision",
+    "Termination",
+]
+
+
+@dataclass(frozen=True)
+class PendingDemand:
+    """`count` tasks, each needing `slots` slots on one instance (a gang). `slots == 0` is a task
+    that needs an instance but no slot; it fits on any instance. `instances` > 1: each task is a
+    gang across that many whole instances of `slots` slots at once (core/scheduling/gang.py); one
+    that needs more than `max_instances` can never be placed, so it launches and keeps nothing."""
+
+    slots: int
+    count: int
+    instances: int = 1
+
+    def __post_init__(self) -> None:
+        if self.slots < 0:
+            raise ValueError(f"slots must be >= 0, got {self.slots}")
+        if self.count < 0:
+            raise ValueError(f"count must be >= 0, got {self.count}")
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A task that arrived in the pool's queue at `at`, needing `slots` slots on one instance (an
+    allocation's creation). The recent ones predict the next (scale-down hysteresis)."""
+
+    at: datetime
+    slots: int
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """One instance of the pool as the autoscaler loop observed it.
+
+    `agent_disconnected_since` is when a once-connected agent dropped (None while connected, or if
+    unknown: then the disconnection is treated as starting now). `idle_since` is when the agent's
+    last task finished; None means busy. "Busy" is only meaningful for a connected agent: the work of
+    an agent gone longer than max_disconnected_period is presumed lost, and its instance is replaced.
+    """
+
+    id: str
+    state: InstanceState
+    launched_at: datetime
+    agent_connected: bool = False
+    agent_first_connected_at: datetime | None = None
+    agent_disconnected_since: datetime | None = None
+    busy_slots: int = 0
+    idle_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    min_instances: int
+    max_instances: int
+    slots_per_instance: int
+    max_idle_agent_period: timedelta = DEFAULT_MAX_IDLE_AGENT_PERIOD
+    max_agent_starting_period: timedelta = DEFAULT_MAX_AGENT_STARTING_PERIOD
+    max_disconnected_period: timedelta = DEFAULT_MAX_DISCONNECTED_PERIOD
+    max_launch_per_decision: int | None = None
+    arrival_window: timedelta = DEFAULT_ARRIVAL_WINDOW
+
+    def __post_init__(self) -> None:
+        if self.min_instances < 0:
+            raise ValueError(f"min_instances must be >= 0, got {self.min_instances}")
+        if self.max_instances < self.min_instances:
+            raise ValueError(
+                f"max_instances ({self.max_instances}) must be >= min_instances ({self.min_instances})"
+            )
+        if self.slots_per_instance < 0:
+            raise ValueError(f"slots_per_instance must be >= 0, got {self.slots_per_instance}")
+        if self.max_launch_per_decision is not None and self.max_launch_per_decision < 0:
+            raise ValueError(f"max_launch_per_decision must be >= 0, got {self.max_launch_per_decision}")
+        if self.arrival_window < timedelta(0):
+            raise ValueError(f"arrival_window must be >= 0 (0: no hysteresis), got {self.arrival_window}")
+
+
+@dataclass(frozen=True)
+class Termination:
+    """`presumes_idle`: decided because the instance had no work in the snapshot (idle, or shed
+    before its agent connected). The shell must apply it only if that is still true when it writes
+    (a placement may have committed since), and skip it otherwise."""
+
+    id: str
+    reason: str
+    presumes_idle: bool = False
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    launch: int
+    terminate: tuple[Termination, ...] = ()
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def terminate_ids(self) -> tuple[str, ...]:
+        return tuple(t.id for t in self.terminate)
