@@ -78,6 +78,7 @@ class _Container:
     state: dict[str, Any] | None = None  # State of the container once it has ended
     memory_bytes: int | None = None
     released: bool = False
+    signalled: bool = False  # the agent sent it a signal (a SIGKILL from us is no OOM kill)
 
 
 def _size(n: int) -> str:
@@ -261,6 +262,7 @@ class DockerRuntime:
         data = _task(handle)
         if data.released or data.state is not None:
             return
+        data.signalled = True
         try:
             self.client.api.kill(data.id, signal=int(sig))
         except self._sdk.errors.NotFound:
@@ -280,7 +282,31 @@ class DockerRuntime:
             return data.state
         if state.get("Running") or state.get("Status") in ("created", "restarting"):
             return None
-        data.state = state
+        data.state = state = self._settle_oom(data, state)
+        return state
+
+    #: How long a SIGKILLed container's State may lag its OOM kill: containerd can deliver the OOM
+    #: event after the exit event (its shim sends them on separate paths), and dockerd sets
+    #: State.OOMKilled only when the OOM event arrives, so an inspect right after the exit can read
+    #: OOMKilled false for a kill by the kernel.
+    OOM_SETTLE_S = 3.0
+
+    def _settle_oom(self, data: _Container, state: dict[str, Any]) -> dict[str, Any]:
+        """The ended State, re-read for up to OOM_SETTLE_S while it says "killed (137), not by the
+        OOM killer" for a container with a memory limit that the agent never signalled: only then
+        can the OOM flag still be on its way."""
+        if (int(state.get("ExitCode", 0)) != 137 or state.get("OOMKilled") or not data.memory_bytes
+                or data.signalled):
+            return state
+        deadline = time.monotonic() + self.OOM_SETTLE_S
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                state = self.client.api.inspect_container(data.id)["State"]
+            except self._sdk.errors.NotFound:
+                break
+            if state.get("OOMKilled"):
+                break
         return state
 
     def wait(self, handle: TaskHandle, timeout: float | None = None) -> int | None:
