@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from pydantic import Field, model_validator
 
+from shipyard_common.consolidation_settings import ConsolidationSection, ConsolidationSettings
 from shipyard_common.settings import Duration, StrictSettings
 
 DEFAULT_MIN_INSTANCES = 0
@@ -72,6 +73,9 @@ class ElasticSettings(StrictSettings):
     # instance the next arrival is expected to use is kept (up to twice max_idle_agent_period).
     # 0 turns the hysteresis off: idle instances go after max_idle_agent_period.
     arrival_window: Duration = DEFAULT_ARRIVAL_WINDOW
+    # Moving work off an instance by checkpoint and resume to terminate it, under a disruption budget
+    # (shipyard_common/consolidation_settings.py; off by default).
+    consolidation: ConsolidationSection = Field(default_factory=ConsolidationSettings)
 
     @model_validator(mode="after")
     def _bounds(self) -> ElasticSettings:

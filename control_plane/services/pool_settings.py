@@ -16,6 +16,7 @@ from typing import Any
 from control_plane.config import ResourcePoolConfig
 from provisioners.factory import InstanceSummary, PoolConfigError, PoolSettings
 from shipyard_common.pool_settings import ElasticSettings
+from shipyard_common.settings import StrictSettings
 
 #: Settings shown nowhere: the startup script and the agents' options may carry credentials.
 UNSHOWN = frozenset({"agent", "startup_script"})
@@ -58,7 +59,11 @@ class EffectivePool:
             return
         for name in ElasticSettings.model_fields:
             if name not in UNSHOWN and name != "type":  # the type is the pool's `provider`
-                yield name, getattr(self.elastic, name)
+                value = getattr(self.elastic, name)
+                if isinstance(value, StrictSettings):  # a nested section (consolidation): each field
+                    yield from ((f"{name}_{sub}", getattr(value, sub)) for sub in type(value).model_fields)
+                else:
+                    yield name, value
 
 
 def effective_pool(cfg: ResourcePoolConfig) -> EffectivePool:

@@ -43,6 +43,8 @@ def expected_elastic() -> dict[str, Any]:
     values = {name: _default(ElasticSettings, name) for name in ElasticSettings.model_fields if name != "type"}
     assert values.pop("list_miss_grace") is None
     values["list_miss_grace"] = timedelta(0)
+    nested = values.pop("consolidation")  # a nested section is shown field by field
+    values.update({f"consolidation_{k}": v for k, v in nested.model_dump().items()})
     return values
 
 
@@ -139,7 +141,10 @@ def test_a_pool_that_sets_nothing_shows_the_models_defaults_everywhere(
         scaler = Autoscaler(master)
         pp = scaler.pool_provider(BARE)
         assert pp is not None
-        assert {k: getattr(pp.settings, k) for k in expected} == expected
+        assert {k: getattr(pp.settings, k) for k in expected if not k.startswith("consolidation_")} == {
+            k: v for k, v in expected.items() if not k.startswith("consolidation_")}
+        assert pp.settings.consolidation.model_dump() == {
+            k.removeprefix("consolidation_"): v for k, v in expected.items() if k.startswith("consolidation_")}
         limits = pool_limits(pp)
         assert (limits.min_instances, limits.max_instances) == (expected["min_instances"], expected["max_instances"])
         assert limits.max_idle_agent_period == expected["max_idle_agent_period"]
