@@ -29,6 +29,7 @@ import os
 import secrets
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -298,8 +299,6 @@ def ship_release(cloud: Cloud, outputs: dict[str, Any], release_dir: Path) -> st
 def upgrade(cloud: Cloud, outputs: dict[str, Any], *, wait_s: float = RESTART_WAIT_S, poll_s: float = 5.0,
             gce: Any = None) -> str:
     """Ship this Shipyard's release and restart the master, which installs it before it starts."""
-    import tempfile
-
     if outputs.get("settings"):
         s = settings_from_json(cloud, outputs["settings"])
         if s.shipyard_package:

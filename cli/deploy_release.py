@@ -18,6 +18,7 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from cli.errors import CliError
 from infra import DEPLOY_TAG, release
@@ -209,8 +211,6 @@ def ship(cloud: Literal["aws", "gcp"], bucket: str, rel: Release, *, cluster_id:
                (rel.constraints_key, rel.constraints.read_bytes(), "text/plain"),
                (release.CURRENT_KEY, release.current_text(rel.version, rel.wheel.name).encode(), "text/plain")]
     if cloud == "aws":
-        from urllib.parse import urlencode
-
         import boto3
 
         s3 = boto3.client("s3", region_name=region)
@@ -245,8 +245,6 @@ def current(cloud: Literal["aws", "gcp"], bucket: str, *, region: str | None = N
 
 
 def gcs_bucket(bucket: str, project: str | None) -> Any:
-    import os
-
     from google.cloud import storage
 
     if os.environ.get("STORAGE_EMULATOR_HOST"):

@@ -4,6 +4,7 @@ the Pulumi programs of infra/)."""
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -228,8 +229,6 @@ def _admin_password_hint(cloud: str, outputs: dict[str, Any]) -> str:
 
 
 def cloud_up(args: Any) -> int:
-    import tempfile
-
     from cli import deploy_cloud as dc
 
     s = dc.settings_from_args(args.cloud, args)
