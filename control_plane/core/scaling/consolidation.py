@@ -1,0 +1,187 @@
+"""Consolidation (pure): which instance of an elastic pool to empty so that its running work moves,
+by checkpoint and resume, onto the free slots of the others, and the instance can be terminated.
+
+A candidate is an instance whose agent runs work. Its work moves only if a scheduling simulation
+places all of it on the other instances' free slots: the pool's own policy (the same function as
+placement, control_plane/core/scheduling/) is run over the pool without that instance, with the
+moved allocations queued beside the real pending ones (preemption off: a move never evicts anything).
+The queue order puts pending work of higher priority first, and the policy reserves what waiting
+work needs, so moved work never takes the slots higher-priority pending work would go to; and a
+pending allocation the pool places today must still be placed. While pending work at least as
+important as the moved work waits, nothing is moved: the slots being freed are its.
+
+The disruption budget (shipyard_common/consolidation_settings.py): at most `max_moves_per_hour`
+allocations moved per pool in any hour (the moves of the last hour are an input), none moved before
+`min_run_time` since it started (a moved allocation starts again when it resumes, so this is also
+the time since its last move), never a non-preemptible one, never one already stopping.
+
+Of the candidates that pass, the one whose removal saves the most is chosen: its price per hour when
+every candidate's price is known, else its slots (slot-hours per hour); then the fewest slots moved.
+Every candidate left out says why. Time is an input (`now`); nothing here reads the clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from control_plane.core.scheduling import (
+    AgentSlots,
+    Fitting,
+    PendingAllocation,
+    RunningAllocation,
+    scheduling_policy,
+)
+
+__all__ = ["Budget", "ConsolidationDecision", "InstanceSlots", "Plan", "decide", "moves_left"]
+
+HOUR = timedelta(hours=1)
+DOLLARS = "$/h"
+SLOTS = "slot-h/h"  # slot-hours saved per hour: the unit when prices are not known
+
+
+@dataclass(frozen=True)
+class InstanceSlots:
+    """A live instance of the pool and its agent, as placement sees it (`agent` carries the slots in
+    use and whether new work may go there)."""
+
+    id: str  # the instance's launch id
+    agent: AgentSlots
+    price_per_hour: float | None = None  # None: not known
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_moves_per_hour: int
+    min_run_time: timedelta
+    min_instances: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Empty `instance`: move `allocations` (checkpoint, exit, resume) to where the simulation put them."""
+
+    instance: str
+    agent_id: str
+    allocations: tuple[str, ...]
+    destinations: dict[str, tuple[str, ...]]  # allocation id -> the agents the simulation placed it on
+    saving: float
+    unit: str  # DOLLARS or SLOTS
+    reason: str
+
+
+@dataclass(frozen=True)
+class ConsolidationDecision:
+    plan: Plan | None
+    refused: tuple[tuple[str, str], ...] = ()  # (instance id, why it is not emptied now)
+    reason: str = ""  # why nothing is moved, when nothing is
+
+
+def moves_left(budget: Budget, recent_moves: Sequence[datetime], now: datetime) -> int:
+    """What the budget still allows this hour: `max_moves_per_hour` less the moves of the last hour."""
+    return max(0, budget.max_moves_per_hour - sum(1 for at in recent_moves if at > now - HOUR))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _work_on(agent_id: str, running: Sequence[RunningAllocation]) -> list[RunningAllocation]:
+    return [r for r in running if any(p.agent_id == agent_id for p in r.parts)]
+
+
+def _budget_refusal(work: Sequence[RunningAllocation], budget: Budget, left: int, now: datetime) -> str | None:
+    """Why the budget keeps this work where it is, or None."""
+    for r in work:
+        if r.stopping:
+            return f"allocation {r.id} is already stopping"
+        if not r.preemptible:
+            return f"allocation {r.id} is not preemptible"
+        ran = timedelta(seconds=max(0.0, now.timestamp() - r.order))
+        if ran < budget.min_run_time:
+            return (f"allocation {r.id} has run {int(ran.total_seconds())}s since it started or last moved "
+                    f"(min_run_time {int(budget.min_run_time.total_seconds())}s)")
+    if len(work) > left:
+        return (f"disruption budget: moving {_plural(len(work), 'allocation')} exceeds the "
+                f"{left} move{'' if left == 1 else 's'} left this hour (max_moves_per_hour "
+                f"{budget.max_moves_per_hour})")
+    return None
+
+
+def _simulate(inst: InstanceSlots, work: Sequence[RunningAllocation], instances: Sequence[InstanceSlots],
+              running: Sequence[RunningAllocation], pending: Sequence[PendingAllocation], placed_now: set[str],
+              policy: str | None, fitting: Fitting, now: float) -> tuple[dict[str, tuple[str, ...]] | None, str]:
+    """Where the policy places `work` once `inst` is gone (the moved work queued as it would be on
+    resuming, pending work kept as it is); None and why when it does not place all of it, or when it
+    would leave a pending allocation unplaced that the pool places today."""
+    moved = {r.id for r in work}
+    # Resumed, the moved work queues as new work would: behind what waits at its priority.
+    queue = [*pending, *(PendingAllocation(r.id, r.slots, r.priority, now, r.job_id, r.weight, None,
+                                           r.max_slots) for r in work)]
+    agents = [i.agent if i.id != inst.id else AgentSlots(i.agent.agent_id, i.agent.slot_ids, i.agent.used_slot_ids,
+                                                         schedulable=False) for i in instances]
+    # The moved work's slots stay used on the emptied agent; it is not schedulable anyway.
+    decision = scheduling_policy(policy).schedule(queue, [r for r in running if r.id not in moved], agents,
+                                                  preemption=False, fitting=fitting)
+    where = {a.allocation_id: tuple(p.agent_id for p in a.parts) for a in decision.assignments}
+    missing = [r for r in work if r.id not in where]
+    if missing:
+        r = missing[0]
+        return None, (f"allocation {r.id} ({_plural(r.slots, 'slot')}) does not fit on the other instances' free "
+                      f"slots: {decision.reasons.get(r.id, 'not placed')}")
+    displaced = sorted(placed_now - set(where))
+    if displaced:
+        return None, f"moving its work would keep pending allocation {displaced[0]} from being placed"
+    return {r.id: where[r.id] for r in work}, ""
+
+
+def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocation],
+           pending: Sequence[PendingAllocation], budget: Budget, recent_moves: Sequence[datetime],
+           now: datetime, *, policy: str | None = None, fitting: Fitting = "best") -> ConsolidationDecision:
+    """The instance to empty now, if any (see the module's docstring), and why each other is not."""
+    left = moves_left(budget, recent_moves, now)
+    live = sum(1 for i in instances if i.agent.schedulable)
+    candidates = [(i, work) for i in instances if i.agent.schedulable
+                  and (work := _work_on(i.agent.agent_id, running))]
+    if not candidates:
+        return ConsolidationDecision(None, reason="no instance with work to move")
+    if live - 1 < budget.min_instances:
+        return ConsolidationDecision(None, reason=f"the pool keeps min_instances {budget.min_instances}")
+    baseline = scheduling_policy(policy).schedule(pending, running, [i.agent for i in instances],
+                                                  preemption=False, fitting=fitting)
+    placed_now = {a.allocation_id for a in baseline.assignments}
+    waiting = [p for p in pending if p.id in set(baseline.unplaced)]
+    priced = all(i.price_per_hour is not None for i, _ in candidates)
+    refused: list[tuple[str, str]] = []
+    plans: list[tuple[tuple[float, int, str], Plan]] = []
+    for inst, work in candidates:
+        why = _budget_refusal(work, budget, left, now)
+        urgent = [p for p in waiting if p.priority <= max(r.priority for r in work)]
+        if why is None and urgent:
+            why = (f"pending allocation {urgent[0].id} (priority {urgent[0].priority}) waits: the slots "
+                   f"being freed are its")
+        if why is None:
+            destinations, why = _simulate(inst, work, instances, running, pending, placed_now, policy, fitting,
+                                          now.timestamp())
+        else:
+            destinations = None
+        if destinations is None:
+            refused.append((inst.id, why))
+            continue
+        saving = float(inst.price_per_hour) if priced and inst.price_per_hour is not None \
+            else float(len(inst.agent.slot_ids))
+        unit = DOLLARS if priced else SLOTS
+        moved_slots = sum(r.slots for r in work)
+        hosts = sorted({a for agents in destinations.values() for a in agents})
+        reason = (f"consolidating: {_plural(len(work), 'allocation')} ({_plural(moved_slots, 'slot')}) of "
+                  f"instance {inst.id} fit{'s' if len(work) == 1 else ''} on the free slots of "
+                  f"{_plural(len(hosts), 'other agent')}; emptying it saves "
+                  + (f"${saving:.2f}/h" if priced else f"{saving:g} slot-hours per hour"))
+        plans.append(((-saving, moved_slots, inst.id),
+                      Plan(inst.id, inst.agent.agent_id, tuple(r.id for r in work), destinations, saving, unit,
+                           reason)))
+    if not plans:
+        return ConsolidationDecision(None, tuple(refused), "no instance can be emptied: " + "; ".join(
+            f"{i}: {why}" for i, why in refused))
+    plans.sort(key=lambda p: p[0])
+    return ConsolidationDecision(plans[0][1], tuple(refused))

@@ -1,0 +1,199 @@
+"""The consolidation core: which instance to empty, under the disruption budget, decided by the
+scheduling policy's own placement over the pool without it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from control_plane.core.scaling.consolidation import (
+    DOLLARS,
+    SLOTS,
+    Budget,
+    InstanceSlots,
+    decide,
+    moves_left,
+)
+from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation
+
+NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+LONG_AGO = (NOW - timedelta(hours=2)).timestamp()
+BUDGET = Budget(max_moves_per_hour=2, min_run_time=timedelta(minutes=30))
+
+
+def inst(name: str, slots: int, used: int = 0, price: float | None = None, schedulable: bool = True) -> InstanceSlots:
+    ids = tuple(f"{name}-{i}" for i in range(slots))
+    return InstanceSlots(name, AgentSlots(f"agent-{name}", ids, frozenset(ids[:used]), schedulable), price)
+
+
+def run(alloc: str, on: InstanceSlots, n: int, first: int = 0, **kw: object) -> RunningAllocation:
+    kw.setdefault("order", LONG_AGO)
+    return RunningAllocation.on(alloc, on.agent.agent_id, on.agent.slot_ids[first:first + n], **kw)
+
+
+def test_two_half_used_instances_become_one() -> None:
+    a, b = inst("a", 8, used=4), inst("b", 8, used=4)
+    running = [run("t1", a, 4), run("t2", b, 4)]
+    d = decide([a, b], running, [], BUDGET, [], NOW)
+    assert d.plan is not None
+    assert d.plan.instance == "a"  # equal savings: the first by id
+    assert d.plan.allocations == ("t1",) and d.plan.destinations == {"t1": ("agent-b",)}
+    assert d.plan.unit == SLOTS and d.plan.saving == 8
+    assert "saves 8 slot-hours per hour" in d.plan.reason
+
+
+def test_the_instance_whose_removal_saves_most_is_emptied() -> None:
+    a, b, c = inst("a", 8, used=2, price=1.0), inst("b", 8, used=2, price=3.0), inst("c", 8, used=2, price=2.0)
+    running = [run("t1", a, 2), run("t2", b, 2), run("t3", c, 2)]
+    d = decide([a, b, c], running, [], BUDGET, [], NOW)
+    assert d.plan is not None and d.plan.instance == "b"
+    assert (d.plan.saving, d.plan.unit) == (3.0, DOLLARS) and "$3.00/h" in d.plan.reason
+
+
+def test_work_that_does_not_fit_elsewhere_is_not_moved() -> None:
+    a, b = inst("a", 8, used=6), inst("b", 8, used=6)
+    d = decide([a, b], [run("t1", a, 6), run("t2", b, 6)], [], BUDGET, [], NOW)
+    assert d.plan is None
+    assert dict(d.refused)["a"].startswith("allocation t1 (6 slots) does not fit on the other instances' free slots")
+
+
+def test_non_preemptible_work_is_never_moved() -> None:
+    a, b = inst("a", 8, used=2), inst("b", 8, used=2)
+    d = decide([a, b], [run("t1", a, 2, preemptible=False), run("t2", b, 2, preemptible=False)], [], BUDGET, [], NOW)
+    assert d.plan is None and dict(d.refused) == {"a": "allocation t1 is not preemptible",
+                                                   "b": "allocation t2 is not preemptible"}
+
+
+def test_min_run_time_since_start_or_last_move() -> None:
+    a, b = inst("a", 8, used=2), inst("b", 8, used=2)
+    recent = (NOW - timedelta(minutes=10)).timestamp()
+    d = decide([a, b], [run("t1", a, 2, order=recent), run("t2", b, 2)], [], BUDGET, [], NOW)
+    assert d.plan is not None and d.plan.instance == "b"  # t1 resumed 10 minutes ago: it stays
+    assert dict(d.refused)["a"] == "allocation t1 has run 600s since it started or last moved (min_run_time 1800s)"
+
+
+def test_the_budget_of_moves_per_hour() -> None:
+    a, b = inst("a", 8, used=2), inst("b", 8, used=2)
+    running = [run("t1", a, 1), run("t1b", a, 1, first=1), run("t2", b, 2)]
+    moved = [NOW - timedelta(minutes=50)]  # one move in the last hour: one left
+    d = decide([a, b], running, [], BUDGET, moved, NOW)
+    assert d.plan is not None and d.plan.instance == "b"
+    assert "exceeds the 1 move left this hour (max_moves_per_hour 2)" in dict(d.refused)["a"]
+    # Two in the last hour: none left; one older than an hour no longer counts.
+    d = decide([a, b], running, [], BUDGET, [NOW - timedelta(minutes=5), NOW - timedelta(minutes=1)], NOW)
+    assert d.plan is None and "0 moves left this hour" in d.reason
+    assert moves_left(BUDGET, [NOW - timedelta(minutes=61), NOW - timedelta(minutes=1)], NOW) == 1
+
+
+def test_waiting_work_of_higher_priority_keeps_the_slots() -> None:
+    a, b = inst("a", 8, used=4), inst("b", 8, used=4)
+    running = [run("t1", a, 4, priority=50), run("t2", b, 4, priority=50)]
+    urgent = PendingAllocation("p", 8, priority=10, order=NOW.timestamp())  # fits on no agent now
+    d = decide([a, b], running, [urgent], BUDGET, [], NOW)
+    assert d.plan is None and "pending allocation p (priority 10) waits" in dict(d.refused)["a"]
+    # Lower-priority waiting work does not hold the move back.
+    d = decide([a, b], running, [PendingAllocation("p", 8, priority=90)], BUDGET, [], NOW)
+    assert d.plan is not None
+
+
+def test_moved_work_never_takes_slots_pending_work_is_placed_on() -> None:
+    a, b = inst("a", 8, used=4), inst("b", 8, used=4)
+    running = [run("t1", a, 4, priority=30), run("t2", b, 4, priority=30)]
+    # A pending allocation the pool places now, on the 4 free slots of a or b: either move would take them.
+    pending = [PendingAllocation("p", 4, priority=60)]
+    d = decide([a, b], running, pending, BUDGET, [], NOW)
+    assert d.plan is None
+    assert dict(d.refused) == {i: "moving its work would keep pending allocation p from being placed" for i in "ab"}
+    # With a third instance holding room for both, the move goes ahead.
+    c = inst("c", 8, used=4)
+    d = decide([a, b, c], [*running, run("t3", c, 4, priority=30)], pending, BUDGET, [], NOW)
+    assert d.plan is not None
+
+
+def test_min_instances_and_cordoned_instances() -> None:
+    a, b = inst("a", 8, used=2), inst("b", 8, used=2)
+    running = [run("t1", a, 2), run("t2", b, 2)]
+    assert decide([a, b], running, [], Budget(2, timedelta(0), min_instances=2), [], NOW).reason == \
+        "the pool keeps min_instances 2"
+    # A cordoned (unschedulable) instance is neither emptied again nor a destination.
+    c = inst("c", 8, used=2, schedulable=False)
+    d = decide([a, c], [run("t1", a, 2), run("t3", c, 2)], [], BUDGET, [], NOW)
+    assert d.plan is None and "does not fit" in dict(d.refused)["a"]
+
+
+def test_a_gang_across_instances_moves_whole() -> None:
+    a, b, c = inst("a", 4, used=4), inst("b", 4, used=4), inst("c", 8, used=0)
+    gang = RunningAllocation("g", (run("x", a, 4).parts[0], run("y", b, 4).parts[0]), order=LONG_AGO)
+    d = decide([a, b, c], [gang], [], BUDGET, [], NOW)
+    assert d.plan is not None and d.plan.allocations == ("g",)
+    assert d.plan.destinations == {"g": ("agent-c",)}
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+@st.composite
+def pools(draw: st.DrawFn) -> tuple[list[InstanceSlots], list[RunningAllocation], list[PendingAllocation],
+                                     list[datetime], Budget]:
+    n = draw(st.integers(1, 5))
+    instances: list[InstanceSlots] = []
+    running: list[RunningAllocation] = []
+    for i in range(n):
+        size = draw(st.sampled_from([1, 2, 4, 8]))
+        used = 0
+        name = f"i{i}"
+        shell = inst(name, size, price=draw(st.none() | st.floats(0.1, 10)))
+        for k in range(draw(st.integers(0, 3))):
+            want = draw(st.integers(1, size))
+            if used + want > size:
+                break
+            running.append(run(f"{name}-r{k}", shell, want, first=used,
+                               priority=draw(st.integers(1, 99)), preemptible=draw(st.booleans()),
+                               order=(NOW - timedelta(minutes=draw(st.integers(0, 120)))).timestamp()))
+            used += want
+        instances.append(inst(name, size, used=used, price=shell.price_per_hour,
+                              schedulable=draw(st.booleans()) or i == 0))
+    pending = [PendingAllocation(f"p{k}", draw(st.integers(1, 8)), priority=draw(st.integers(1, 99)))
+               for k in range(draw(st.integers(0, 3)))]
+    recent = [NOW - timedelta(minutes=draw(st.integers(0, 90))) for _ in range(draw(st.integers(0, 4)))]
+    budget = Budget(draw(st.integers(0, 4)), timedelta(minutes=draw(st.sampled_from([0, 15, 30]))))
+    return instances, running, pending, recent, budget
+
+
+@settings(max_examples=300, deadline=None)
+@given(pools())
+def test_a_plan_respects_the_budget_and_places_validly(case: tuple) -> None:
+    instances, running, pending, recent, budget = case
+    d = decide(instances, running, pending, budget, recent, NOW)
+    if d.plan is None:
+        return
+    plan = d.plan
+    by_id = {r.id: r for r in running}
+    moved = [by_id[a] for a in plan.allocations]
+    # The budget: no more moves this hour than allowed, none before min_run_time, never non-preemptible.
+    assert len(moved) <= moves_left(budget, recent, NOW)
+    assert all(r.preemptible and not r.stopping for r in moved)
+    assert all(NOW.timestamp() - r.order >= budget.min_run_time.total_seconds() for r in moved)
+    # All of the instance's work moves, and lands on other schedulable agents' free slots, within capacity.
+    emptied = next(i for i in instances if i.id == plan.instance)
+    assert emptied.agent.schedulable
+    assert {r.id for r in running if any(p.agent_id == emptied.agent.agent_id for p in r.parts)} == set(plan.allocations)
+    agents = {i.agent.agent_id: i.agent for i in instances}
+    room = {a: len(s.slot_ids) - len(s.used_slot_ids) for a, s in agents.items()}
+    for r in moved:
+        dest = plan.destinations[r.id]
+        assert dest and emptied.agent.agent_id not in dest and all(agents[a].schedulable for a in dest)
+        for a in dest:
+            room[a] -= r.slots // len(dest)
+    assert all(v >= 0 for v in room.values())
+    # No waiting allocation at least as important as the moved work.
+    assert plan.unit in (DOLLARS, SLOTS) and plan.saving > 0
+
+
+@pytest.mark.parametrize("bad", [Budget(0, timedelta(0))])
+def test_a_zero_budget_moves_nothing(bad: Budget) -> None:
+    a, b = inst("a", 8, used=1), inst("b", 8, used=1)
+    d = decide([a, b], [run("t1", a, 1), run("t2", b, 1)], [], bad, [], NOW)
+    assert d.plan is None and all("0 moves left" in why for _, why in d.refused)
