@@ -137,7 +137,7 @@ def test_a_gang_across_instances_moves_whole() -> None:
 @st.composite
 def pools(draw: st.DrawFn) -> tuple[list[InstanceSlots], list[RunningAllocation], list[PendingAllocation],
                                      list[datetime], Budget]:
-    n = draw(st.integers(1, 5))
+    n = draw(st.integers(2, 5))
     instances: list[InstanceSlots] = []
     running: list[RunningAllocation] = []
     for i in range(n):
@@ -146,17 +146,17 @@ def pools(draw: st.DrawFn) -> tuple[list[InstanceSlots], list[RunningAllocation]
         name = f"i{i}"
         shell = inst(name, size, price=draw(st.none() | st.floats(0.1, 10)))
         for k in range(draw(st.integers(0, 3))):
-            want = draw(st.integers(1, size))
+            want = draw(st.integers(1, max(1, size // 2)))
             if used + want > size:
                 break
             running.append(run(f"{name}-r{k}", shell, want, first=used,
-                               priority=draw(st.integers(1, 99)), preemptible=draw(st.booleans()),
+                               priority=draw(st.integers(1, 99)), preemptible=draw(st.integers(0, 5)) > 0,
                                order=(NOW - timedelta(minutes=draw(st.integers(0, 120)))).timestamp()))
             used += want
         instances.append(inst(name, size, used=used, price=shell.price_per_hour,
-                              schedulable=draw(st.booleans()) or i == 0))
+                              schedulable=draw(st.integers(0, 5)) > 0 or i == 0))
     pending = [PendingAllocation(f"p{k}", draw(st.integers(1, 8)), priority=draw(st.integers(1, 99)))
-               for k in range(draw(st.integers(0, 3)))]
+               for k in range(draw(st.sampled_from([0, 0, 0, 1, 2])))]
     recent = [NOW - timedelta(minutes=draw(st.integers(0, 90))) for _ in range(draw(st.integers(0, 4)))]
     budget = Budget(draw(st.integers(0, 4)), timedelta(minutes=draw(st.sampled_from([0, 15, 30]))))
     return instances, running, pending, recent, budget
