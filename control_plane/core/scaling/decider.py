@@ -1,7 +1,8 @@
 """The scale decider of an elastic resource pool: a pure function of demand, instances and limits.
 
 `decide(demand, instances, limits, now)` answers "how many instances to launch and which ones to
-terminate, and why" for one pool with one instance type. It does no I/O and never reads the clock;
+terminate, and why" for one pool; with several instance types (`PoolLimits.options`) also which
+types, the cheapest combination that fits (core/scaling/mix.py). It does no I/O and never reads the clock;
 the autoscaler loop (the imperative shell) builds the snapshot, calls it every tick, and applies the
 result through a provider. Because it is level-triggered, a lost decision is simply recomputed.
 
@@ -44,6 +45,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from control_plane.core.scaling import mix
 from control_plane.core.scaling.draft import Census, Draft, fmt_duration, is_busy, plural
 from control_plane.core.scaling.idle import reap_idle
 from control_plane.core.scaling.model import (
@@ -52,7 +54,9 @@ from control_plane.core.scaling.model import (
     DEFAULT_MAX_DISCONNECTED_PERIOD,
     DEFAULT_MAX_IDLE_AGENT_PERIOD,
     Arrival,
+    InstanceOption,
     InstanceView,
+    LaunchPlan,
     PendingDemand,
     PoolLimits,
     ScaleDecision,
@@ -66,7 +70,9 @@ __all__ = [
     "DEFAULT_MAX_DISCONNECTED_PERIOD",
     "DEFAULT_MAX_IDLE_AGENT_PERIOD",
     "Arrival",
+    "InstanceOption",
     "InstanceView",
+    "LaunchPlan",
     "PendingDemand",
     "PoolLimits",
     "ScaleDecision",
@@ -92,6 +98,8 @@ class _Shapes:
     zero_slot: int
     unschedulable: tuple[tuple[int, int], ...]
     too_wide: tuple[tuple[int, int, int], ...] = ()
+    #: Of `sized`, the tasks that are parts of gangs across instances (each a whole instance).
+    gang_parts: tuple[tuple[int, int], ...] = ()
 
     @property
     def tasks(self) -> int:
@@ -106,6 +114,7 @@ def _aggregate(demand: Iterable[PendingDemand], slots_per_instance: int, max_ins
     """`max_instances`: gangs across more instances than that are `too_wide` (None: no bound)."""
     by_shape: dict[int, int] = {}
     too_wide: dict[tuple[int, int], int] = {}
+    gang_parts: dict[int, int] = {}
     for d in demand:
         if not d.count:
             continue
@@ -113,11 +122,14 @@ def _aggregate(demand: Iterable[PendingDemand], slots_per_instance: int, max_ins
             too_wide[(d.instances, d.slots)] = too_wide.get((d.instances, d.slots), 0) + d.count
         else:
             by_shape[d.slots] = by_shape.get(d.slots, 0) + d.count * d.instances
+            if d.instances > 1 and 0 < d.slots <= slots_per_instance:
+                gang_parts[d.slots] = gang_parts.get(d.slots, 0) + d.count * d.instances
     zero = by_shape.pop(0, 0)
     sized = tuple(sorted(((s, c) for s, c in by_shape.items() if s <= slots_per_instance), reverse=True))
     unsched = tuple(sorted(((s, c) for s, c in by_shape.items() if s > slots_per_instance), reverse=True))
     wide = tuple(sorted(((n, s, c) for (n, s), c in too_wide.items()), reverse=True))
-    return _Shapes(sized=sized, zero_slot=zero, unschedulable=unsched, too_wide=wide)
+    return _Shapes(sized=sized, zero_slot=zero, unschedulable=unsched, too_wide=wide,
+                   gang_parts=tuple(sorted(gang_parts.items(), reverse=True)))
 
 
 @dataclass(frozen=True)
@@ -127,9 +139,13 @@ class _Packing:
     tasks: tuple[int, ...]
     slots: tuple[int, ...]
     used: tuple[int, ...]
+    #: With `new=False`: the tasks no open instance took, by shape, and whether the zero-slot ones
+    #: still need an instance.
+    leftover: tuple[tuple[int, int], ...] = ()
+    zero_needs_instance: bool = False
 
 
-def _pack(shapes: _Shapes, capacity: int, open_groups: Sequence[Sequence[int]] = ()) -> _Packing:
+def _pack(shapes: _Shapes, capacity: int, open_groups: Sequence[Sequence[int]] = (), new: bool = True) -> _Packing:
     """Best-fit decreasing over counts of shapes, onto open instances first, then new ones.
 
     `open_groups` are the free slots of instances that exist already, grouped (idle, then booting)
@@ -139,26 +155,31 @@ def _pack(shapes: _Shapes, capacity: int, open_groups: Sequence[Sequence[int]] =
     item-by-item best-fit decreasing (it stays the fullest instance that fits), so BFD's guarantee
     (<= 11/9 OPT + 1) holds, and with power-of-two shapes that divide the instance size it is
     optimal: ceil(total slots / capacity). Ties go to instances already touched, then to earlier
-    groups, so untouched idle instances stay free to be reaped.
+    groups, so untouched idle instances stay free to be reaped. Open instances may have more free
+    slots than `capacity` (a pool of several types). `new=False` opens no instance: what the open
+    ones do not take is the packing's `leftover` (the several types' mix places it).
     """
     n_groups = len(open_groups)
-    pristine = [[0] * (capacity + 1) for _ in range(n_groups)]
-    touched = [[0] * (capacity + 1) for _ in range(n_groups + 1)]  # the last one: opened here
+    top = max([capacity, *(f for frees in open_groups for f in frees)])
+    pristine = [[0] * (top + 1) for _ in range(n_groups)]
+    touched = [[0] * (top + 1) for _ in range(n_groups + 1)]  # the last one: opened here
     for g, frees in enumerate(open_groups):
         for free in frees:
-            pristine[g][max(0, min(free, capacity))] += 1
+            pristine[g][max(0, free)] += 1
     order: list[tuple[int, list[int], list[int]]] = []
     for g in range(n_groups):
         order += [(g, touched[g], touched[g]), (g, pristine[g], touched[g])]
     fresh = touched[n_groups]
-    order.append((n_groups, fresh, fresh))
+    if new:
+        order.append((n_groups, fresh, fresh))
+    leftover: list[tuple[int, int]] = []
 
     tasks = [0] * n_groups
     slots = [0] * n_groups
     used = [0] * n_groups
     new_instances = 0
     for size, count in shapes.sized:
-        for free in range(size, capacity + 1):
+        for free in range(size, top + 1):
             for g, src, dst in order:
                 if not count:
                     break
@@ -178,7 +199,9 @@ def _pack(shapes: _Shapes, capacity: int, open_groups: Sequence[Sequence[int]] =
                     slots[g] += placed * size
                     if src is not dst:
                         used[g] += full + (1 if rest else 0)
-        if count:
+        if count and not new:
+            leftover.append((size, count))
+        elif count:
             fits = capacity // size
             full, rest = divmod(count, fits)
             new_instances += full + (1 if rest else 0)
@@ -192,9 +215,10 @@ def _pack(shapes: _Shapes, capacity: int, open_groups: Sequence[Sequence[int]] =
         if host is not None:
             tasks[host] += shapes.zero_slot
             used[host] = max(used[host], 1)
-        elif new_instances == 0:
+        elif new_instances == 0 and new:
             new_instances = 1
-    return _Packing(new_instances, tuple(tasks), tuple(slots), tuple(used))
+    return _Packing(new_instances, tuple(tasks), tuple(slots), tuple(used), tuple(leftover),
+                    bool(shapes.zero_slot) and not any(open_groups))
 
 
 def instances_needed(demand: Iterable[PendingDemand], slots_per_instance: int) -> int:
@@ -353,10 +377,11 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     census = draft.census
     capacity = limits.slots_per_instance
     live = census.live
-    idle_free = [max(0, capacity - i.busy_slots) for i in census.idle]
-    booting_free = [max(0, capacity - i.busy_slots) for i in census.booting]
-    packing = _pack(shapes, capacity, (idle_free, booting_free))
-    want = packing.new_instances
+    idle_free = [_free(i, capacity) for i in census.idle]
+    booting_free = [_free(i, capacity) for i in census.booting]
+    packing = _pack(shapes, capacity, (idle_free, booting_free), new=not limits.options)
+    new_bins = _new_instances(shapes, packing, limits.options) if limits.options else []
+    want = sum(n for _, _, n in new_bins) if limits.options else packing.new_instances
     floor = max(0, limits.min_instances - live)
     # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone.
     draft.stopping = stopping = len(census.stopping) + len(draft.terminations)
@@ -366,6 +391,8 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
         launch = min(launch, limits.max_launch_per_decision)
     draft.launch = launch
     draft.idle_absorbing = packing.used[0]
+    if limits.options:
+        draft.launches = _launch_plans(new_bins, launch, limits.options)
 
     for g, word in ((0, "idle instance"), (1, "starting instance")):
         if packing.tasks[g]:
@@ -377,7 +404,7 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
         return
     why: list[str] = []
     if want:
-        total = _pack(shapes, capacity).new_instances
+        total = want + sum(packing.used) if limits.options else _pack(shapes, capacity).new_instances
         absorbing = "".join(
             f", {packing.used[g]} {word}" for g, word in ((0, "idle"), (1, "starting")) if packing.used[g]
         )
@@ -390,6 +417,65 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     if launch < min(max(want, floor), room):
         why.append(f"capped by max_launch_per_decision {limits.max_launch_per_decision}")
     draft.reasons.append(f"launch {launch}: " + "; ".join(why))
+    if draft.launches:
+        draft.reasons.append(_fmt_plans(draft.launches))
+
+
+def _free(inst: InstanceView, capacity: int) -> int:
+    return max(0, (inst.slots if inst.slots is not None else capacity) - inst.busy_slots)
+
+
+def _pack_one(shapes: mix.Shapes, capacity: int) -> int:
+    return _pack(_Shapes(sized=tuple(sorted(shapes, reverse=True)), zero_slot=0, unschedulable=()),
+                 capacity).new_instances
+
+
+def _new_instances(shapes: _Shapes, packing: _Packing,
+                   options: Sequence[InstanceOption]) -> list[tuple[InstanceOption, int, int]]:
+    """The new instances of a pool of several types for what the open instances did not take:
+    (option, largest task, count), cheapest first found. A gang part takes a whole instance of the
+    cheapest option it fits (every part of a gang then has the same type); the other tasks are
+    packed by cost (core/scaling/mix.py); zero-slot tasks need the cheapest instance when there is
+    none at all."""
+    left = dict(packing.leftover)
+    bins: list[tuple[InstanceOption, int, int]] = []
+    for size, parts in shapes.gang_parts:
+        whole = min(parts, left.get(size, 0))
+        option = mix.cheapest_fitting(options, size)
+        if whole and option is not None:
+            bins.append((option, size, whole))
+            left[size] -= whole
+    found = mix.cheapest_mix(sorted(left.items(), reverse=True), options, _pack_one)
+    bins = [*found.bins, *bins]
+    cheapest = mix.cheapest_fitting(options, 0)
+    if packing.zero_needs_instance and not bins and cheapest is not None:
+        bins.append((cheapest, 0, 1))
+    return bins
+
+
+def _launch_plans(bins: list[tuple[InstanceOption, int, int]], launch: int,
+                  options: Sequence[InstanceOption]) -> tuple[LaunchPlan, ...]:
+    """The first `launch` instances of `bins` (in their order), or all of them and the cheapest
+    option for the rest (min_instances), as launch plans with their fallbacks."""
+    taken: list[tuple[InstanceOption, int, int]] = []
+    room = launch
+    for option, largest, n in bins:
+        if room <= 0:
+            break
+        taken.append((option, largest, min(n, room)))
+        room -= min(n, room)
+    cheapest = mix.cheapest_fitting(options, 0)
+    if room > 0 and cheapest is not None:
+        taken.append((cheapest, 0, room))
+    return mix.plans(taken, options)
+
+
+def _fmt_plans(plans: Sequence[LaunchPlan]) -> str:
+    """The launch by type and capacity, and its estimated $/h."""
+    parts = " + ".join(f"{p.count}x {p.option.describe()}" for p in plans)
+    prices = [p.usd_per_hour for p in plans]
+    total = sum(p for p in prices if p is not None)
+    return f"cheapest fit: {parts}" + (f", est. ${total:.4g}/h" if None not in prices else ", price partly unknown")
 
 
 def _conclude(draft: Draft) -> None:

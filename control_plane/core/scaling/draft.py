@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from control_plane.core.scaling.model import InstanceView, ScaleDecision, Termination
+from control_plane.core.scaling.model import InstanceView, LaunchPlan, ScaleDecision, Termination
 
 
 def fmt_duration(d: timedelta) -> str:
@@ -43,6 +43,8 @@ class Draft:
     terminations: list[Termination] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     launch: int = 0
+    #: Which instance types the launch is made of (a pool with `PoolLimits.options`).
+    launches: tuple[LaunchPlan, ...] = ()
     #: Idle instances the pending demand was packed onto (set by the launch stage; kept by the reap).
     idle_absorbing: int = 0
     #: Instances billed while stopping when the launch was sized: the census's and those this
@@ -53,7 +55,8 @@ class Draft:
         self.terminations.append(Termination(inst.id, why, presumes_idle))
 
     def decision(self) -> ScaleDecision:
-        return ScaleDecision(launch=self.launch, terminate=tuple(self.terminations), reasons=tuple(self.reasons))
+        return ScaleDecision(launch=self.launch, terminate=tuple(self.terminations), reasons=tuple(self.reasons),
+                             launches=self.launches)
 
 
 def is_busy(inst: InstanceView) -> bool:

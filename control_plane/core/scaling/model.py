@@ -23,7 +23,9 @@ __all__ = [
     "DEFAULT_MAX_DISCONNECTED_PERIOD",
     "DEFAULT_MAX_IDLE_AGENT_PERIOD",
     "Arrival",
+    "InstanceOption",
     "InstanceView",
+    "LaunchPlan",
     "PendingDemand",
     "PoolLimits",
     "ScaleDecision",
@@ -78,6 +80,50 @@ class InstanceView:
     agent_disconnected_since: datetime | None = None
     busy_slots: int = 0
     idle_since: datetime | None = None
+    #: The instance's own slots (a pool of several instance types); None: `PoolLimits.slots_per_instance`.
+    slots: int | None = None
+    instance_type: str = ""
+
+
+@dataclass(frozen=True)
+class InstanceOption:
+    """One way a pool may launch an instance: an instance (machine) type in one capacity (spot or
+    on-demand), the slots it brings, and its estimated price in USD per hour (None: not in the price
+    catalogue; such an option is chosen only when no priced one fits)."""
+
+    instance_type: str
+    slots: int
+    usd_per_hour: float | None = None
+    spot: bool = False
+
+    def __post_init__(self) -> None:
+        if self.slots < 0:
+            raise ValueError(f"slots must be >= 0, got {self.slots}")
+        if self.usd_per_hour is not None and self.usd_per_hour < 0:
+            raise ValueError(f"usd_per_hour must be >= 0, got {self.usd_per_hour}")
+
+    @property
+    def capacity(self) -> str:
+        return "spot" if self.spot else "on-demand"
+
+    def describe(self) -> str:
+        price = f", ${self.usd_per_hour:.4g}/h" if self.usd_per_hour is not None else ", price unknown"
+        return f"{self.instance_type} ({self.capacity}{price})"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """`count` instances of one option, and what to try instead, in order, when the cloud has no
+    capacity for it (the next-cheapest options that fit the same work)."""
+
+    option: InstanceOption
+    count: int
+    fallbacks: tuple[InstanceOption, ...] = ()
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        price = self.option.usd_per_hour
+        return None if price is None else price * self.count
 
 
 @dataclass(frozen=True)
@@ -90,6 +136,14 @@ class PoolLimits:
     max_disconnected_period: timedelta = DEFAULT_MAX_DISCONNECTED_PERIOD
     max_launch_per_decision: int | None = None
     arrival_window: timedelta = DEFAULT_ARRIVAL_WINDOW
+    #: The instance types (and capacities) the pool may launch, any order. Empty: one unnamed type
+    #: of `slots_per_instance` slots, as before pools had several; with some, `slots_per_instance`
+    #: is the largest option's slots (what a task must fit on one instance).
+    options: tuple[InstanceOption, ...] = ()
+    #: Measured boot times (launch to agent first connected) of the pool's recent instances. Given
+    #: (and an arrival window), the idle stage weighs idling against a relaunch (idle.py); empty:
+    #: idle instances go after max_idle_agent_period (with the scale-down hysteresis).
+    boot_times: tuple[timedelta, ...] = ()
 
     def __post_init__(self) -> None:
         if self.min_instances < 0:
@@ -102,6 +156,9 @@ class PoolLimits:
             raise ValueError(f"slots_per_instance must be >= 0, got {self.slots_per_instance}")
         if self.max_launch_per_decision is not None and self.max_launch_per_decision < 0:
             raise ValueError(f"max_launch_per_decision must be >= 0, got {self.max_launch_per_decision}")
+        if self.options and self.slots_per_instance != max(o.slots for o in self.options):
+            raise ValueError(f"slots_per_instance ({self.slots_per_instance}) must be the largest option's slots "
+                             f"({max(o.slots for o in self.options)})")
         if self.arrival_window < timedelta(0):
             raise ValueError(f"arrival_window must be >= 0 (0: no hysteresis), got {self.arrival_window}")
 
@@ -119,9 +176,19 @@ class Termination:
 
 @dataclass(frozen=True)
 class ScaleDecision:
+    """`launch` instances in all; with `PoolLimits.options`, `launches` says which (their counts add
+    up to `launch`)."""
+
     launch: int
     terminate: tuple[Termination, ...] = ()
     reasons: tuple[str, ...] = field(default_factory=tuple)
+    launches: tuple[LaunchPlan, ...] = ()
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        """The estimated price of the launches an hour; None when one has no price."""
+        prices = [p.usd_per_hour for p in self.launches]
+        return None if any(p is None for p in prices) else sum(p for p in prices if p is not None)
 
     @property
     def terminate_ids(self) -> tuple[str, ...]:
