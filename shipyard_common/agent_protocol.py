@@ -22,6 +22,8 @@ TOKENS_PATH = "/api/v1/agents/tokens"
 REGISTER_PATH = "/api/v1/agents/register"
 COMMANDS_PATH = "/api/v1/agents/{agentId}/commands"
 EVENTS_PATH = "/api/v1/agents/{agentId}/events"
+# The agent reports its cloud's interruption notice (spot two-minute warning, GCE preemption).
+INTERRUPTION_PATH = "/api/v1/agents/{agentId}/interruption"
 # Admin: forget an agent's enrolment (revoke its credential) so that it can enrol again.
 ENROLMENT_PATH = "/api/v1/agents/{agentId}/enrolment"
 
@@ -173,6 +175,24 @@ class TaskEvent(Wire):
 class EventsRequest(StrictWire):
     session_id: str
     events: list[TaskEvent] = Field(default_factory=list, max_length=MAX_EVENTS_PER_POST)
+
+
+InterruptionAction = Literal["terminate", "stop", "hibernate", "preempt", "rebalance"]
+
+
+class InterruptionRequest(StrictWire):
+    """The agent's instance is going away (`action` terminate/stop/hibernate on AWS, preempt on
+    GCP) at `deadline`, or may soon (`rebalance`: AWS's recommendation, no deadline)."""
+
+    session_id: str
+    cloud: Literal["aws", "gcp"]
+    action: InterruptionAction
+    deadline: Optional[datetime] = None
+    detail: str = Field(default="", max_length=1000)
+
+    @field_serializer("deadline")
+    def _deadline(self, value: datetime | None) -> Optional[str]:
+        return None if value is None else rfc3339(value)
 
 
 def parse_command(raw: dict[str, object]) -> Command:

@@ -22,8 +22,10 @@ from pydantic import ValidationError
 from shipyard_common.agent_protocol import (
     COMMANDS_PATH,
     EVENTS_PATH,
+    INTERRUPTION_PATH,
     REGISTER_PATH,
     EventsRequest,
+    InterruptionRequest,
     RegisterRequest,
     RegisterResponse,
     TaskEvent,
@@ -149,6 +151,9 @@ class MasterClient:
     def post_events(self, agent_id: str, session_id: str, events: list[TaskEvent]) -> None:
         self._request("POST", EVENTS_PATH.format(agentId=agent_id),
                       json=EventsRequest(session_id=session_id, events=events).to_wire())
+
+    def post_interruption(self, agent_id: str, req: InterruptionRequest) -> None:
+        self._request("POST", INTERRUPTION_PATH.format(agentId=agent_id), json=req.to_wire())
 
     def post_task_logs(self, entries: list[dict[str, Any]], token: str | None = None) -> None:
         self._request("POST", "/api/v1/task/logs", json={"logs": entries}, token=token)

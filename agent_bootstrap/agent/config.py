@@ -82,6 +82,14 @@ class AgentConfig(BaseModel):
     # docker: host paths bound read-only into every container, at the same path (e.g. a Python
     # environment shared by the trials), or `host_path:container_path`.
     container_mounts: list[str] = Field(default_factory=list)
+    # Spot/preemptible interruption notices (agent/interruption.py): `aws` or `gcp` watches that
+    # cloud's instance metadata (at metadata_url, default the cloud's own address); on a notice the
+    # master asks the agent's tasks to checkpoint and stop, and a task still running at the notice's
+    # deadline less interruption_kill_margin_s gets SIGTERM (then SIGKILL after that margin).
+    interruption_watch: Literal["off", "aws", "gcp"] = "off"
+    metadata_url: Optional[str] = None
+    interruption_poll_s: float = Field(5.0, gt=0, le=60)
+    interruption_kill_margin_s: float = Field(10.0, ge=0, le=110)
 
     @field_validator("master_url")
     @classmethod
@@ -114,8 +122,15 @@ class AgentConfig(BaseModel):
                 raise ValueError(f"container_mounts: {entry!r} must be an absolute path or host_path:container_path")
         return v
 
+    @field_validator("metadata_url")
+    @classmethod
+    def _metadata_url(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("metadata_url: must start with http:// or https://")
+        return v.rstrip("/") if v else v
+
     @field_validator("on_connection_lost", "instance_id", "token", "docker_host", "container_image_cpu",
-                     "container_image_cuda", "container_user", mode="before")
+                     "container_image_cuda", "container_user", "metadata_url", mode="before")
     @classmethod
     def _blank_is_none(cls, v: Any) -> Any:
         return None if isinstance(v, str) and v.strip() == "" else v
@@ -180,6 +195,12 @@ _OPTIONS: list[tuple[str, Any, str]] = [
     ("container_user", str, "docker runtime: user the containers run as (default: the image's)"),
     ("container_mounts", str, "docker runtime: comma-separated host paths bound read-only into every "
                               "container (path, or host_path:container_path)"),
+    ("interruption_watch", str, "watch this cloud's spot/preemption notices: off (default), aws or gcp"),
+    ("metadata_url", str, "instance metadata base URL (default the cloud's: http://169.254.169.254, "
+                          "http://metadata.google.internal)"),
+    ("interruption_poll_s", float, "aws: seconds between reads of the spot notice (default 5)"),
+    ("interruption_kill_margin_s", float, "SIGTERM a task still running this long before an interruption "
+                                          "notice's deadline (default 10)"),
 ]
 
 
@@ -194,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         if name == "slot_type":
             p.add_argument(flag, choices=["auto", "cpu", "cuda"], help=help_text)
+        elif name == "interruption_watch":
+            p.add_argument(flag, choices=["off", "aws", "gcp"], help=help_text)
         elif name == "task_user":
             p.add_argument(flag, choices=["per_user", "agent"], help=help_text)
         elif name == "log_level":

@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from agent_bootstrap.agent import __version__, determined_env, identity
+from agent_bootstrap.agent import __version__, determined_env, identity, interruption
 from agent_bootstrap.agent.client import (
     AuthRefused,
     MasterClient,
@@ -83,6 +83,7 @@ from agent_bootstrap.agent.runtime import (
 from shipyard_common.agent_protocol import (
     MAX_EVENT_MESSAGE,
     ContainerSpec,
+    InterruptionRequest,
     KillCommand,
     RegisterRequest,
     StartCommand,
@@ -315,6 +316,11 @@ class Agent:
                                   max_buffer_bytes=config.log_buffer_bytes)
         self.outbox = EventOutbox(self, self._client_factory())
         self._control = threading.Thread(target=self._control_main, name="control", daemon=True)
+        self._watcher: interruption.InterruptionWatcher | None = None
+        if config.interruption_watch != "off":
+            self._watcher = interruption.InterruptionWatcher(
+                config.interruption_watch, config.metadata_url, self.on_interruption,
+                poll_s=config.interruption_poll_s, stop=self._stop)
 
     def _auth_token(self) -> str:
         """What the agent presents: its own credential once enrolled, else the enrolment token."""
@@ -363,6 +369,8 @@ class Agent:
         self.outbox.start()
         self._adopt_leftovers()  # before the first registration, which reports them running
         self._control.start()
+        if self._watcher is not None:
+            self._watcher.start()
         while not self._stop.is_set():
             if self._signal is not None:
                 self.request_stop(EXIT_OK, f"received {self._signal}")
@@ -416,6 +424,59 @@ class Agent:
             log.warning("event=on_connection_lost_done exit_code=%d", proc.returncode)
         except (OSError, subprocess.TimeoutExpired) as e:
             log.error("event=on_connection_lost_failed error=%r", str(e))
+
+    # -- interruption notices (agent/interruption.py) -------------------------------------------
+
+    def on_interruption(self, notice: interruption.Notice) -> None:
+        """The cloud announced that this instance goes (or may go): tell the master at once (it
+        asks the tasks here to checkpoint and stop, and places nothing new here); after a final
+        notice, a task still running at its deadline less the margin gets SIGTERM."""
+        threading.Thread(target=self._report_interruption, args=(notice,), name="interruption-report",
+                         daemon=True).start()
+        if notice.final:
+            threading.Thread(target=self._stop_at_deadline, args=(notice,), name="interruption-deadline",
+                             daemon=True).start()
+
+    def _report_interruption(self, notice: interruption.Notice) -> None:
+        client = self._client_factory()
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                session = self.wait_for_session(timeout=1.0)
+                if session is None:
+                    continue
+                req = InterruptionRequest(session_id=session, cloud=notice.cloud, action=notice.action,
+                                          deadline=notice.deadline, detail=notice.detail)
+                try:
+                    client.post_interruption(self.agent_id, req)
+                except StaleSession:
+                    self.wait_for_session(timeout=self.config.poll_timeout + 5, not_equal=session)
+                    continue
+                except (MasterUnavailable, AuthRefused) as e:
+                    failures += 1
+                    log.warning("event=interruption_report_failed failures=%d error=%r", failures, e.message)
+                    self._stop.wait(backoff_delay(failures, 0.5, 5.0, random.random()))
+                    continue
+                except RequestRefused as e:
+                    log.error("event=interruption_report_refused error=%r", e.message)
+                    return
+                log.info("event=interruption_reported action=%s", notice.action)
+                return
+        finally:
+            client.close()
+
+    def _stop_at_deadline(self, notice: interruption.Notice) -> None:
+        margin = self.config.interruption_kill_margin_s
+        at = interruption.kill_at(notice, margin)
+        if at is None or self._stop.wait(max(0.0, (at - _now()).total_seconds())):
+            return
+        with self._tasks_lock:
+            live = [t for t in self._tasks.values() if t.state != "exited" and not t.kill_requested.is_set()]
+        for t in live:
+            self._agent_line(t, f"interruption notice ({notice.describe()}): still running {margin:g}s before "
+                                f"the deadline; sending SIGTERM", level="LOG_LEVEL_WARNING")
+            log.warning("event=interruption_deadline_kill allocation=%s", t.allocation_id)
+            t.request_kill(margin, f"stopped by the agent: the instance is being interrupted ({notice.describe()})")
 
     # -- control loop ----------------------------------------------------------------------------
 

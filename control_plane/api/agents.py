@@ -25,17 +25,19 @@ from control_plane.frontdoor import agent_polls
 from control_plane.frontdoor.admission import Ticket, busy_response
 from control_plane.master import Master
 from control_plane.services import agents as service
-from control_plane.services import gangs
+from control_plane.services import gangs, interruptions
 from shipyard_common.agent_protocol import (
     COMMANDS_PATH,
     ENROLMENT_PATH,
     EVENTS_PATH,
+    INTERRUPTION_PATH,
     REGISTER_PATH,
     TOKENS_PATH,
     AgentId,
     Command,
     CommandsResponse,
     EventsRequest,
+    InterruptionRequest,
     RegisterRequest,
 )
 
@@ -172,6 +174,20 @@ def events(
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     service.apply_events(db, master, p, agentId, body)
+    return {}
+
+
+@router.post(INTERRUPTION_PATH)
+def interruption(
+    agentId: str,
+    body: InterruptionRequest,
+    p: Principal = Depends(deps.agent),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    """The agent's cloud announced that its instance goes (services/interruptions.py)."""
+    agent = service.touch_agent(db, master, p, agentId, body.session_id)
+    interruptions.record(db, master, agent, body)
     return {}
 
 

@@ -244,6 +244,11 @@ class Agent(Base):
     # Set by `det agent disable --drain` (with enabled False): its work may finish, and what still
     # runs after `agent_drain_timeout_s` is preempted. NULL when not draining. Migration 0004.
     drain_started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # The cloud's interruption notice the agent reported (spot warning, GCE preemption; migration
+    # 0012): when, its action (terminate/stop/hibernate/preempt, or rebalance: a hint) and deadline.
+    interruption_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    interruption_action: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    interruption_deadline: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class Allocation(Base):

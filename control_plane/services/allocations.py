@@ -16,7 +16,7 @@ from control_plane.core import gang_run
 from control_plane.core import states as st
 from control_plane.db.models import Allocation, Experiment, Token
 from control_plane.master import Master
-from control_plane.services import gangs, lifecycle
+from control_plane.services import gangs, interruptions, lifecycle
 
 log = logging.getLogger("shipyard.allocations")
 
@@ -79,7 +79,10 @@ def end_allocation(s: Session, master: Master, alloc: Allocation, *, cause: str,
     # A process that exits after the master asked it to stop was stopped by the master.
     if cause == st.ExitCause.EXITED and alloc.kill_requested:
         cause = st.ExitCause.KILLED
-    elif cause == st.ExitCause.EXITED and alloc.preempt_requested and exit_code == 0:
+    elif cause == st.ExitCause.EXITED and alloc.preempt_requested and (
+            exit_code == 0 or interruptions.allocation_interrupted(s, alloc)):
+        # On an instance going away (services/interruptions.py) the agent stops a task still
+        # running at the notice's deadline: not the trial's fault either.
         cause = st.ExitCause.PREEMPTED
     alloc.end_cause = cause
     # The allocation's session token dies with it.

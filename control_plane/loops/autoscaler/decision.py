@@ -60,6 +60,8 @@ class Snapshot:
     stopping: list[_Stopping]
     links: dict[str, str]  # launch id -> agent id, for rows not yet linked to their agent
     orphans: list[CloudInstance] = field(default_factory=list)
+    # Live rows whose agent reported an interruption notice and holds no work: terminated now.
+    interrupted_idle: list[str] = field(default_factory=list)
 
 
 def _plural(n: int, word: str) -> str:
@@ -130,10 +132,19 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
     running = set(busy)  # agents with any task, zero-slot ones included
     views = []
     links: dict[str, str] = {}
+    interrupted_idle = []
     for row in rows:
         agent = agent_of(s, row)
         if agent is not None and row.agent_id is None:
             links[row.launch_id] = agent.id
+        if agent is not None and agent.interruption_action is not None:
+            # Its cloud announced it goes (services/interruptions.py): never capacity, billed until
+            # gone, like a stopping instance; once its work has moved it is terminated.
+            views.append(InstanceView(id=row.launch_id, state=InstanceState.STOPPING,
+                                      launched_at=row.launched_at or row.requested_at))
+            if agent.id not in running:
+                interrupted_idle.append(row.launch_id)
+            continue
         connected = agent is not None and agent.state == st.AgentState.CONNECTED
         views.append(InstanceView(
             id=row.launch_id,
@@ -153,7 +164,7 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
               for ci in orphans]
     return Snapshot(demand=demand, shapes=shapes, arrivals=arrivals, views=views, live=len(rows),
                     stopping=[(r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping],
-                    links=links, orphans=orphans)
+                    links=links, orphans=orphans, interrupted_idle=interrupted_idle)
 
 
 def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, decision: ScaleDecision,
@@ -180,6 +191,12 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
         if row is not None and row.agent_id is None:
             row.agent_id = agent_id
     terminated = _apply_terminations(s, master, pool, decision, reasons, now)
+    for launch_id in snap.interrupted_idle:
+        row = s.get(Instance, launch_id)
+        if row is not None and row.state in st.INSTANCE_LIVE and row.instance_id and claim_idle(s, row) is None:
+            reason = row.terminate_reason or "interruption notice"
+            begin_termination(s, row, now, reason)
+            terminated.append({"id": launch_id, "reason": reason})
     launch_ids: list[str] = []
     for _ in range(launch):
         launch_id = uuid.uuid4().hex
