@@ -10,12 +10,23 @@ on-demand list prices, and GCP's rules for project ids, zone names and labels. T
 Prices are list prices in USD per hour of us-east-1 (AWS) and us-central1 (GCP), Linux, on demand,
 rounded to 4 decimals; other regions differ by a few percent and the cloud's bill is the reference.
 A type not listed has no price (shown as unknown, never guessed). Extend the tables when one is missing.
+
+Prices per region (on demand and a spot estimate) are in `prices.json` beside this module, read by
+`regional_price`: the scale decider of a pool with several instance types chooses the cheapest by
+them. `python -m shipyard_common.price_refresh` rewrites that file from the clouds' own price lists
+(the AWS Pricing API's offer or GetProducts JSON, EC2 DescribeSpotPriceHistory, the GCP Cloud Billing
+Catalog's SKUs). As shipped, it holds the list prices above for the home regions and spot estimates of
+`SPOT_ESTIMATE_RATIO` of them (marked `"spot_estimated": true`) until refreshed.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -128,3 +139,71 @@ def on_demand_usd_per_hour(instance_type: str) -> float | None:
     GPUs); None for a type these tables do not know."""
     known = AWS_INSTANCE_TYPES.get(instance_type) or GCP_MACHINE_TYPES.get(instance_type)
     return known.usd_per_hour if known else None
+
+
+# ---- prices per region ---------------------------------------------------------------------------
+
+PRICES_FILE = Path(__file__).with_name("prices.json")
+HOME_REGION = {"aws": "us-east-1", "gcp": "us-central1"}
+# Spot's usual discount, for the estimate shipped before a refresh (AWS and GCP both advertise
+# "up to 90%" off; 65% off is typical of GPU types): spot = on-demand x this.
+SPOT_ESTIMATE_RATIO = 0.35
+GPU_KEY_PREFIX = "gpu:"  # GCP attachable accelerators in the table: "gpu:nvidia-tesla-t4"
+
+
+@dataclass(frozen=True)
+class RegionalPrice:
+    """USD per hour of one type in one region. `region` is where the price is from: the home region's
+    when the asked one is not in the table (`fallback` true)."""
+
+    on_demand: float
+    spot: Optional[float]
+    region: str
+    fallback: bool = False
+
+    def usd_per_hour(self, spot: bool) -> Optional[float]:
+        return self.spot if spot else self.on_demand
+
+
+@lru_cache(maxsize=4)
+def load_prices(path: Path = PRICES_FILE) -> dict[str, Any]:
+    """The price table: {"aws"|"gcp": {region: {type: {"on_demand": x, "spot": y}}}} (cached)."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _entry(cloud: str, region: str, key: str, table: dict[str, Any]) -> Optional[tuple[dict[str, Any], str]]:
+    by_region = table.get(cloud, {})
+    for where in (region, HOME_REGION[cloud]):
+        entry = by_region.get(where, {}).get(key)
+        if entry is not None and entry.get("on_demand") is not None:
+            return entry, where
+    return None
+
+
+def regional_price(cloud: str, region: str, instance_type: str,
+                   table: Optional[dict[str, Any]] = None) -> Optional[RegionalPrice]:
+    """The price of an AWS instance type or a GCP machine type (or `gpu:<accelerator>`) in `region`
+    (a GCP zone is taken for its region), else the home region's; None when the table has neither."""
+    if cloud == "gcp" and GCP_ZONE.match(region):
+        region = gcp_region(region)
+    found = _entry(cloud, region, instance_type, load_prices() if table is None else table)
+    if found is None:
+        return None
+    entry, where = found
+    spot = entry.get("spot")
+    return RegionalPrice(float(entry["on_demand"]), None if spot is None else float(spot), where, where != region)
+
+
+def gcp_vm_price(region: str, machine_type: str, gpu_type: Optional[str], gpu_num: int,
+                 table: Optional[dict[str, Any]] = None) -> Optional[RegionalPrice]:
+    """A GCP VM's price: its machine type and `gpu_num` attached accelerators; None if one is unknown."""
+    machine = regional_price("gcp", region, machine_type, table)
+    if machine is None or not gpu_num or not gpu_type:
+        return machine
+    gpu = regional_price("gcp", region, GPU_KEY_PREFIX + gpu_type, table)
+    if gpu is None:
+        return None
+    spot = None if machine.spot is None or gpu.spot is None else machine.spot + gpu.spot * gpu_num
+    return RegionalPrice(round(machine.on_demand + gpu.on_demand * gpu_num, 4),
+                         None if spot is None else round(spot, 4), machine.region, machine.fallback or gpu.fallback)
