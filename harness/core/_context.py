@@ -234,7 +234,9 @@ def _cluster_context(info: ClusterInfo, dist: DistributedContext, storage: Check
     config = info.experiment_config
     metric_name, smaller_is_better = _searcher_metric(config)
     session = Session(info.master_url, info.session_token, retry=RetryPolicy.for_trial(os.environ))
-    reporter = MetricsReporter(session, info.trial_id, info.trial_run_id, reporter_config)
+    # The spool goes in the trial's own work dir: the agent starts the process there.
+    reporter = MetricsReporter(session, info.trial_id, info.trial_run_id,
+                               reporter_config or ReporterConfig.for_trial(os.environ, os.getcwd()))
     train = TrainContext(reporter, dist, session=session, trial_id=info.trial_id,
                          experiment_id=info.experiment_id, searcher_metric=metric_name,
                          smaller_is_better=smaller_is_better)

@@ -16,12 +16,16 @@ Surviving a master outage:
   The batch at the head is retried before anything newer, so the master sees reports in order.
 - The master stores metrics idempotently per (trial, group, stepsCompleted), so re-sending a batch
   whose response was lost is safe.
-- The buffer is bounded (`max_buffered`, 100k reports by default). When it is full, `report()`
-  BLOCKS until the sender makes room: a long outage slows training down instead of dropping
-  metrics or growing memory without bound. At most `max_buffered` reports wait plus one batch in
-  flight.
-- `close()` flushes with a deadline (`flush_timeout_s`); what cannot be delivered by then is
-  counted in `stats.lost` and logged.
+- While the master is unreachable, the sender moves what waits in memory to a spool on disk
+  (`_spool.MetricsSpool`, in `spool_dir`, the trial's work dir; at most `spool_max_bytes`) at
+  every retry, and replays it oldest first once the master answers: the order is always the
+  batch in flight, then the spool, then memory. An outage of any length costs disk, not memory.
+- Memory is bounded too (`max_buffered`, 100k reports by default). When the spool is full (or
+  there is none) and memory is full, `report()` BLOCKS until the sender makes room: a long outage
+  slows training down instead of dropping metrics or growing without bound.
+- `close()` flushes with a deadline (`flush_timeout_s`; a trial's has none unless
+  SHIPYARD_METRICS_FLUSH_TIMEOUT_S sets one: its metrics wait for the master as long as it lives);
+  what cannot be delivered by then is counted in `stats.lost` and logged.
 
 Permanent rejections (4xx) of a report are logged, counted in `stats.rejected` and raised as a
 MetricsReportError from the next `report()` (or `close()`), as Determined's Core API does; a
@@ -30,11 +34,12 @@ rejected batch is re-sent report by report so one bad report does not take its n
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -42,6 +47,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
 from harness.core import _wire
 from harness.core._session import APIError, HonourRetryAfter, NotFoundError, Session, TransientAPIError
+from harness.core._spool import MetricsSpool
 
 log = logging.getLogger("harness.core")
 
@@ -63,7 +69,21 @@ class ReporterConfig:
     max_batch: int = 1000
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 10.0
-    flush_timeout_s: float = 300.0
+    flush_timeout_s: Optional[float] = 300.0  # None: close() waits for the master however long
+    spool_dir: Optional[str] = None  # None: no spool, memory only
+    spool_max_bytes: int = 256 * 1024 * 1024
+
+    @classmethod
+    def for_trial(cls, environ: Mapping[str, str], work_dir: str) -> ReporterConfig:
+        """A trial's: spooled in its work dir (SHIPYARD_METRICS_SPOOL_MAX_BYTES, default 256 MiB),
+        waits between retries up to 10 s (less when SHIPYARD_RETRY_WAIT_MAX_S is lower: tests
+        shrink it), and no flush deadline (SHIPYARD_METRICS_FLUSH_TIMEOUT_S sets one)."""
+        defaults = cls()
+        wait_max = min(defaults.backoff_max_s, float(environ.get("SHIPYARD_RETRY_WAIT_MAX_S") or defaults.backoff_max_s))
+        flush = environ.get("SHIPYARD_METRICS_FLUSH_TIMEOUT_S")
+        return cls(backoff_initial_s=min(defaults.backoff_initial_s, wait_max), backoff_max_s=wait_max,
+                   flush_timeout_s=float(flush) if flush else None, spool_dir=work_dir,
+                   spool_max_bytes=int(environ.get("SHIPYARD_METRICS_SPOOL_MAX_BYTES") or defaults.spool_max_bytes))
 
 
 @dataclass
@@ -73,6 +93,8 @@ class ReporterStats:
     retries: int = 0  # transient failures retried
     rejected: int = 0  # reports the master refused (4xx)
     lost: int = 0  # reports dropped because the flush deadline passed
+    spooled: int = 0  # reports moved to the disk spool during outages
+    spool_peak_bytes: int = 0
     batch_endpoint: bool = True  # False once the master answered 404 to /metrics/batch
 
 
@@ -109,6 +131,9 @@ class MetricsReporter:
         self._deadline: float | None = None
         self._wake = threading.Event()
         self._error: MetricsReportError | None = None
+        # The disk spool: made at the first outage, touched only by the sender thread.
+        self._spool: MetricsSpool | None = None
+        self._spool_broken = self.config.spool_dir is None
         self.stats = ReporterStats()
         self._thread = threading.Thread(target=self._run, name="harness-metrics-reporter", daemon=True)
         self._started = False
@@ -180,16 +205,17 @@ class MetricsReporter:
         return True
 
     def close(self, timeout: float | None = None) -> ReporterStats:
-        """Flush with a deadline, stop the sender, and raise a pending MetricsReportError if any."""
+        """Flush with a deadline (`timeout`, else the config's; None there: none), stop the sender,
+        and raise a pending MetricsReportError if any."""
         timeout = self.config.flush_timeout_s if timeout is None else timeout
         with self._not_empty:
             if not self._closing:
                 self._closing = True
-                self._deadline = time.monotonic() + timeout
+                self._deadline = None if timeout is None else time.monotonic() + timeout
             self._not_empty.notify_all()
         self._wake.set()  # cut a backoff sleep short: try once more right now
         if self._started:
-            self._thread.join(timeout + 10)
+            self._thread.join(None if timeout is None else timeout + 10)
         else:
             self._drop_unsent("reporter never started")
         self._raise_pending()
@@ -197,24 +223,36 @@ class MetricsReporter:
 
     # ---- sender side (background thread) -----------------------------------------------------------
 
+    def _spooled(self) -> int:
+        return self._spool.count if self._spool is not None else 0
+
     def _run(self) -> None:
         try:
             while True:
+                spooled: list[bytes] = []
                 with self._not_empty:
-                    while not self._buf and self._progress is None and not self._closing:
+                    while (not self._buf and not self._spooled() and self._progress is None
+                           and not self._closing):
                         self._sender_idle = True
                         self._not_empty.wait()
                         self._sender_idle = False
-                    if not self._buf and self._progress is None:
+                    if not self._buf and not self._spooled() and self._progress is None:
                         return  # closing and drained
-                    n = min(len(self._buf), self.config.max_batch)
-                    batch = [self._buf.popleft() for _ in range(n)]
+                    batch: list[_Item] = []
+                    if not self._spooled():  # the spool holds older reports than memory
+                        batch = [self._buf.popleft() for _ in range(min(len(self._buf), self.config.max_batch))]
                     progress, self._progress = self._progress, None
                     self._progress_busy = progress is not None
                     self._changed.notify_all()  # room for blocked producers
                 try:
-                    if batch:
-                        self._ship(batch)
+                    if self._spool is not None and self._spool.count:
+                        spooled = self._peek_spool()
+                    if spooled:
+                        self._ship(spooled)
+                        assert self._spool is not None
+                        self._spool.pop(spooled)
+                    elif batch:
+                        self._ship([_wire.dumps(self._body(item)) for item in batch])
                     if progress is not None:
                         self._ship_progress(progress)
                 except _GaveUp:
@@ -224,22 +262,76 @@ class MetricsReporter:
                     log.exception("event=metrics_sender_error trial_id=%s", self._trial_id)
                     self._set_error(MetricsReportError(f"metrics sender failed: {e!r}"))
                 with self._changed:
-                    self._done += n
+                    self._done += len(batch) + len(spooled)
                     self._progress_busy = False
                     self._changed.notify_all()
         finally:
+            if self._spool is not None:
+                self._spool.close()
             with self._changed:
                 self._stopped = True
                 self._changed.notify_all()
 
+    def _peek_spool(self) -> list[bytes]:
+        """The oldest spooled reports; an unreadable spool counts its reports as lost."""
+        assert self._spool is not None
+        try:
+            return self._spool.peek(self.config.max_batch)
+        except OSError as e:
+            lost = self._spool.count
+            log.error("event=metrics_spool_unreadable trial_id=%s path=%s lost=%d error=%r", self._trial_id,
+                      self._spool.path, lost, str(e))
+            self._spool.close()
+            self._spool, self._spool_broken = None, True
+            self.stats.lost += lost
+            with self._changed:
+                self._done += lost
+                self._changed.notify_all()
+            self._set_error(MetricsReportError(f"{lost} metrics reports were lost with the spool: {e}"))
+            return []
+
+    def _spill(self) -> None:
+        """Move what waits in memory to the disk spool, oldest first, as far as it fits. Only the
+        sender removes from the left of the buffer, so the copied prefix is still there to drop."""
+        if self._spool_broken:
+            return
+        with self._not_empty:
+            items = list(self._buf)
+        if not items:
+            return
+        try:
+            if self._spool is None:
+                assert self.config.spool_dir is not None
+                self._spool = MetricsSpool(self.config.spool_dir, self.config.spool_max_bytes)
+                log.info("event=metrics_spool_opened trial_id=%s path=%s max_bytes=%d", self._trial_id,
+                         self._spool.path, self.config.spool_max_bytes)
+            taken = self._spool.append([_wire.dumps(self._body(item)) for item in items])
+        except OSError as e:
+            # Unwritable (full disk, read-only dir): memory alone from now on, blocking when full.
+            log.warning("event=metrics_spool_unavailable trial_id=%s dir=%s error=%r", self._trial_id,
+                        self.config.spool_dir, str(e))
+            self._spool_broken = True
+            return
+        if not taken:
+            return
+        self.stats.spooled += taken
+        self.stats.spool_peak_bytes = max(self.stats.spool_peak_bytes, self._spool.live_bytes)
+        with self._changed:
+            for _ in range(taken):
+                self._buf.popleft()
+            self._changed.notify_all()  # room for a blocked producer
+
     def _drop_unsent(self, why: str, in_flight: int = 0) -> None:
         with self._changed:
-            lost = in_flight + len(self._buf)
+            lost = in_flight + len(self._buf) + self._spooled()
             self._buf.clear()
             self._progress = None
             self._progress_busy = False
             self._done = self._enqueued
             self._changed.notify_all()
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
         if lost:
             self.stats.lost += lost
             log.error("event=metrics_lost trial_id=%s count=%d reason=%r", self._trial_id, lost, why)
@@ -265,32 +357,31 @@ class MetricsReporter:
             },
         }
 
-    def _ship(self, batch: list[_Item]) -> None:
-        bodies = [self._body(item) for item in batch]
-        # Encoded one by one so a report with NaN or numpy values does not push the whole batch
-        # off the C encoder's fast path; the pieces are reused if we fall back to single posts.
-        encoded = [_wire.dumps(b) for b in bodies]
+    def _ship(self, encoded: list[bytes]) -> None:
+        """Deliver encoded reports (one `_wire.dumps` of a body each: encoded one by one so a report
+        with NaN or numpy values does not push the whole batch off the C encoder's fast path, and
+        reused if we fall back to single posts)."""
         if self.stats.batch_endpoint:
             try:
                 self._send(self._batch_path, b'{"reports":[' + b",".join(encoded) + b"]}")
-                self.stats.sent += len(bodies)
+                self.stats.sent += len(encoded)
                 return
             except NotFoundError:
                 self.stats.batch_endpoint = False
                 log.info("event=metrics_batch_unsupported trial_id=%s action=one_request_per_report",
                          self._trial_id)
             except APIError as e:
-                if len(bodies) == 1:
-                    self._reject(bodies[0], e)
+                if len(encoded) == 1:
+                    self._reject(encoded[0], e)
                     return
                 log.warning("event=metrics_batch_rejected trial_id=%s size=%d error=%r action=resend_singly",
-                            self._trial_id, len(bodies), str(e))
-        for body, raw in zip(bodies, encoded):
+                            self._trial_id, len(encoded), str(e))
+        for raw in encoded:
             try:
                 self._send(self._single_path, raw)
                 self.stats.sent += 1
             except APIError as e:
-                self._reject(body, e)
+                self._reject(raw, e)
 
     def _ship_progress(self, progress: float) -> None:
         try:
@@ -299,8 +390,9 @@ class MetricsReporter:
             # Progress only feeds the UI; a refusal is worth a log line, not a failed trial.
             log.warning("event=progress_rejected trial_id=%s error=%r", self._trial_id, str(e))
 
-    def _reject(self, body: dict[str, Any], e: APIError) -> None:
+    def _reject(self, raw: bytes, e: APIError) -> None:
         self.stats.rejected += 1
+        body = json.loads(raw)
         group, steps = body["group"], body["metrics"]["stepsCompleted"]
         log.error("event=metrics_rejected trial_id=%s group=%s steps_completed=%s error=%r",
                   self._trial_id, group, steps, str(e))
@@ -317,8 +409,8 @@ class MetricsReporter:
             self.stats.retries += 1
             if state.attempt_number == 1 or state.attempt_number % 10 == 0:
                 exc = state.outcome.exception() if state.outcome else None
-                log.warning("event=metrics_send_retry trial_id=%s attempt=%d pending=%d error=%r",
-                            self._trial_id, state.attempt_number, len(self._buf), str(exc))
+                log.warning("event=metrics_send_retry trial_id=%s attempt=%d pending=%d spooled=%d error=%r",
+                            self._trial_id, state.attempt_number, len(self._buf), self._spooled(), str(exc))
 
         sleep: Callable[[float], None] = self._sleep
         try:
@@ -338,6 +430,8 @@ class MetricsReporter:
         self.stats.requests += 1
 
     def _sleep(self, seconds: float) -> None:
+        # The master is unreachable: what piled up in memory goes to disk while we wait.
+        self._spill()
         if self._deadline is not None:
             seconds = max(0.0, min(seconds, self._deadline - time.monotonic()))
         if self._wake.wait(seconds):

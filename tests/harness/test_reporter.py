@@ -6,6 +6,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,7 +40,7 @@ def make_reporter(fake_master: FakeMaster) -> Iterator[Callable[..., MetricsRepo
     yield make
     for r in made:
         try:
-            r.close(timeout=min(1.0, r.config.flush_timeout_s))
+            r.close(timeout=min(1.0, r.config.flush_timeout_s or 1.0))
         except MetricsReportError:
             pass
 
@@ -145,26 +146,31 @@ def test_batch_endpoint_missing_falls_back_to_one_request_per_report(
     assert r.stats.batch_endpoint is False
 
 
+def _produce_in_thread(r: MetricsReporter, n: int) -> tuple[threading.Thread, list[int]]:
+    """Report steps 1..n from a thread (a training loop that may block); `done[0]` counts them."""
+    done = [0]
+
+    def produce() -> None:
+        for step in range(1, n + 1):
+            r.report("training", step, {"loss": 0.0})
+            done[0] += 1
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    return t, done
+
+
 def test_full_buffer_blocks_the_caller_instead_of_dropping(fake_master: FakeMaster,
                                                            make_reporter: Callable[..., MetricsReporter]) -> None:
     cfg = ReporterConfig(max_buffered=20, max_batch=5, backoff_initial_s=0.01, backoff_max_s=0.05)
     r = make_reporter(cfg)
     fake_master.fail_with(503)
-    done = 0
-
-    def produce() -> None:
-        nonlocal done
-        for step in range(1, 101):
-            r.report("training", step, {"loss": 0.0})
-            done += 1
-
-    t = threading.Thread(target=produce, daemon=True)
-    t.start()
+    t, done = _produce_in_thread(r, 100)
     wait_until(lambda: r.pending >= cfg.max_buffered)
     time.sleep(0.3)  # give a non-blocking implementation every chance to run ahead
     assert t.is_alive()
     # Waiting: at most the buffer plus the one batch the sender is retrying.
-    assert done <= cfg.max_buffered + cfg.max_batch
+    assert done[0] <= cfg.max_buffered + cfg.max_batch
     fake_master.restore()
     t.join(30)
     assert not t.is_alive()
@@ -228,3 +234,86 @@ def test_report_never_touches_the_network(fake_master: FakeMaster,
     per_call_ns = (time.perf_counter_ns() - t0) / n
     record_property("report_ns_per_call", per_call_ns)
     assert r.pending > 0  # nothing was delivered, yet every call returned
+
+
+# ---- the disk spool (issue 27: outages of any length) -------------------------------------------------
+
+def _spool_files(d: Path) -> list[Path]:
+    return sorted(d.glob(".shipyard-metrics-spool-*"))
+
+
+@pytest.mark.parametrize("outage", ["503", "refused"])
+def test_an_outage_spools_to_disk_not_memory_and_replays_in_order(
+        outage: str, tmp_path: Path, fake_master: FakeMaster, make_reporter: Callable[..., MetricsReporter]) -> None:
+    """While the master is away the reports move to the spool in the work dir, so the training
+    loop never blocks although memory holds at most 50; when the master is back they arrive once
+    each, oldest first, and the spool file is gone after close."""
+    r = make_reporter(ReporterConfig(max_buffered=50, max_batch=40, backoff_initial_s=0.01, backoff_max_s=0.05,
+                                     spool_dir=str(tmp_path)))
+    r.report("training", 1, {"loss": 1.0})
+    assert r.flush(timeout=30)
+    assert _spool_files(tmp_path) == []  # no outage, no spool
+    fake_master.fail_with(503) if outage == "503" else fake_master.refuse()
+    most_in_memory = 0
+    for step in range(2, 3002):
+        r.report("training", step, {"loss": float(step), "text": "x" * 50})
+        most_in_memory = max(most_in_memory, len(r._buf))
+        if step % 500 == 0:
+            time.sleep(0.1)  # let the sender retry (and spill) a few times
+    # All but the batch in flight (at most 40, the oldest) went to disk.
+    wait_until(lambda: r.stats.spooled >= 3000 - 40 and not r._buf)
+    assert most_in_memory <= 50  # a blocking reporter would have stopped at 50: it never waited
+    (spool,) = _spool_files(tmp_path)
+    assert spool.stat().st_size > 2960 * 50
+    fake_master.restore()
+    r.close(timeout=60)
+    assert delivered_steps(fake_master) == list(range(1, 3002))
+    raw = [rep["metrics"]["stepsCompleted"] for rep in fake_master.metric_reports()]
+    assert raw == sorted(raw)  # replayed oldest first, memory after the spool
+    assert r.stats.lost == 0 and r.stats.sent >= 3001 and r.stats.spool_peak_bytes > 0
+    assert _spool_files(tmp_path) == []
+
+
+def test_a_full_spool_blocks_the_caller_and_loses_nothing(
+        tmp_path: Path, fake_master: FakeMaster, make_reporter: Callable[..., MetricsReporter]) -> None:
+    cfg = ReporterConfig(max_buffered=20, max_batch=5, backoff_initial_s=0.01, backoff_max_s=0.05,
+                         spool_dir=str(tmp_path), spool_max_bytes=4000)
+    r = make_reporter(cfg)
+    fake_master.fail_with(503)
+    t, done = _produce_in_thread(r, 300)
+    wait_until(lambda: r.stats.spooled > 0 and r.pending >= cfg.max_buffered + r.stats.spooled)
+    time.sleep(0.3)
+    assert t.is_alive() and done[0] < 300  # bounded: the spool's bytes plus memory, then it waits
+    (spool,) = _spool_files(tmp_path)
+    assert spool.stat().st_size <= cfg.spool_max_bytes
+    fake_master.restore()
+    t.join(30)
+    assert not t.is_alive()
+    r.close(timeout=60)
+    assert delivered_steps(fake_master) == list(range(1, 301))
+    assert r.stats.lost == 0
+
+
+def test_close_without_a_deadline_waits_for_the_master(
+        tmp_path: Path, fake_master: FakeMaster, make_reporter: Callable[..., MetricsReporter]) -> None:
+    """A trial's reporter (no flush deadline) waits for as long as the master is away."""
+    r = make_reporter(ReporterConfig(backoff_initial_s=0.01, backoff_max_s=0.05, flush_timeout_s=None,
+                                     spool_dir=str(tmp_path)))
+    fake_master.refuse()
+    for step in range(1, 101):
+        r.report("training", step, {"loss": 0.0})
+    closed = threading.Event()
+    threading.Thread(target=lambda: (r.close(), closed.set()), daemon=True).start()
+    assert not closed.wait(1.5)  # well past ten backoff caps: still trying
+    fake_master.restore()
+    assert closed.wait(30)
+    assert delivered_steps(fake_master) == list(range(1, 101)) and r.stats.lost == 0
+
+
+def test_the_trial_config_comes_from_the_environment(tmp_path: Path) -> None:
+    cfg = ReporterConfig.for_trial({"SHIPYARD_RETRY_WAIT_MAX_S": "0.5", "SHIPYARD_METRICS_SPOOL_MAX_BYTES": "1000"},
+                                   str(tmp_path))
+    assert (cfg.backoff_max_s, cfg.flush_timeout_s, cfg.spool_dir, cfg.spool_max_bytes) == (
+        0.5, None, str(tmp_path), 1000)
+    cfg = ReporterConfig.for_trial({"SHIPYARD_METRICS_FLUSH_TIMEOUT_S": "60"}, str(tmp_path))
+    assert (cfg.backoff_max_s, cfg.flush_timeout_s, cfg.spool_max_bytes) == (10.0, 60.0, 256 * 1024 * 1024)
