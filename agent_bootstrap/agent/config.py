@@ -61,6 +61,9 @@ class AgentConfig(BaseModel):
     # dropped (and the drop is reported) rather than blocking the task's pipes.
     log_buffer_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     model_def_max_bytes: int = Field(96 * 1024 * 1024, gt=0)
+    # Attempts at fetching a task's model definition while the master does not answer; None (the
+    # default): for as long as the task is wanted, like every other retry of the agent.
+    model_def_fetch_attempts: Optional[int] = Field(None, ge=1)
     keep_task_dirs: bool = False
     # Who tasks run as (agent/identity.py): `per_user` (a root agent runs each Shipyard user's tasks
     # as uid/gid task_uid_base + user id, never as root) or `agent` (as the agent's own user).
@@ -183,6 +186,8 @@ _OPTIONS: list[tuple[str, Any, str]] = [
     ("log_batch_lines", int, "flush task logs when this many lines are buffered (default 500)"),
     ("log_buffer_bytes", int, "bound of buffered task logs while the master is unreachable"),
     ("model_def_max_bytes", int, "refuse model definitions that unpack to more than this"),
+    ("model_def_fetch_attempts", int, "give up fetching a task's model definition after this many failed "
+                                      "attempts (default: never, while the task is wanted)"),
     ("task_user", str, "who tasks run as: per_user (default; a root agent runs each user's tasks as "
                        "uid task_uid_base + user id) or agent (the agent's own user)"),
     ("task_uid_base", int, "per_user: the uid/gid of user N's tasks is this + N (default 200000)"),

@@ -19,6 +19,11 @@ Connection rules (docs/PROTOCOL.md):
     was lost) makes it give up: it kills its tasks, runs `on_connection_lost` once and exits with
     EXIT_CONNECTION_LOST. (Tasks are killed before the hook so that a hook that powers the
     instance off runs last.)
+  * registration lists the tasks still running and those that exited while the master was away
+    and whose exit event it has not taken yet: the master keeps their allocations for that event
+    (its exit code decides whether the trial's restarts count it), instead of ending them as lost.
+  * every other wait on the master (events, logs, the model definition) retries with a backoff
+    capped at `retry_cap()` and has no bound by default; `model_def_fetch_attempts` sets one.
   * 409 on a poll: the session was replaced, register again at once (not a failure).
   * identity (credential.py): the first registration enrols the agent with the token it was given
     and returns its own credential, stored in the work dir and used from then on. A credential
@@ -52,7 +57,14 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_never,
+    stop_when_event_set,
+    wait_random_exponential,
+)
 
 from agent_bootstrap.agent import __version__, determined_env, identity, interruption
 from agent_bootstrap.agent.client import (
@@ -251,7 +263,8 @@ class EventOutbox:
                     log.warning("event=task_events_undelivered events=%d failures=%d error=%r",
                                 len(batch), failures, e.message)
                 with self._cond:
-                    self._cond.wait_for(lambda: self._closing, timeout=backoff_delay(failures, 0.5, 5.0, random.random()))
+                    delay = backoff_delay(failures, 0.5, self.agent.retry_cap(), random.random())
+                    self._cond.wait_for(lambda: self._closing, timeout=delay)
                     if self._closing:
                         return
                 continue
@@ -313,7 +326,8 @@ class Agent:
 
         self.shipper = LogShipper(HttpLogSink(self._client_factory(), self.agent_id),
                                   flush_interval=config.log_flush_interval, batch_lines=config.log_batch_lines,
-                                  max_buffer_bytes=config.log_buffer_bytes)
+                                  max_buffer_bytes=config.log_buffer_bytes,
+                                  retry_cap=min(5.0, config.agent_reconnect_backoff_max))
         self.outbox = EventOutbox(self, self._client_factory())
         self._control = threading.Thread(target=self._control_main, name="control", daemon=True)
         self._watcher: interruption.InterruptionWatcher | None = None
@@ -498,6 +512,11 @@ class Agent:
             cap = min(cap, self._master_backoff_cap)
         return max(cap, 0.05)
 
+    def retry_cap(self) -> float:
+        """Cap of one wait between deliveries of events, logs and the model definition while the
+        master does not answer: 5 s, or the reconnect cap when that is lower (tests shrink it)."""
+        return min(5.0, self._backoff_cap())
+
     def _give_up_reason(self, failed: int, lost_since: float) -> str | None:
         """Why the agent stops trying, if an explicit limit says so (by default it never does)."""
         attempts = self.config.agent_reconnect_attempts
@@ -578,7 +597,13 @@ class Agent:
 
     def _register(self, client: MasterClient) -> None:
         with self._tasks_lock:
-            running = sorted(a for a, t in self._tasks.items() if t.state != "exited")
+            # A task whose exit the master has not heard yet (it ended while the master was away)
+            # is still this agent's to report: listed, the master keeps its allocation until the
+            # exit event that follows this registration, which carries the exit code (a failure
+            # then counts in the trial's restarts). Unlisted, it would end as "agent restarted
+            # without it", an infrastructure cause that counts nowhere.
+            running = sorted(a for a, t in self._tasks.items()
+                             if t.state != "exited" or self.outbox.has_pending(a, "exited"))
         req = RegisterRequest(agent_id=self.agent_id, resource_pool=self.config.resource_pool, version=__version__,
                               slots=[s.info() for s in self.slots], running_allocations=running,
                               addresses=outbound_addresses(self.config.master_url),
@@ -720,9 +745,14 @@ class Agent:
 
         spec = task.spec
         assert spec is not None and spec.model_definition_path
+        # The master may be away (restarting): keep asking while the task is wanted and the agent
+        # runs, unless model_def_fetch_attempts bounds it.
+        attempts = self.config.model_def_fetch_attempts
+        stop = stop_when_event_set(task.kill_requested) | stop_when_event_set(self._stop)
+        stop = stop | (stop_after_attempt(attempts) if attempts is not None else stop_never)
         client = self._client_factory()
         try:
-            retrying = Retrying(stop=stop_after_attempt(5), wait=wait_random_exponential(multiplier=0.5, max=8),
+            retrying = Retrying(stop=stop, wait=wait_random_exponential(multiplier=0.5, max=self.retry_cap()),
                                 retry=retry_if_exception_type(MasterUnavailable), reraise=True,
                                 sleep=lambda s: task.kill_requested.wait(s))
             archive = retrying(client.fetch_model_definition, spec.model_definition_path, spec.token)
@@ -750,7 +780,8 @@ class Agent:
                 try:
                     self._fetch_model_definition(task, workdir)
                 except (MasterUnavailable, AuthRefused, RequestRefused) as e:
-                    raise _SetupError(f"could not fetch the model definition: {e.message}") from None
+                    if not task.kill_requested.is_set():  # killed while waiting: reported below
+                        raise _SetupError(f"could not fetch the model definition: {e.message}") from None
             if task.kill_requested.is_set():
                 self._exited(task, None, f"{task.kill_reason} before the process started")
                 return

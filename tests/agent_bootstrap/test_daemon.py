@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from agent_bootstrap.agent.client import MasterUnavailable
 from agent_bootstrap.agent.config import AgentConfig
 from agent_bootstrap.agent.daemon import SETUP_FAILED, Agent, task_environment
 from agent_bootstrap.agent.devices import Slot
 from agent_bootstrap.agent.logship import LogLine, LogShipper
 from agent_bootstrap.agent.runtime import LaunchSpec, ProcessRuntime, TaskHandle
-from shipyard_common.agent_protocol import StartCommand, TaskSpec
+from shipyard_common.agent_protocol import RegisterRequest, RegisterResponse, StartCommand, TaskSpec
+from shipyard_common.model_def import ModelFile, pack_model_definition
 
 GPUS = [Slot(id="0", type="cuda", brand="A10G", uuid="GPU-aaa", index=0),
         Slot(id="1", type="cuda", brand="A10G", uuid="GPU-bbb", index=1)]
@@ -230,3 +232,90 @@ def test_without_an_explicit_limit_the_agent_never_gives_up(agent: Agent, tmp_pa
     assert limited._give_up_reason(failed=2, lost_since=time.monotonic()) is None
     assert "3 connection attempts failed" in (limited._give_up_reason(3, time.monotonic()) or "")
     assert "reconnect_give_up_s=60" in (limited._give_up_reason(1, time.monotonic() - 61) or "")
+
+
+# ---- outages of any length (issue 27) ---------------------------------------------------------------
+
+class _AwayThenBackMaster:
+    """In place of the master's HTTP client: refuses `failures` model-definition fetches (a master
+    that is away), then serves the archive; records registrations."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.fetches = 0
+        self.registered: list[RegisterRequest] = []
+
+    def fetch_model_definition(self, path: str, token: str | None) -> bytes:
+        self.fetches += 1
+        if self.fetches <= self.failures:
+            raise MasterUnavailable(f"GET {path}: ConnectError: connection refused")
+        return pack_model_definition([ModelFile(path="train.sh", content=b"echo trained\n", mode=0o644,
+                                                is_dir=False)])
+
+    def register(self, req: RegisterRequest, token: str | None = None) -> RegisterResponse:
+        self.registered.append(req)
+        return RegisterResponse(session_id="s-2")
+
+    def close(self) -> None:
+        pass
+
+
+def _agent_against(master: _AwayThenBackMaster, tmp_path: Path) -> Agent:
+    config = AgentConfig(master_url="http://127.0.0.1:9", agent_id="agent-3", work_dir=tmp_path / "work3",
+                         agent_reconnect_backoff=0.01, agent_reconnect_backoff_max=0.05)
+    a = Agent(config, "agent-secret", GPUS, ProcessRuntime(poll_interval=0.02), base_env=dict(os.environ),
+              client_factory=lambda: master)  # type: ignore[arg-type, return-value]
+    a.tasks_dir.mkdir(parents=True)
+    a.shipper = LogShipper(ListSink(), flush_interval=0.01).start()
+    return a
+
+
+def test_the_model_definition_is_fetched_however_long_the_master_is_away(tmp_path: Path) -> None:
+    """Forty refusals (the old bound was five) and the task still starts once the master answers."""
+    master = _AwayThenBackMaster(failures=40)
+    a = _agent_against(master, tmp_path)
+    try:
+        start(a, "m1", "sh train.sh", model_definition_path="/api/v1/tasks/m1/model_def")
+        join(a, "m1")
+        assert master.fetches == 41
+        assert [(e["type"], e.get("exitCode")) for e in events(a, "m1")][-1] == ("exited", 0)
+        assert shipped(a, "m1") == "trained\n"
+    finally:
+        a.shipper.close(timeout=5)
+        a.runtime.close()
+
+
+def test_a_task_killed_while_its_model_definition_waits_for_the_master_ends_killed(tmp_path: Path) -> None:
+    master = _AwayThenBackMaster(failures=10**9)
+    a = _agent_against(master, tmp_path)
+    try:
+        start(a, "m2", "sh train.sh", model_definition_path="/api/v1/tasks/m2/model_def")
+        time.sleep(0.3)
+        a._kill("m2", 1.0, "killed at the master's request")
+        join(a, "m2")
+        last = events(a, "m2")[-1]
+        assert last["type"] == "exited" and last.get("exitCode") is None
+        assert last["message"] == "killed at the master's request before the process started"
+    finally:
+        a.shipper.close(timeout=5)
+        a.runtime.close()
+
+
+def test_a_task_that_exited_while_the_master_was_away_is_reregistered_until_its_exit_is_heard(
+        agent: Agent) -> None:
+    """Its exit event waits in the outbox: the registration lists it, so the master keeps the
+    allocation for the exit code that follows (a failure then counts in the trial's restarts)."""
+    start(agent, "r1", [sys.executable, "-c", "raise SystemExit(3)"])
+    start(agent, "r2", [sys.executable, "-c", "import time; time.sleep(30)"])
+    join(agent, "r1")
+    master = _AwayThenBackMaster(failures=0)
+    agent._register(master)  # type: ignore[arg-type]
+    assert master.registered[-1].running_allocations == ["r1", "r2"]
+    assert events(agent, "r1")[-1]["exitCode"] == 3
+    # Once the master took the exit, the next registration no longer lists it.
+    with agent.outbox._cond:
+        agent.outbox._pending = [e for e in agent.outbox._pending if e.allocation_id != "r1"]
+    agent._register(master)  # type: ignore[arg-type]
+    assert master.registered[-1].running_allocations == ["r2"]
+    agent._kill("r2", 0.5, "test over")
+    join(agent, "r2")
