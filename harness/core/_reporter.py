@@ -303,7 +303,7 @@ class MetricsReporter:
             if self._spool is None:
                 assert self.config.spool_dir is not None
                 self._spool = MetricsSpool(self.config.spool_dir, self.config.spool_max_bytes)
-                log.info("event=metrics_spool_opened trial_id=%s path=%s max_bytes=%d", self._trial_id,
+                log.warning("event=metrics_spool_opened trial_id=%s path=%s max_bytes=%d", self._trial_id,
                          self._spool.path, self.config.spool_max_bytes)
             taken = self._spool.append([_wire.dumps(self._body(item)) for item in items])
         except OSError as e:
