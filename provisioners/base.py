@@ -33,6 +33,7 @@ TAG_CLUSTER = "shipyard:cluster-id"
 TAG_POOL = "shipyard:pool"
 TAG_MASTER = "shipyard:master"
 TAG_LAUNCH_ID = "shipyard:launch-id"
+TAG_CAPACITY = "shipyard:capacity"  # spot | on-demand, as the instance was bought
 MANAGED_BY_VALUE = "shipyard"
 
 
@@ -85,14 +86,76 @@ class ProviderError(Exception):
         return f"{self.kind.value}{code}{where}: {self.args[0]}"
 
 
+class Capacity(enum.StrEnum):
+    """A pool's `capacity`: what its instances are bought as. `spot: true` is `capacity: spot`."""
+
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+    SPOT_THEN_ON_DEMAND = "spot-then-on-demand"  # spot, and on demand when no spot capacity is left
+
+    @property
+    def spot_choices(self) -> tuple[bool, ...]:
+        """Whether each way to buy an instance is spot, in the order they are tried."""
+        return {Capacity.SPOT: (True,), Capacity.ON_DEMAND: (False,),
+                Capacity.SPOT_THEN_ON_DEMAND: (True, False)}[self]
+
+
+def capacity_of(capacity: str | None, spot: bool, spot_set: bool) -> tuple[Capacity | None, str | None]:
+    """A pool's effective capacity from its `capacity` and legacy `spot` settings, or the problem
+    with them: `spot: true` means `capacity: spot`; an explicit `spot` that says otherwise than
+    `capacity` is refused rather than guessed."""
+    if capacity is None:
+        return (Capacity.SPOT if spot else Capacity.ON_DEMAND), None
+    try:
+        mode = Capacity(capacity)
+    except ValueError:
+        return None, f"must be one of {', '.join(c.value for c in Capacity)}, got {capacity!r}"
+    if spot_set and (mode is Capacity.SPOT) != spot:
+        return None, (f"contradicts spot: {str(spot).lower()} (spot: true means capacity: spot; "
+                      f"set one of them)")
+    return mode, None
+
+
+@dataclass(frozen=True)
+class LaunchChoice:
+    """One way to launch an instance: an instance (machine) type, bought spot or on demand."""
+
+    instance_type: str
+    spot: bool = False
+
+
+@dataclass(frozen=True)
+class InstanceOffer:
+    """An instance type a pool may launch in one capacity, the slots it brings and its estimated
+    price in USD per hour (None: not in the price catalogue): what the scale decider chooses from."""
+
+    instance_type: str
+    slots: int
+    spot: bool
+    usd_per_hour: float | None
+
+    @property
+    def choice(self) -> LaunchChoice:
+        return LaunchChoice(self.instance_type, self.spot)
+
+
+def offers_of(provider: object) -> tuple[InstanceOffer, ...]:
+    """The offers of a provider that launches several types or capacities; () when it launches one."""
+    offers = getattr(provider, "offers", None)
+    return tuple(offers()) if callable(offers) else ()
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """One instance to launch. `launch_id` is chosen by the master and recorded before the call;
     it is the idempotency key (AWS ClientToken / GCE requestId) and is tagged on the instance so
-    that a crash between launch and record can be healed by the orphan sweep."""
+    that a crash between launch and record can be healed by the orphan sweep. `choices`: the
+    types and capacities to try, in order, moving on when the cloud has no capacity for one in any
+    location; (): the pool's own types in their capacities, cheapest first."""
 
     launch_id: str
     user_data: str
+    choices: tuple[LaunchChoice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +240,9 @@ class InstanceSummary:
     instance_type: str = ""
     spot: bool = False
     slots_per_instance: int | None = None  # None: known only once the provider is built (an unlisted AWS type)
+    # A pool of several types: each with its slots (None: unknown until built) and price.
+    offers: tuple[InstanceOffer, ...] = ()
+    capacity: str = ""  # spot | on-demand | spot-then-on-demand
 
 
 class ProviderSettings(StrictSettings):

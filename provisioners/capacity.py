@@ -1,5 +1,7 @@
 """Per-scope capacity memory: a subnet (AWS) or zone (GCP) that answered "no capacity" for an instance
-type is skipped for a cool-down, instead of being tried first by every later batch.
+type is skipped for a cool-down, instead of being tried first by every later batch; and the failover
+across instance types (`launch_with_failover`): a launch whose type has no capacity left in any
+location goes on as its next choice.
 
 A pure table: the provider passes `now` in (its clock is injected), nothing here reads the clock or
 talks to a cloud. It is soft state, safe to lose: a restarted master tries every location once more
@@ -9,13 +11,22 @@ and learns again. The autoscaler copies `snapshot()` into the pool's record, whe
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from provisioners.base import ErrorKind, ErrorScope, ProviderError
+from provisioners.base import (
+    CloudInstance,
+    ErrorKind,
+    ErrorScope,
+    LaunchChoice,
+    LaunchResult,
+    LaunchSpec,
+    ProviderError,
+)
 
 DEFAULT_CAPACITY_COOLDOWN_S = 600  # 10 minutes: long enough to stop wasting calls, short enough to come back
 
@@ -107,3 +118,46 @@ def all_cooling_error(cooling: list[Cooldown], instance_type: str, what: str) ->
         code=soonest.code,
         location=",".join(c.location for c in cooling),
     )
+
+
+def choice_key(choice: LaunchChoice) -> str:
+    """The capacity memory's key of a launch choice: its type, and whether it is spot (spot capacity
+    runs out apart from on-demand capacity)."""
+    return f"{choice.instance_type}{' (spot)' if choice.spot else ''}"
+
+
+def launch_with_failover(specs: Sequence[LaunchSpec], defaults: tuple[LaunchChoice, ...],
+                         launch_one: Callable[[LaunchChoice, list[LaunchSpec]], LaunchResult],
+                         log: logging.Logger, pool: str) -> LaunchResult:
+    """Launch each spec as its first choice (its `choices`, else `defaults`); the specs a choice found
+    no capacity for, in any location, go on to their next choice (the next-cheapest type that fits,
+    or on demand after spot), so a type out of capacity fails over like a zone. `launch_one(choice,
+    specs)` is the provider's launch of one choice, whose locations it walks itself (and cools down
+    in its CapacityMemory, so the next launch skips them). Any other error stops the launch."""
+    launched: list[CloudInstance] = []
+    groups: dict[tuple[LaunchChoice, ...], list[LaunchSpec]] = {}
+    for spec in specs:
+        groups.setdefault(spec.choices or defaults, []).append(spec)
+    last: ProviderError | None = None
+    for choices, group in groups.items():
+        remaining = group
+        for n, choice in enumerate(choices):
+            result = launch_one(choice, [replace(s, choices=(choice,)) for s in remaining])
+            launched += result.launched
+            done = {ci.launch_id for ci in result.launched}
+            remaining = [s for s in remaining if s.launch_id not in done]
+            if result.error is None or not remaining:
+                break
+            if result.error.kind is not ErrorKind.CAPACITY:
+                return LaunchResult(tuple(launched), result.error)
+            last = result.error
+            if n + 1 < len(choices):
+                log.warning("event=launch_type_failover pool=%s from=%r to=%r remaining=%d error=%r", pool,
+                            choice_key(choice), choice_key(choices[n + 1]), len(remaining), str(result.error))
+        if remaining and last is not None:
+            tried = ", ".join(choice_key(c) for c in choices)
+            error = ProviderError(last.kind, f"no capacity for {len(remaining)} instance(s) as any of {tried}; "
+                                             f"last: {last.args[0]}", scope=last.scope, code=last.code,
+                                  location=last.location)
+            return LaunchResult(tuple(launched), error)
+    return LaunchResult(tuple(launched))

@@ -31,6 +31,7 @@ from provisioners.aws.config import AwsPoolConfig
 from provisioners.aws.errors import classify_error, error_code, error_message, is_transient, transport_error
 from provisioners.base import (
     MANAGED_BY_VALUE,
+    TAG_CAPACITY,
     TAG_CLUSTER,
     TAG_LAUNCH_ID,
     TAG_MANAGED_BY,
@@ -41,14 +42,23 @@ from provisioners.base import (
     CloudState,
     ErrorKind,
     ErrorScope,
+    InstanceOffer,
+    LaunchChoice,
     LaunchResult,
     LaunchSpec,
     Provider,
     ProviderContext,
     ProviderError,
 )
-from provisioners.capacity import CapacityMemory, Cooldown, all_cooling_error
+from provisioners.capacity import (
+    CapacityMemory,
+    Cooldown,
+    all_cooling_error,
+    choice_key,
+    launch_with_failover,
+)
 from provisioners.retry import RetryAttempt, RetryPolicy, call_with_retries
+from shipyard_common import clouds
 
 # The package's name: operators filter the provider's log lines by it.
 log = logging.getLogger("provisioners.aws")
@@ -111,7 +121,7 @@ class AwsProvider(Provider):
         self.cluster_id = cluster_id
         self.pool = pool
         self.master_url = master_url
-        self._slots: int | None = cfg.instance_slots
+        self._slots: dict[str, int] = {t: cfg.instance_slots for t in cfg.types} if cfg.instance_slots else {}
         self._root_device_name: str | None = cfg.root_device_name
         self._clock = clock or (lambda: datetime.now(UTC))
         self.capacity = CapacityMemory(timedelta(seconds=cfg.capacity_cooldown_s))
@@ -133,13 +143,23 @@ class AwsProvider(Provider):
     # -- public API -------------------------------------------------------------------------
 
     def resolve_instance_slots(self) -> int:
-        """Slots one instance brings: `instance_slots`, else its GPU count from DescribeInstanceTypes.
+        """Slots one instance brings (the largest type's, in a pool of several): `instance_slots`,
+        else each type's GPU count from the catalogue or DescribeInstanceTypes.
 
         Raises ProviderError(INVALID) for an instance type AWS does not know in this region, and for
         a type without GPUs when `instance_slots` is not set (a CPU pool must say how many slots)."""
-        if self._slots is not None:
-            return self._slots
-        instance_type = self.cfg.instance_type
+        return max(self._resolve_slots(t) for t in self.cfg.types)
+
+    def offers(self) -> tuple[InstanceOffer, ...]:
+        """Each type in each capacity the pool buys, with its slots and regional price."""
+        return self.cfg.offers({t: self._resolve_slots(t) for t in self.cfg.types})
+
+    def _resolve_slots(self, instance_type: str) -> int:
+        if instance_type in self._slots:
+            return self._slots[instance_type]
+        if len(self.cfg.types) > 1 and (known := clouds.aws_gpus(instance_type)):
+            self._slots[instance_type] = known
+            return known
         try:
             resp = self._call(
                 "DescribeInstanceTypes", self._ec2.describe_instance_types, InstanceTypes=[instance_type]
@@ -171,7 +191,7 @@ class AwsProvider(Provider):
                 code="NoGpus",
                 location=self.cfg.region,
             )
-        self._slots = gpus
+        self._slots[instance_type] = gpus
         log.info(_kv(event="aws_instance_slots", pool=self.pool, instance_type=instance_type, slots=gpus))
         return gpus
 
@@ -202,10 +222,21 @@ class AwsProvider(Provider):
         except ProviderError as err:
             self._log_launch_failed(err, launched=0, remaining=len(specs))
             return LaunchResult(launched=(), error=err)
+        return launch_with_failover(specs, self._default_choices(),
+                                    lambda choice, todo: self._launch_choice(choice, todo, root_device_name),
+                                    log, self.pool)
 
+    def _default_choices(self) -> tuple[LaunchChoice, ...]:
+        """A spec without choices: the pool's types in their capacities, cheapest first."""
+        offers = sorted(self.cfg.offers(), key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0))
+        return tuple(o.choice for o in offers)
+
+    def _launch_choice(self, choice: LaunchChoice, specs: Sequence[LaunchSpec],
+                       root_device_name: str) -> LaunchResult:
+        """Launch every spec as `choice`, walking the subnets in order on capacity errors."""
         # Subnets that ran out of capacity for this type lately are skipped until their cool-down ends.
         configured: tuple[str | None, ...] = self.cfg.subnet_ids or (None,)
-        itype = self.cfg.instance_type
+        itype = choice_key(choice)
         now = self._clock()
         subnets = [s for s in configured if self.capacity.cooling(s or self.cfg.region, itype, now) is None]
         skipped = [c for s in configured if (c := self.capacity.cooling(s or self.cfg.region, itype, now))]
@@ -245,7 +276,7 @@ class AwsProvider(Provider):
                             )
                         )
                         continue
-                    final = self._out_of_capacity(capacity_errors, len(configured))
+                    final = self._out_of_capacity(capacity_errors, len(configured), itype)
                     self._log_launch_failed(final, launched=len(launched), remaining=len(specs) - n)
                     return LaunchResult(launched=tuple(launched), error=final)
                 self.capacity.succeeded(subnet or self.cfg.region, itype)
@@ -364,14 +395,22 @@ class AwsProvider(Provider):
             TAG_LAUNCH_ID: launch_id,
         }
 
+    def _choice(self, spec: LaunchSpec) -> LaunchChoice:
+        return spec.choices[0] if spec.choices else self._default_choices()[0]
+
+    def _spec_tags(self, spec: LaunchSpec) -> dict[str, str]:
+        """The instance's tags: the pool's, and how it was bought (spot or on-demand)."""
+        return {**self._instance_tags(spec.launch_id), TAG_CAPACITY: "spot" if self._choice(spec).spot else "on-demand"}
+
     def _run_instances_params(
         self, spec: LaunchSpec, subnet: str | None, root_device_name: str
     ) -> dict[str, Any]:
         cfg = self.cfg
-        tag_list = [{"Key": k, "Value": v} for k, v in self._instance_tags(spec.launch_id).items()]
+        choice = self._choice(spec)
+        tag_list = [{"Key": k, "Value": v} for k, v in self._spec_tags(spec).items()]
         params: dict[str, Any] = {
             "ImageId": cfg.image_id,
-            "InstanceType": cfg.instance_type,
+            "InstanceType": choice.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
             "ClientToken": spec.launch_id,
@@ -402,7 +441,7 @@ class AwsProvider(Provider):
             params["IamInstanceProfile"] = {key: cfg.iam_instance_profile}
         if cfg.ssh_key_name:
             params["KeyName"] = cfg.ssh_key_name
-        if cfg.spot:
+        if choice.spot:
             spot_options: dict[str, Any] = {
                 "SpotInstanceType": "one-time",
                 "InstanceInterruptionBehavior": "terminate",
@@ -430,7 +469,7 @@ class AwsProvider(Provider):
         except BotoCoreError as exc:
             raise transport_error(exc, location) from exc
         raw = resp["Instances"][0]
-        instance = _to_cloud_instance(raw, known_tags=self._instance_tags(spec.launch_id))
+        instance = _to_cloud_instance(raw, known_tags=self._spec_tags(spec))
         log.info(
             _kv(
                 event="aws_instance_launched",
@@ -445,11 +484,11 @@ class AwsProvider(Provider):
         )
         return instance
 
-    def _out_of_capacity(self, errors: Sequence[ProviderError], n_subnets: int) -> ProviderError:
+    def _out_of_capacity(self, errors: Sequence[ProviderError], n_subnets: int, itype: str) -> ProviderError:
         tried = ", ".join(f"{e.location} ({e.code})" for e in errors)
         return ProviderError(
             ErrorKind.CAPACITY,
-            f"no capacity for {self.cfg.instance_type} in any subnet: {tried}",
+            f"no capacity for {itype} in any subnet: {tried}",
             scope=ErrorScope.ZONE if n_subnets == 1 else ErrorScope.REGION,
             code=errors[-1].code,
             location=",".join(dict.fromkeys(e.location for e in errors)),

@@ -11,19 +11,28 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from provisioners.base import InstanceSummary, ProviderSettings
+from provisioners.base import Capacity, InstanceOffer, InstanceSummary, ProviderSettings, capacity_of
 from provisioners.capacity import DEFAULT_CAPACITY_COOLDOWN_S
 from provisioners.gcp.names import CLOUD_PLATFORM_SCOPE, RESERVED_LABEL_PREFIX, last_segment
 from shipyard_common import clouds
-from shipyard_common.settings import boolean, check_all, http_url, integer, str_mapping, text, text_list
+from shipyard_common.settings import (
+    StrictSettings,
+    boolean,
+    check_all,
+    http_url,
+    integer,
+    str_mapping,
+    text,
+    text_list,
+)
 
 _NAME_PREFIX_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _RESOURCE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 _NETWORK_TAG_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_GPUS = 16
-MAX_CUSTOM_LABELS = 64 - 4  # GCE allows 64 labels; Shipyard writes 4
+MAX_CUSTOM_LABELS = 64 - 5  # GCE allows 64 labels; Shipyard writes 5
 
 
 def _project(value: str) -> str:
@@ -76,7 +85,54 @@ def _name_prefix(value: str) -> str:
     return value
 
 
+def _machine_list(value: Any) -> Any:
+    if value is None or isinstance(value, tuple):
+        return value
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a non-empty list of {machine_type, gpu_type, gpu_num, instance_slots}")
+    return tuple(value)
+
+
 ResourceRef = Annotated[str, text(), AfterValidator(_resource_ref)]
+GpuRef = Annotated[str | None, text(optional=True), AfterValidator(_resource_ref)]
+
+
+class GcpMachine(StrictSettings):
+    """One entry of `machine_types`: a machine type with its attached accelerators, as the single
+    type's `machine_type`, `gpu_type`, `gpu_num` and `instance_slots` say it."""
+
+    machine_type: ResourceRef
+    gpu_type: GpuRef = None
+    gpu_num: Annotated[int, integer(0, MAX_GPUS)] = 0
+    # Default: gpu_num, else the GPUs an accelerator-optimized type comes with (a2-, g2-).
+    instance_slots: Annotated[int | None, integer(1, 1024, optional=True)] = None
+
+    @model_validator(mode="after")
+    def _fields_agree(self) -> GcpMachine:
+        problems = []
+        if self.gpu_num > 0 and self.gpu_type is None:
+            problems.append(("gpu_type", f"required when gpu_num is {self.gpu_num}"))
+        if self.gpu_num == 0 and self.gpu_type is not None:
+            problems.append(("gpu_num", f"must be at least 1 when gpu_type is {self.gpu_type!r}"))
+        if self.slots is None and not problems:
+            problems.append(("instance_slots", f"required for {self.machine_type!r} (no GPUs)"))
+        check_all(problems)
+        return self
+
+    @property
+    def name(self) -> str:
+        return last_segment(self.machine_type)
+
+    @property
+    def slots(self) -> int | None:
+        bundled = clouds.GCP_MACHINE_TYPES.get(self.name)
+        return self.instance_slots or self.gpu_num or (bundled.gpus if bundled else 0) or None
+
+    @property
+    def key(self) -> str:
+        """How the pool names this choice: the machine type, with its attached GPUs if any."""
+        return f"{self.name} + {self.gpu_num}x {last_segment(self.gpu_type)}" if self.gpu_num and self.gpu_type \
+            else self.name
 
 
 class GcpPoolConfig(ProviderSettings):
@@ -86,9 +142,14 @@ class GcpPoolConfig(ProviderSettings):
 
     project: Annotated[str, text(), AfterValidator(_project)]
     zones: Annotated[tuple[str, ...], text_list(item=_zone_problem), AfterValidator(_some_zones)]  # failover order
-    machine_type: ResourceRef
+    # One machine type (`machine_type` with `gpu_type`, `gpu_num`, `instance_slots`) or several
+    # (`machine_types`, each entry its own: the cheapest combination that fits is launched).
+    machine_type: Annotated[str | None, text(optional=True), AfterValidator(_resource_ref)] = None
+    machine_types: Annotated[tuple[GcpMachine, ...] | None, BeforeValidator(_machine_list)] = None
+    # spot | on-demand | spot-then-on-demand; None: `spot` says (true: spot, false: on-demand).
+    capacity: Annotated[str | None, text(optional=True)] = None
     boot_disk_source_image: Annotated[str, text()]
-    gpu_type: Annotated[str | None, text(optional=True), AfterValidator(_resource_ref)] = None
+    gpu_type: GpuRef = None
     gpu_num: Annotated[int, integer(0, MAX_GPUS)] = 0
     instance_slots: Annotated[int | None, integer(1, 1024, optional=True)] = None  # default: gpu_num
     spot: Annotated[bool, boolean()] = False  # provisioningModel SPOT, deleted on preemption
@@ -123,31 +184,69 @@ class GcpPoolConfig(ProviderSettings):
     def _slots_default_to_gpus(cls, data: Any) -> Any:
         gpus = data.get("gpu_num") if isinstance(data, dict) else None
         if isinstance(gpus, int) and not isinstance(gpus, bool) and 0 < gpus <= MAX_GPUS \
-                and data.get("instance_slots") is None:
+                and data.get("instance_slots") is None and data.get("machine_types") is None:
             return {**data, "instance_slots": gpus}
         return data
 
     @model_validator(mode="after")
     def _fields_agree(self) -> GcpPoolConfig:
         problems = []
-        if self.gpu_num > 0 and self.gpu_type is None:
+        if self.gpu_num > 0 and self.gpu_type is None and self.machine_types is None:
             problems.append(("gpu_type", f"required when gpu_num is {self.gpu_num}"))
-        if self.gpu_num == 0 and self.gpu_type is not None:
+        if self.gpu_num == 0 and self.gpu_type is not None and self.machine_types is None:
             problems.append(("gpu_num", f"must be at least 1 when gpu_type is {self.gpu_type!r}"))
-        if self.gpu_type is None and self.instance_slots is None:
+        if self.machine_types is None and self.gpu_type is None and self.instance_slots is None:
             problems.append(("instance_slots", "required for a CPU pool (gpu_num is 0)"))
         if self.spot and self.preemptible:
             problems.append(("preemptible", "choose spot or preemptible, not both"))
+        mode, capacity_problem = capacity_of(self.capacity, self.spot, "spot" in self.model_fields_set)
+        if capacity_problem:
+            problems.append(("capacity", capacity_problem))
+        elif self.preemptible and mode is not Capacity.SPOT and self.capacity is not None:
+            problems.append(("capacity", "contradicts preemptible: true (preemptible VMs are spot capacity)"))
+        if self.machine_type is None and not self.machine_types:
+            problems.append(("machine_type", "required (or machine_types: a list of machine types)"))
+        if self.machine_types is not None:
+            problems += [(name, "set it per entry of machine_types") for name in ("machine_type", "gpu_type",
+                         "gpu_num", "instance_slots") if name in self.model_fields_set]
+            keys = [m.key for m in self.machine_types]
+            problems += [(f"machine_types[{i}]", f"duplicate {k!r}") for i, k in enumerate(keys) if k in keys[:i]]
         check_all(problems)
         return self
 
     @property
+    def capacity_mode(self) -> Capacity:
+        mode, _ = capacity_of(self.capacity, self.spot or self.preemptible, False)
+        return mode or Capacity.ON_DEMAND
+
+    @property
     def is_spot(self) -> bool:
-        return self.spot or self.preemptible
+        return self.capacity_mode is not Capacity.ON_DEMAND
+
+    @property
+    def machines(self) -> tuple[GcpMachine, ...]:
+        """The machine types the pool may launch (the single-type fields are a list of one)."""
+        if self.machine_types is not None:
+            return self.machine_types
+        return (GcpMachine.model_construct(machine_type=self.machine_type, gpu_type=self.gpu_type,
+                                           gpu_num=self.gpu_num, instance_slots=self.instance_slots),)
+
+    def offers(self) -> tuple[InstanceOffer, ...]:
+        """Every machine in every capacity the pool buys, priced for its first zone's region."""
+        out = []
+        for m in self.machines:
+            price = clouds.gcp_vm_price(self.zones[0], m.name, last_segment(m.gpu_type) if m.gpu_type else None,
+                                        m.gpu_num)
+            for spot in self.capacity_mode.spot_choices:
+                out.append(InstanceOffer(m.key, m.slots or 0, spot, price.usd_per_hour(spot) if price else None))
+        return tuple(out)
 
     def summary(self) -> InstanceSummary:
-        return InstanceSummary(self.zones[0], self.boot_disk_source_image, last_segment(self.machine_type),
-                               self.is_spot, self.instance_slots)
+        several = self.machine_types is not None
+        slots = max((m.slots or 0) for m in self.machines) if several else self.instance_slots
+        return InstanceSummary(self.zones[0], self.boot_disk_source_image, ", ".join(m.key for m in self.machines),
+                               self.is_spot, slots, self.offers() if several or self.capacity else (),
+                               self.capacity_mode.value)
 
     @property
     def capacity_key(self) -> str:

@@ -38,6 +38,7 @@ from google.cloud import compute_v1
 
 from provisioners.base import (
     MANAGED_BY_VALUE,
+    TAG_CAPACITY,
     TAG_CLUSTER,
     TAG_LAUNCH_ID,
     TAG_MANAGED_BY,
@@ -48,13 +49,22 @@ from provisioners.base import (
     CloudState,
     ErrorKind,
     ErrorScope,
+    InstanceOffer,
+    LaunchChoice,
     LaunchResult,
     LaunchSpec,
     ProviderContext,
     ProviderError,
+    label_key,
 )
-from provisioners.capacity import CapacityMemory, Cooldown, all_cooling_error
-from provisioners.gcp.config import GcpPoolConfig
+from provisioners.capacity import (
+    CapacityMemory,
+    Cooldown,
+    all_cooling_error,
+    choice_key,
+    launch_with_failover,
+)
+from provisioners.gcp.config import GcpMachine, GcpPoolConfig
 from provisioners.gcp.errors import classify_error, is_timeout, operation_error
 from provisioners.gcp.lookups import GceReader
 from provisioners.gcp.names import (
@@ -70,6 +80,7 @@ from provisioners.gcp.names import (
     request_id,
 )
 from provisioners.retry import RetryPolicy
+from shipyard_common import clouds
 from shipyard_common.clouds import gcp_region
 
 log = logging.getLogger("shipyard.provisioners.gcp")
@@ -133,7 +144,30 @@ class GcpProvider(GceReader):
 
         launched: list[CloudInstance] = [existing[lid] for lid in unique if lid in existing]
         remaining = [s for lid, s in unique.items() if lid not in existing]
-        key = self.cfg.capacity_key
+        if not remaining:
+            return LaunchResult(tuple(launched))
+        result = launch_with_failover(remaining, self._default_choices(), self._launch_choice, log, self.pool)
+        return LaunchResult((*launched, *result.launched), result.error)
+
+    def offers(self) -> tuple[InstanceOffer, ...]:
+        """Each machine type in each capacity the pool buys, with its slots and regional price."""
+        return self.cfg.offers()
+
+    def _default_choices(self) -> tuple[LaunchChoice, ...]:
+        """A spec without choices: the pool's machine types in their capacities, cheapest first."""
+        offers = sorted(self.cfg.offers(), key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0))
+        return tuple(o.choice for o in offers)
+
+    def _choice(self, spec: LaunchSpec) -> tuple[GcpMachine, bool]:
+        """The machine type and whether it is spot that `spec` is launched as."""
+        choice = spec.choices[0] if spec.choices else self._default_choices()[0]
+        machines = {m.key: m for m in self.cfg.machines}
+        return machines.get(choice.instance_type, self.cfg.machines[0]), choice.spot
+
+    def _launch_choice(self, choice: LaunchChoice, remaining: list[LaunchSpec]) -> LaunchResult:
+        """Launch every spec as `choice`, zone by zone, skipping zones cooling down for it."""
+        launched: list[CloudInstance] = []
+        key = choice_key(choice)
         now = self._clock()
         zones = self.capacity.available(self.cfg.zones, key, now)
         cooling = [c for z in self.cfg.zones if (c := self.capacity.cooling(z, key, now))]
@@ -144,12 +178,11 @@ class GcpProvider(GceReader):
             err = all_cooling_error(cooling, key, "zone")
             log.warning("event=gcp_launch_stopped pool=%s kind=%s error=%s", self.pool, err.kind.value, err)
             return LaunchResult(tuple(launched), err)
-        return self._launch_across(zones, cooling, remaining, launched)
+        return self._launch_across(zones, cooling, remaining, launched, key)
 
     def _launch_across(self, zones: Sequence[str], cooling: Sequence[Cooldown], remaining: list[LaunchSpec],
-                       launched: list[CloudInstance]) -> LaunchResult:
+                       launched: list[CloudInstance], key: str) -> LaunchResult:
         """Launch `remaining` zone by zone (a probe first in each), adding to `launched`."""
-        key = self.cfg.capacity_key
         capacity_err: ProviderError | None = None
         for zone in zones:
             if not remaining:
@@ -294,7 +327,7 @@ class GcpProvider(GceReader):
             project=self.cfg.project,
             zone=zone,
             instance_resource=self._instance_resource(spec, name, zone),
-            request_id=request_id(spec.launch_id, zone),
+            request_id=self._request_id(spec, zone),
         )
         try:
             op = self._call(
@@ -340,6 +373,14 @@ class GcpProvider(GceReader):
                 raise
         return op
 
+    def _request_id(self, spec: LaunchSpec, zone: str) -> str:
+        """Per zone and per choice: GCE answers a repeated requestId with its first operation, so a
+        type tried after another ran out of capacity needs its own (the pool's first keeps the
+        plain per-zone id)."""
+        if not spec.choices or spec.choices[0] == self._default_choices()[0]:
+            return request_id(spec.launch_id, zone)
+        return request_id(spec.launch_id, f"{zone}/{choice_key(spec.choices[0])}")
+
     def _metadata(self, spec: LaunchSpec) -> compute_v1.Metadata:
         items = {METADATA_USER_DATA: spec.user_data, METADATA_MASTER: self.master_url,
                  METADATA_CLUSTER: self.cluster_id, METADATA_POOL: self.pool, METADATA_LAUNCH_ID: spec.launch_id}
@@ -349,17 +390,19 @@ class GcpProvider(GceReader):
 
     def _instance_resource(self, spec: LaunchSpec, name: str, zone: str) -> compute_v1.Instance:
         cfg = self.cfg
-        labels = {**cfg.labels, **self._labels, LABEL_LAUNCH_ID: label_value(spec.launch_id)}
+        machine, spot = self._choice(spec)
+        labels = {**cfg.labels, **self._labels, LABEL_LAUNCH_ID: label_value(spec.launch_id),
+                  label_key(TAG_CAPACITY): "spot" if spot else "on-demand"}
         metadata = self._metadata(spec)
         scheduling = compute_v1.Scheduling()
-        if cfg.gpu_num > 0 or cfg.is_spot:
+        if machine.gpu_num > 0 or spot or clouds.gcp_gpu_of(machine.name):
             # GPUs cannot live-migrate; spot/preemptible VMs must terminate on maintenance too.
             scheduling.on_host_maintenance = "TERMINATE"
-        if cfg.spot:
-            scheduling.provisioning_model = "SPOT"
-        if cfg.preemptible:
+        if spot and cfg.preemptible:
             scheduling.preemptible = True
-        if cfg.is_spot:
+        elif spot:
+            scheduling.provisioning_model = "SPOT"
+        if spot:
             scheduling.automatic_restart = False
             # Delete rather than stop on preemption: a stopped VM holds its disk (and costs) and
             # would never come back as an agent.
@@ -392,7 +435,8 @@ class GcpProvider(GceReader):
             ),
         )
         machine_type = (
-            cfg.machine_type if "/" in cfg.machine_type else f"zones/{zone}/machineTypes/{cfg.machine_type}"
+            machine.machine_type if "/" in machine.machine_type
+            else f"zones/{zone}/machineTypes/{machine.machine_type}"
         )
         inst = compute_v1.Instance(
             name=name,
@@ -403,10 +447,11 @@ class GcpProvider(GceReader):
             network_interfaces=[nic],
             disks=[boot],
         )
-        if cfg.gpu_num > 0 and cfg.gpu_type:
-            accel = cfg.gpu_type if "/" in cfg.gpu_type else f"zones/{zone}/acceleratorTypes/{cfg.gpu_type}"
+        if machine.gpu_num > 0 and machine.gpu_type:
+            gpu = machine.gpu_type
+            accel = gpu if "/" in gpu else f"zones/{zone}/acceleratorTypes/{gpu}"
             inst.guest_accelerators = [
-                compute_v1.AcceleratorConfig(accelerator_type=accel, accelerator_count=cfg.gpu_num)
+                compute_v1.AcceleratorConfig(accelerator_type=accel, accelerator_count=machine.gpu_num)
             ]
         if cfg.service_account_email:
             inst.service_accounts = [
@@ -438,8 +483,8 @@ class GcpProvider(GceReader):
             launched_at=datetime.now(UTC),
             launch_id=spec.launch_id,
             location=zone,
-            instance_type=last_segment(self.cfg.machine_type),
-            spot=self.cfg.is_spot,
+            instance_type=self._choice(spec)[0].name,
+            spot=self._choice(spec)[1],
             tags={
                 TAG_MANAGED_BY: MANAGED_BY_VALUE,
                 TAG_CLUSTER: self.cluster_id,
@@ -558,5 +603,6 @@ class GcpProvider(GceReader):
 
 
 def build(cfg: GcpPoolConfig, ctx: ProviderContext) -> BuiltProvider:
-    slots = cfg.instance_slots if cfg.instance_slots is not None else cfg.gpu_num
+    slots = max(m.slots or 0 for m in cfg.machines) if cfg.machine_types is not None else (
+        cfg.instance_slots if cfg.instance_slots is not None else cfg.gpu_num)
     return BuiltProvider(GcpProvider(cfg, cluster_id=ctx.cluster_id, pool=ctx.pool, master_url=ctx.master_url), slots)

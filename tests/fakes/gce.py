@@ -123,10 +123,14 @@ class Injection:
     skip: int = 0
     after: bool = False
     seen: int = 0
+    machine_type: str | None = None  # only inserts of this machine type (short name)
     hits: int = 0
 
-    def applies(self, method: str, zone: str | None) -> bool:
+    def applies(self, method: str, zone: str | None, body: dict[str, Any] | None = None) -> bool:
         if self.method != method or (self.zone is not None and self.zone != zone):
+            return False
+        if self.machine_type is not None and str((body or {}).get("machineType", "")).rsplit("/", 1)[-1] \
+                != self.machine_type:
             return False
         return self.times is None or self.hits < self.times
 
@@ -228,6 +232,7 @@ class GceFake:
         times: int | None = 1,
         skip: int = 0,
         after: bool = False,
+        machine_type: str | None = None,
     ) -> Injection:
         """Make matching calls fail: the first `skip` go through, then `times` fail (None: all).
 
@@ -243,7 +248,8 @@ class GceFake:
             raise ValueError("operation errors only apply to insert, delete and setDiskAutoDelete")
         if after and status is None:
             raise ValueError("after=True needs status=")
-        rule = Injection(method, zone, code, status, reason, message, times, skip=skip, after=after)
+        rule = Injection(method, zone, code, status, reason, message, times, skip=skip, after=after,
+                         machine_type=machine_type)
         with self._lock:
             self.injections.append(rule)
         return rule
@@ -330,7 +336,7 @@ class GceFake:
         method, project, zone, rest = route
         with self._lock:
             self.calls.append(Call(method, project, zone, dict(params), copy.deepcopy(body)))
-            rule = self._firing_rule(method, zone)
+            rule = self._firing_rule(method, zone, body)
             if rule is not None and rule.status is not None:
                 rule.hits += 1
                 error = FakeHttpError(
@@ -343,9 +349,9 @@ class GceFake:
             op_rule = rule if rule is not None and rule.code is not None else None
             return self._dispatch(method, project, zone, rest, params, body, op_rule)
 
-    def _firing_rule(self, method: str, zone: str | None) -> Injection | None:
+    def _firing_rule(self, method: str, zone: str | None, body: dict[str, Any] | None = None) -> Injection | None:
         for rule in self.injections:
-            if not rule.applies(method, zone):
+            if not rule.applies(method, zone, body):
                 continue
             rule.seen += 1
             if rule.seen > rule.skip:

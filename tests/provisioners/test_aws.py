@@ -21,6 +21,7 @@ from provisioners.aws import AwsPoolConfig, AwsProvider, classify_error
 from provisioners.aws import provider as aws_provider
 from provisioners.base import (
     MANAGED_BY_VALUE,
+    TAG_CAPACITY,
     TAG_CLUSTER,
     TAG_LAUNCH_ID,
     TAG_MANAGED_BY,
@@ -181,6 +182,7 @@ def test_launch_tags_user_data_imdsv2_shutdown_and_root_volume(net: Net, ec2_fau
             TAG_POOL: POOL,
             TAG_MASTER: MASTER,
             TAG_LAUNCH_ID: launched.launch_id,
+            TAG_CAPACITY: "on-demand",
             "team": "ml-infra",
             "cost-center": "42",
         }
@@ -824,3 +826,100 @@ def test_quota_error_is_labelled_with_its_region(net: Net, ec2_faults: Ec2FaultP
     assert (result.error.scope, result.error.location) == (ErrorScope.REGION, REGION)
     assert str(result.error).startswith(f"quota (VcpuLimitExceeded) in region {REGION}: ")
     assert provider.capacity_cooldowns() == []  # a quota is not a subnet's capacity
+
+
+# --- several instance types and capacities (issue 28) -----------------------------------------
+
+
+def _typed(launch_id: str, *choices: tuple[str, bool]) -> LaunchSpec:
+    from provisioners.base import LaunchChoice
+
+    return LaunchSpec(launch_id, _spec(launch_id).user_data, tuple(LaunchChoice(t, s) for t, s in choices))
+
+
+@integration
+def test_two_types_launch_as_chosen_each_in_its_capacity(net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    provider = _provider(net, ec2_faults, instance_type=None, instance_types=["g4dn.xlarge", "g5.xlarge"],
+                         capacity="spot-then-on-demand")
+    assert provider.resolve_instance_slots() == 1
+    assert {(o.instance_type, o.spot) for o in provider.offers()} == {
+        ("g4dn.xlarge", True), ("g4dn.xlarge", False), ("g5.xlarge", True), ("g5.xlarge", False)}
+
+    result = provider.launch([_typed("t-1", ("g4dn.xlarge", True)), _typed("t-2", ("g5.xlarge", False))])
+
+    assert result.error is None
+    assert [(i.launch_id, i.instance_type, i.spot) for i in result.launched] == [
+        ("t-1", "g4dn.xlarge", True), ("t-2", "g5.xlarge", False)]
+    for launched in result.launched:
+        tags = {t["Key"]: t["Value"] for t in _describe(net, launched.id)["Tags"]}
+        assert tags[TAG_CAPACITY] == ("spot" if launched.spot else "on-demand")
+    assert [c.get("InstanceMarketOptions.MarketType") for c in _run_calls(ec2_faults)] == ["spot", None]
+
+
+@integration
+def test_a_type_out_of_capacity_fails_over_to_the_next_and_is_then_skipped(net: Net,
+                                                                           ec2_faults: Ec2FaultProxy) -> None:
+    ec2_faults.inject("RunInstances", "InsufficientInstanceCapacity", when={"InstanceType": "g4dn.xlarge"},
+                      times=None)
+    provider = _provider(net, ec2_faults, instance_type=None, instance_types=["g4dn.xlarge", "g5.xlarge"])
+    choices = (("g4dn.xlarge", False), ("g5.xlarge", False))
+
+    first = provider.launch([_typed("f-1", *choices)])
+
+    assert first.error is None and [i.instance_type for i in first.launched] == ["g5.xlarge"]
+    # Both subnets were tried for g4dn.xlarge, then g5.xlarge went through in the first.
+    assert [(c["InstanceType"], c["SubnetId"]) for c in _run_calls(ec2_faults)] == [
+        ("g4dn.xlarge", net.subnet_a), ("g4dn.xlarge", net.subnet_b), ("g5.xlarge", net.subnet_a)]
+    assert {(c.location, c.instance_type) for c in provider.capacity_cooldowns()} == {
+        (net.subnet_a, "g4dn.xlarge"), (net.subnet_b, "g4dn.xlarge")}
+
+    ec2_faults.clear()
+    second = provider.launch([_typed("f-2", *choices)])
+
+    # The type is cooling down in every subnet: no call for it, straight to the next.
+    assert [i.instance_type for i in second.launched] == ["g5.xlarge"]
+    assert [c["InstanceType"] for c in _run_calls(ec2_faults)] == ["g5.xlarge"]
+
+
+@integration
+def test_spot_then_on_demand_falls_back_when_spot_capacity_fails(net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    ec2_faults.inject("RunInstances", "InsufficientInstanceCapacity",
+                      when={"InstanceMarketOptions.MarketType": "spot"}, times=None)
+    provider = _provider(net, ec2_faults, capacity="spot-then-on-demand")
+
+    # No choices given: the pool's own, cheapest first (spot, then on demand).
+    result = provider.launch([_spec("s-1")])
+
+    assert result.error is None
+    (inst,) = result.launched
+    assert (inst.instance_type, inst.spot) == ("g4dn.12xlarge", False)
+    assert [c.get("InstanceMarketOptions.MarketType") for c in _run_calls(ec2_faults)] == ["spot", "spot", None]
+
+
+@integration
+def test_every_choice_out_of_capacity_is_one_capacity_error(net: Net, ec2_faults: Ec2FaultProxy) -> None:
+    ec2_faults.inject("RunInstances", "InsufficientInstanceCapacity", times=None)
+    provider = _provider(net, ec2_faults, instance_type=None, instance_types=["g4dn.xlarge", "g5.xlarge"])
+
+    result = provider.launch([_typed("x-1", ("g4dn.xlarge", False), ("g5.xlarge", False))])
+
+    assert result.launched == () and result.error is not None
+    assert result.error.kind is ErrorKind.CAPACITY
+    assert "as any of g4dn.xlarge, g5.xlarge" in str(result.error)
+
+
+def test_config_types_and_capacity_problems_are_named() -> None:
+    base = {"region": REGION, "image_id": "ami-12345678"}
+    with pytest.raises(SettingsError) as info:
+        AwsPoolConfig.from_dict({**base, "instance_types": ["g4dn.xlarge", "m5.large"], "spot": True,
+                                 "capacity": "on-demand"})
+    assert dict(info.value.problems) == {
+        "capacity": "contradicts spot: true (spot: true means capacity: spot; set one of them)",
+        "instance_types[1]": "'m5.large' has no GPUs; a pool of several types takes GPU types (or one type with "
+                             "instance_slots)"}
+    with pytest.raises(SettingsError) as info:
+        AwsPoolConfig.from_dict({**base, "instance_type": "g5.xlarge", "instance_types": ["g5.xlarge"],
+                                 "capacity": "cheap"})
+    assert {p for p, _ in info.value.problems} == {"instance_types", "capacity"}
+    legacy = AwsPoolConfig.from_dict({**base, "instance_type": "g5.xlarge", "spot": True})
+    assert legacy.capacity_mode.value == "spot" and legacy.types == ("g5.xlarge",)

@@ -288,6 +288,7 @@ def test_launch_sends_a_complete_instance(fake: GceFake) -> None:
         "shipyard-cluster-id": "c1",
         "shipyard-pool": "gpu-pool",
         "shipyard-launch-id": "launch-0001",
+        "shipyard-capacity": "spot",
         "team": "ml",
     }
     md = metadata_of(body)
@@ -735,3 +736,80 @@ def test_quota_errors_name_their_region_or_the_project(fake: GceFake) -> None:
     assert global_.error is not None and global_.error.scope is ErrorScope.CLOUD
     assert global_.error.location == PROJECT
     assert str(global_.error).startswith(f"quota (QUOTA_EXCEEDED) project-wide ({PROJECT}): ")
+
+
+# ---- several machine types and capacities (issue 28) -------------------------------------------
+
+_TWO_MACHINES = {"machine_type": None, "gpu_type": None, "gpu_num": None, "machine_types": [
+    {"machine_type": "n1-standard-8", "gpu_type": "nvidia-tesla-t4", "gpu_num": 2},
+    {"machine_type": "g2-standard-8"}]}
+
+
+def _machines_cfg(**over: Any) -> dict[str, Any]:
+    cfg = {k: v for k, v in base_cfg(**over).items() if k not in ("machine_type", "gpu_type", "gpu_num")}
+    cfg["machine_types"] = _TWO_MACHINES["machine_types"]
+    return cfg
+
+
+def _typed_specs(*rows: tuple[str, tuple[tuple[str, bool], ...]]) -> list[LaunchSpec]:
+    from provisioners.base import LaunchChoice
+
+    return [LaunchSpec(i, f"#cloud-config\n# {i}\n", tuple(LaunchChoice(t, s) for t, s in choices))
+            for i, choices in rows]
+
+
+@pytest.mark.integration
+def test_two_machine_types_launch_as_chosen_with_their_gpus_and_capacity(fake: GceFake) -> None:
+    cfg = GcpPoolConfig.from_dict(_machines_cfg(api_endpoint=fake.endpoint, capacity="spot-then-on-demand"))
+    prov = GcpProvider(cfg, cluster_id="c1", pool="gpu", master_url=MASTER, credentials=AnonymousCredentials(),
+                       call_timeout_s=10, retry_base_s=0.01)
+    t4 = "n1-standard-8 + 2x nvidia-tesla-t4"
+    assert {(o.instance_type, o.slots, o.spot) for o in prov.offers()} == {
+        (t4, 2, True), (t4, 2, False), ("g2-standard-8", 1, True), ("g2-standard-8", 1, False)}
+
+    result = prov.launch(_typed_specs(("m-1", ((t4, True),)), ("m-2", (("g2-standard-8", False),))))
+
+    assert result.error is None
+    first, second = (fake.sent[i.id] for i in result.launched)
+    assert first["machineType"].endswith("/n1-standard-8") and second["machineType"].endswith("/g2-standard-8")
+    assert [a["acceleratorCount"] for a in first["guestAccelerators"]] == [2]
+    assert "guestAccelerators" not in second or not second["guestAccelerators"]
+    assert first["scheduling"].get("provisioningModel") == "SPOT"
+    assert second["scheduling"].get("provisioningModel") in (None, "STANDARD")
+    assert (first["labels"]["shipyard-capacity"], second["labels"]["shipyard-capacity"]) == ("spot", "on-demand")
+
+
+@pytest.mark.integration
+def test_a_machine_type_out_of_capacity_in_every_zone_fails_over_to_the_next(fake: GceFake) -> None:
+    fake.inject("insert", code="ZONE_RESOURCE_POOL_EXHAUSTED", machine_type="n1-standard-8", times=None)
+    clock = _Clock()
+    cfg = GcpPoolConfig.from_dict(_machines_cfg(api_endpoint=fake.endpoint))
+    prov = GcpProvider(cfg, cluster_id="c1", pool="gpu", master_url=MASTER, credentials=AnonymousCredentials(),
+                       call_timeout_s=10, retry_base_s=0.01, clock=clock)
+    t4 = "n1-standard-8 + 2x nvidia-tesla-t4"
+    choices = ((t4, False), ("g2-standard-8", False))
+
+    first = prov.launch(_typed_specs(("e-1", choices)))
+
+    assert first.error is None and [i.instance_type for i in first.launched] == ["g2-standard-8"]
+    assert len(fake.calls_to("insert", zone=ZONE_A)) == 2 and len(fake.calls_to("insert", zone=ZONE_B)) == 1
+    assert {(c.location, c.instance_type) for c in prov.capacity_cooldowns()} == {(ZONE_A, t4), (ZONE_B, t4)}
+
+    second = prov.launch(_typed_specs(("e-2", choices)))
+
+    # Every zone cools down for the first type: no insert of it, the next type at once.
+    assert [i.instance_type for i in second.launched] == ["g2-standard-8"]
+    assert len(fake.calls_to("insert")) == 4
+
+
+def test_machine_types_config_problems_are_named() -> None:
+    with pytest.raises(SettingsError) as info:
+        GcpPoolConfig.from_dict({**_machines_cfg(), "machine_types": [
+            {"machine_type": "n1-standard-8", "gpu_num": 2}, {"machine_type": "e2-standard-2"}]})
+    assert dict(info.value.problems) == {"machine_types[0].gpu_type": "required when gpu_num is 2",
+                                         "machine_types[1].instance_slots": "required for 'e2-standard-2' (no GPUs)"}
+    with pytest.raises(SettingsError) as info:
+        GcpPoolConfig.from_dict({**_machines_cfg(), "gpu_num": 1, "spot": False, "capacity": "spot"})
+    assert dict(info.value.problems) == {
+        "capacity": "contradicts spot: false (spot: true means capacity: spot; set one of them)",
+        "gpu_num": "set it per entry of machine_types"}
