@@ -140,6 +140,9 @@ def agent_config(p: BootstrapParams) -> dict[str, Any]:
     }
     if p.container_runtime == "docker":
         cfg["runtime"] = "docker"
+    # Spot/preemption notices from the cloud's metadata (agent/interruption.py); on an on-demand
+    # instance none ever comes. A pool's `agent: {interruption_watch: off}` turns it off.
+    cfg["interruption_watch"] = p.provider
     cfg.update(p.agent_options)
     return cfg
 

@@ -133,3 +133,16 @@ def test_watcher_survives_an_unreachable_metadata_server() -> None:
     stop.set()
     w.join(5)
     assert not w.is_alive()
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_cloud_instances_watch_their_clouds_notices_unless_the_pool_says_off(provider: str, tmp_path) -> None:
+    from agent_bootstrap.cloud_init import CONFIG_PATH, render_user_data
+    from tests.agent_bootstrap.test_cloud_init import files_of, params
+
+    for options, expected in (({}, provider), ({"interruption_watch": "off"}, "off")):
+        cfg_path = tmp_path / "agent.yaml"
+        cfg_path.write_text(files_of(render_user_data(params(provider, agent_options=options)))[CONFIG_PATH]["content"])
+        cfg = load_config(["--config", str(cfg_path)], env={})
+        assert cfg.interruption_watch == expected
+        assert cfg.metadata_url is None  # the cloud's own address
