@@ -46,6 +46,7 @@ from infra.settings import (
     check_cluster_id,
     check_password,
     parse_tags,
+    read_master_config_template,
     read_ssh_public_key,
     read_tls_pair,
     settings_from_json,
@@ -82,10 +83,20 @@ def settings_from_args(cloud: Cloud, args: Any) -> Settings:
         if pair:
             values["master_tls_cert"] = pair[0]
         values["ssh_public_key"] = read_ssh_public_key(values.pop("keypath", None))
+        values["master_config_template"] = read_master_config_template(values.pop("master_config_template_path", None))
         cls = AwsSettings if cloud == "aws" else GcpSettings
         return cls(**settings_kwargs(values, cls))
     except DeployInputError as e:
         raise CliError(str(e)) from None
+
+
+def check_master_config(s: Settings) -> None:
+    """The master.yaml these settings render (a --master-config-template merged in) is one the master
+    accepts: one line naming the key otherwise, before any cloud call. (cli.deploy_template imports
+    the master's config models, ~0.1 s: only `up` and `render` pay it.)"""
+    from cli.deploy_template import check_settings
+
+    check_settings(s)
 
 
 def use_aws_profile(args: Any) -> None:
@@ -125,8 +136,13 @@ def check_aws_network(s: AwsSettings) -> None:
     elsewhere = sorted(sn["SubnetId"] for sn in subnets if sn["VpcId"] != s.vpc_id)
     if elsewhere:
         raise CliError(f"--subnet-id: {', '.join(elsewhere)} not in {s.vpc_id}")
-    if len({sn["AvailabilityZone"] for sn in subnets}) < 2:
+    zones = [sn["AvailabilityZone"] for sn in subnets]
+    if len(set(zones)) < 2:
         raise CliError("--subnet-id: the subnets are all in one availability zone; RDS needs two")
+    if s.shared_fs == "efs" and len(set(zones)) < len(zones):
+        twice = sorted({z for z in zones if zones.count(z) > 1})
+        raise CliError(f"--subnet-id: with --shared-fs efs, one subnet per availability zone (EFS has one mount "
+                       f"target per zone); more than one in {', '.join(twice)}")
 
 
 def tls_key_from_args(args: Any) -> str:
@@ -428,9 +444,12 @@ def down(cloud: Cloud, cluster_id: str, backend: Backend, *, wait_s: float = AGE
     stack.workspace.remove_stack(cluster_id)
     if outputs and delete_data:
         delete_kept_data(cloud, outputs)
+        delete_shared_fs(cloud, outputs)
     elif outputs:
         _print_line(f"kept: the bucket {outputs.get('checkpoint_bucket')} and the database's final "
                     f"{'snapshot ' + final_snapshot_id(cluster_id) if cloud == 'aws' else 'backup'}")
+        if outputs.get("shared_fs"):
+            _print_line(f"kept: the shared file system {outputs['shared_fs']} (down --delete-data deletes it)")
     if outputs and cloud == "aws" and outputs.get("settings") and outputs.get("log_group"):
         s = settings_from_json(cloud, outputs["settings"])
         if isinstance(s, AwsSettings) and s.retain_log_group:
@@ -485,6 +504,46 @@ def delete_kept_data(cloud: Cloud, outputs: dict[str, Any], *, gcs: Any = None) 
             _print_line(f"deleted the bucket {bucket} (the database's final backup expires by itself)")
         except NotFound:
             pass
+
+
+def delete_shared_fs(cloud: Cloud, outputs: dict[str, Any], *, wait_s: float = AGENT_WAIT_S, poll_s: float = 5.0,
+                     session: Any = None) -> None:
+    """`down --delete-data`: the --shared-fs file system the stack kept (EFS, after its mount targets are
+    gone; Filestore, by its REST API: this CLI carries no Filestore client library)."""
+    name = outputs.get("shared_fs")
+    if not name:
+        return
+    if cloud == "aws":
+        import boto3
+
+        efs = boto3.client("efs", region_name=outputs.get("region"))
+        try:
+            deadline = time.monotonic() + wait_s
+            while targets := efs.describe_mount_targets(FileSystemId=name)["MountTargets"]:
+                for mt in targets:
+                    if mt.get("LifeCycleState") not in ("deleting", "deleted"):
+                        efs.delete_mount_target(MountTargetId=mt["MountTargetId"])
+                if time.monotonic() > deadline:
+                    raise CliError(f"the mount targets of {name} are still there after {wait_s:.0f}s; run down again")
+                time.sleep(poll_s)
+            efs.delete_file_system(FileSystemId=name)
+        except efs.exceptions.FileSystemNotFound:
+            return
+    else:
+        if session is None:
+            import google.auth
+            from google.auth.transport.requests import AuthorizedSession
+
+            credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            session = AuthorizedSession(credentials)
+        url = (f"https://file.googleapis.com/v1/projects/{outputs.get('project')}/locations/{outputs.get('zone')}"
+               f"/instances/{name}")
+        r = session.delete(url)
+        if r.status_code == 404:
+            return
+        if r.status_code >= 400:
+            raise CliError(f"deleting the Filestore instance {name}: HTTP {r.status_code} {r.text[:200]}")
+    _print_line(f"deleted the shared file system {name}")
 
 
 def _ec2(region: str) -> Any:
@@ -639,6 +698,11 @@ def describe(cloud: Cloud, outputs: dict[str, Any]) -> list[str]:
         lines.append(f"At rest:  ${sum(c.usd_per_hour for c in cost):.3f}/hour ("
                      + ", ".join(f"{c.what} ${c.usd_per_hour:.3f}" for c in cost) + ")")
         lines += [f"Pool:     {line}" for line in pool_lines(s)]
+        if s.shared_fs != "none":
+            from infra.render import SHARED_FS_MOUNT
+
+            lines.append(f"Storage:  {s.shared_fs} {outputs.get('shared_fs') or '?'} at {SHARED_FS_MOUNT} "
+                         "on the master and the agents")
     cid = str(outputs.get("cluster_id", ""))
     if cloud == "aws":
         for i in aws_instances(str(outputs.get("region")), cid):

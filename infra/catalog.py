@@ -43,6 +43,9 @@ AWS_DB_CLASSES: dict[str, float] = {
 AWS_DB_STORAGE_USD_PER_GB_MONTH = 0.115
 # An Elastic IP attached to a running instance is billed like any public IPv4 address.
 AWS_PUBLIC_IPV4_USD_PER_HOUR = 0.005
+# EFS (`--shared-fs efs`), Standard storage class, elastic throughput: billed per GB stored (and per GB
+# read or written), nothing for an empty file system.
+AWS_EFS_USD_PER_GB_MONTH = 0.30
 
 # ---- GCP -------------------------------------------------------------------------------------
 
@@ -74,6 +77,9 @@ GCP_SQL_TIERS: dict[str, float] = {
 }
 GCP_SQL_STORAGE_USD_PER_GB_MONTH = 0.17
 GCP_STATIC_IP_USD_PER_HOUR = 0.005
+# Filestore (`--shared-fs filestore`), basic HDD tier: billed per GiB provisioned, 1 TiB at least.
+GCP_FILESTORE_USD_PER_GB_MONTH = 0.20
+FILESTORE_MIN_GB = 1024
 
 
 # ---- cost at rest ------------------------------------------------------------------------------
@@ -85,25 +91,31 @@ class CostLine:
     usd_per_hour: float
 
 
-def aws_cost_at_rest(master_type: str, db_class: str, db_storage_gb: int) -> list[CostLine]:
+def aws_cost_at_rest(master_type: str, db_class: str, db_storage_gb: int, *, efs: bool = False) -> list[CostLine]:
     """What a cluster with no agent running costs per hour: the master, its public address, the
-    database and its storage (S3 and logs are billed by use)."""
+    database and its storage (S3, EFS and logs are billed by use: an EFS line says its rate)."""
+    shared = [CostLine(f"EFS (${AWS_EFS_USD_PER_GB_MONTH:.2f}/GB-month stored)", 0.0)] if efs else []
     return [
         CostLine(f"master {master_type}", AWS_INSTANCE_TYPES[master_type].usd_per_hour),
         CostLine("master public IPv4 address", AWS_PUBLIC_IPV4_USD_PER_HOUR),
         CostLine(f"database {db_class}", AWS_DB_CLASSES[db_class]),
         CostLine(f"database storage {db_storage_gb} GB",
                  db_storage_gb * AWS_DB_STORAGE_USD_PER_GB_MONTH / HOURS_PER_MONTH),
+        *shared,
     ]
 
 
-def gcp_cost_at_rest(master_type: str, db_tier: str, db_storage_gb: int) -> list[CostLine]:
+def gcp_cost_at_rest(master_type: str, db_tier: str, db_storage_gb: int, *, filestore_gb: int = 0) -> list[CostLine]:
+    """As on AWS; a Filestore instance is billed by its provisioned capacity, used or not."""
+    shared = ([CostLine(f"Filestore {filestore_gb} GB", filestore_gb * GCP_FILESTORE_USD_PER_GB_MONTH / HOURS_PER_MONTH)]
+              if filestore_gb else [])
     return [
         CostLine(f"master {master_type}", GCP_MACHINE_TYPES[master_type].usd_per_hour),
         CostLine("master static IP address", GCP_STATIC_IP_USD_PER_HOUR),
         CostLine(f"database {db_tier}", GCP_SQL_TIERS[db_tier]),
         CostLine(f"database storage {db_storage_gb} GB",
                  db_storage_gb * GCP_SQL_STORAGE_USD_PER_GB_MONTH / HOURS_PER_MONTH),
+        *shared,
     ]
 
 

@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 import yaml
 
-from infra import catalog, settings
+from infra import catalog, settings, template
 
 CONF_DIR = "/etc/shipyard"
 MASTER_CONFIG_PATH = f"{CONF_DIR}/master.yaml"
@@ -49,6 +49,15 @@ TLS_KEY_PATH = f"{STATE_DIR}/master-tls-key.pem"
 AGENT_MASTER_CERT = f"{CONF_DIR}/master-cert.pem"
 AGENT_TRUST_BUNDLE = f"{CONF_DIR}/master-trust.pem"
 PACKAGES = ("python3", "python3-venv", "python3-pip")
+# `--shared-fs`: where the master and every agent mount the cluster's shared file system (checkpoint
+# storage `type: shared_fs`, host_path this; Docker trials get it bound at the same path), and the
+# script that mounts it (idempotent: /etc/fstab keeps it across reboots).
+SHARED_FS_MOUNT = "/mnt/shipyard-checkpoints"
+MOUNT_PATH = "/usr/local/bin/shipyard-mount-checkpoints"
+# NFS options: AWS's recommended ones for EFS (NFS 4.1), and Google's for Filestore (NFS 3).
+EFS_MOUNT = ("nfs4", "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport")
+FILESTORE_MOUNT = ("nfs", "nfsvers=3,hard,timeo=600,retrans=3,rsize=262144,wsize=1048576")
+FILESTORE_SHARE = "checkpoints"
 COMPUTE_POOL = "compute"
 AUX_POOL = "aux"
 DB_NAME = "shipyard"
@@ -73,6 +82,8 @@ class AwsFacts:
     # Extra agent options for both pools (e.g. CPU slots where the instance has no GPU).
     agent_options: dict[str, Any] = field(default_factory=dict)
     host: str = "0.0.0.0"
+    # With --shared-fs efs: the NFS source the master and agents mount (<fs-id>.efs.<region>.amazonaws.com:/).
+    shared_fs_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,8 @@ class GcpFacts:
     api_endpoint: str | None = None
     agent_options: dict[str, Any] = field(default_factory=dict)
     host: str = "0.0.0.0"
+    # With --shared-fs filestore: the NFS source (<instance ip>:/checkpoints).
+    shared_fs_source: str = ""
 
 
 def agent_name_prefix(cluster_id: str) -> str:
@@ -164,11 +177,72 @@ def _container_options(s: settings.Settings, *, gpu: bool) -> dict[str, Any]:
     return options
 
 
+def mount_script(source: str, fstype: str, options: str) -> str:
+    """The shell that mounts the shared file system at SHARED_FS_MOUNT, as root, on a fresh host or
+    again: it installs the NFS client if missing, adds the /etc/fstab line once (nofail: a later boot
+    goes on without it rather than hang) and mounts unless mounted, retrying while the file system's
+    address comes up (an EFS mount target takes a minute or two after it is created)."""
+    return "\n".join([
+        "#!/bin/sh",
+        "# det deploy: the cluster's shared file system for checkpoints (--shared-fs).",
+        "set -eu",
+        "FSTAB=/etc/fstab",
+        f"MOUNT_POINT={shlex.quote(SHARED_FS_MOUNT)}",
+        f"SOURCE={shlex.quote(source)}",
+        f"FSTYPE={shlex.quote(fstype)}",
+        f"OPTIONS={shlex.quote(options)}",
+        "if ! command -v mount.nfs >/dev/null 2>&1 && [ ! -x /sbin/mount.nfs ]; then",
+        "  if command -v apt-get >/dev/null 2>&1; then",
+        "    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nfs-common",
+        "  else",
+        "    yum install -y -q nfs-utils",
+        "  fi",
+        "fi",
+        'mkdir -p "$MOUNT_POINT"',
+        'if ! awk -v m="$MOUNT_POINT" \'$2 == m { found = 1 } END { exit !found }\' "$FSTAB" 2>/dev/null; then',
+        '  echo "$SOURCE $MOUNT_POINT $FSTYPE $OPTIONS,_netdev,nofail 0 0" >> "$FSTAB"',
+        "fi",
+        "tries=0",
+        'until mountpoint -q "$MOUNT_POINT"; do',
+        '  if mount -t "$FSTYPE" -o "$OPTIONS" "$SOURCE" "$MOUNT_POINT"; then break; fi',
+        "  tries=$((tries + 1))",
+        '  if [ "$tries" -ge 30 ]; then echo "cannot mount $SOURCE on $MOUNT_POINT" >&2; exit 1; fi',
+        "  sleep 10",
+        "done",
+        "",
+    ])
+
+
+def shared_fs_mount(s: settings.Settings, source: str) -> str:
+    """The mount script of the cluster's --shared-fs, or "" without one."""
+    if s.shared_fs == "none":
+        return ""
+    fstype, options = EFS_MOUNT if isinstance(s, settings.AwsSettings) else FILESTORE_MOUNT
+    return mount_script(source, fstype, options)
+
+
+def _startup_script(s: settings.Settings, master_ip: str, mount: str) -> str:
+    """The pools' startup script: TLS trust (with a certificate), then the shared file system's mount."""
+    parts = [tls_startup_script(s, master_ip)] if s.tls else []
+    if mount:
+        parts.append(mount)
+    if len(parts) < 2:
+        return "".join(parts)
+    return parts[0] + "".join(p.split("\n", 1)[1] for p in parts[1:])  # one interpreter line
+
+
+def _storage(s: settings.Settings, bucket_storage: dict[str, Any]) -> dict[str, Any]:
+    if s.shared_fs == "none":
+        return bucket_storage
+    return {"type": "shared_fs", "host_path": SHARED_FS_MOUNT}
+
+
 def _pools(s: settings.Settings, compute: dict[str, Any], aux: dict[str, Any], compute_what: str,
-           aux_what: str, master_ip: str) -> list[dict[str, Any]]:
-    if s.tls:
+           aux_what: str, master_ip: str, shared_fs_source: str = "") -> list[dict[str, Any]]:
+    script = _startup_script(s, master_ip, shared_fs_mount(s, shared_fs_source))
+    if script:
         for provider in (compute, aux):
-            provider["startup_script"] = tls_startup_script(s, master_ip)
+            provider["startup_script"] = script
     scheduler = {"type": s.scheduler_type, "preemption": s.preemption_enabled}
     return [{"name": COMPUTE_POOL, "description": compute_what, "container_runtime": s.container_runtime,
              "scheduler": dict(scheduler), "provider": compute},
@@ -212,13 +286,13 @@ def aws_master_config(s: settings.AwsSettings, f: AwsFacts) -> dict[str, Any]:
     storage: dict[str, Any] = {"type": "s3", "bucket": f.bucket, "prefix": "checkpoints"}
     if f.endpoint_url:
         storage["endpoint_url"] = f.endpoint_url
-    return {
+    return template.apply({
         **_base_config(s, f.master_private_ip, f.host),
-        "checkpoint_storage": storage,
+        "checkpoint_storage": _storage(s, storage),
         "resource_pools": _pools(s, compute, aux_p, f"GPU agents ({s.compute_agent_instance_type})",
-                                 f"CPU agents ({s.aux_agent_instance_type})", f.master_private_ip),
+                                 f"CPU agents ({s.aux_agent_instance_type})", f.master_private_ip, f.shared_fs_source),
         "default_resource_pool": COMPUTE_POOL,
-    }
+    }, s.master_config_template)
 
 
 def gcp_master_config(s: settings.GcpSettings, f: GcpFacts) -> dict[str, Any]:
@@ -260,14 +334,14 @@ def gcp_master_config(s: settings.GcpSettings, f: GcpFacts) -> dict[str, Any]:
     aux_p["instance_slots"] = aux.vcpus
     aux_p.update(_elastic(s, min_instances=0, max_instances=s.max_aux_agents))
     aux_p["agent"] = {"slot_type": "cpu", "slots": aux.vcpus, **_container_options(s, gpu=False), **f.agent_options}
-    return {
+    return template.apply({
         **_base_config(s, f.master_private_ip, f.host),
-        "checkpoint_storage": {"type": "gcs", "bucket": f.bucket, "prefix": "checkpoints"},
+        "checkpoint_storage": _storage(s, {"type": "gcs", "bucket": f.bucket, "prefix": "checkpoints"}),
         "resource_pools": _pools(s, compute, aux_p,
                                  f"GPU agents ({s.compute_agent_instance_type}, {s.gpu_num}x {s.gpu_type})",
-                                 f"CPU agents ({s.aux_agent_instance_type})", f.master_private_ip),
+                                 f"CPU agents ({s.aux_agent_instance_type})", f.master_private_ip, f.shared_fs_source),
         "default_resource_pool": COMPUTE_POOL,
-    }
+    }, s.master_config_template)
 
 
 # ---- user-data -------------------------------------------------------------------------------
@@ -329,8 +403,10 @@ def master_yaml(config: dict[str, Any]) -> str:
 
 
 def master_user_data(provider: Literal["aws", "gcp"], config: dict[str, Any], *, secret_id: str, region: str,
-                     package: str, cluster_id: str) -> str:
-    bucket = str(config["checkpoint_storage"]["bucket"])
+                     package: str, cluster_id: str, bucket: str = "", mount: str = "") -> str:
+    """`bucket`: the cluster's (the release is there); default, the checkpoint storage's. `mount`: the
+    shared file system's mount script (shared_fs_mount), run before the master's boot, which it gates."""
+    bucket = bucket or str(config["checkpoint_storage"]["bucket"])
     files = [
         {"path": MASTER_CONFIG_PATH, "owner": "root:root", "permissions": "0644", "content": master_yaml(config)},
         {"path": START_PATH, "owner": "root:root", "permissions": "0755",
@@ -339,7 +415,11 @@ def master_user_data(provider: Literal["aws", "gcp"], config: dict[str, Any], *,
          "content": fetch_program(provider, bucket, region)},
         {"path": BOOT_PATH, "owner": "root:root", "permissions": "0755", "content": boot_script(package, provider)},
     ]
-    doc = {"package_update": True, "packages": list(PACKAGES), "write_files": files, "runcmd": [[BOOT_PATH]]}
+    runcmd: list[list[str]] = [[BOOT_PATH]]
+    if mount:
+        files.append({"path": MOUNT_PATH, "owner": "root:root", "permissions": "0755", "content": mount})
+        runcmd = [["sh", "-c", f"{MOUNT_PATH} && {BOOT_PATH}"]]
+    doc = {"package_update": True, "packages": list(PACKAGES), "write_files": files, "runcmd": runcmd}
     header = f"#cloud-config\n# Shipyard master of cluster {cluster_id} ({provider}), written by det deploy.\n"
     return header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
 
@@ -373,7 +453,17 @@ def aws_placeholder_facts(s: settings.AwsSettings) -> AwsFacts:
     return AwsFacts(master_private_ip="10.0.0.10", bucket=f"shipyard-{s.cluster_id}-<suffix>",
                     subnet_ids=s.subnet_ids or ("<subnet-a>", "<subnet-b>"), agent_security_group_id="<agent-security-group>",
                     agent_instance_profile=f"shipyard-{s.cluster_id}-agent",
-                    secret_id=f"shipyard/{s.cluster_id}/master")
+                    secret_id=f"shipyard/{s.cluster_id}/master",
+                    shared_fs_source=efs_source("<efs-file-system-id>", s.region))
+
+
+def efs_source(file_system_id: str, region: str) -> str:
+    """EFS's NFS source by its DNS name (it resolves to the mount target in the host's own zone)."""
+    return f"{file_system_id}.efs.{region}.amazonaws.com:/"
+
+
+def filestore_source(ip: str) -> str:
+    return f"{ip}:/{FILESTORE_SHARE}"
 
 
 def gcp_placeholder_facts(s: settings.GcpSettings) -> GcpFacts:
@@ -381,7 +471,8 @@ def gcp_placeholder_facts(s: settings.GcpSettings) -> GcpFacts:
                     network=f"projects/{s.project}/global/networks/{s.network or s.cluster_id + '-net'}",
                     subnetwork=f"regions/{s.region}/subnetworks/{s.subnetwork or s.cluster_id + '-subnet'}",
                     agent_service_account=f"{s.cluster_id}-agent@{s.project}.iam.gserviceaccount.com",
-                    secret_id=f"projects/{s.project}/secrets/{s.cluster_id}-master")
+                    secret_id=f"projects/{s.project}/secrets/{s.cluster_id}-master",
+                    shared_fs_source=filestore_source("<filestore-ip>"))
 
 
 @dataclass(frozen=True)
@@ -391,18 +482,26 @@ class Rendered:
     agent_user_data: dict[str, str]  # pool -> sample user-data
 
 
+def placeholder_config(s: settings.Settings) -> dict[str, Any]:
+    """The master.yaml `render` writes (what `up` checks a --master-config-template's result on)."""
+    if isinstance(s, settings.AwsSettings):
+        return aws_master_config(s, aws_placeholder_facts(s))
+    return gcp_master_config(s, gcp_placeholder_facts(s))
+
+
 def render(s: settings.Settings) -> Rendered:
     if isinstance(s, settings.AwsSettings):
         af = aws_placeholder_facts(s)
         config = aws_master_config(s, af)
         provider: Literal["aws", "gcp"] = "aws"
-        secret_id, region = af.secret_id, s.region
+        secret_id, region, bucket, source = af.secret_id, s.region, af.bucket, af.shared_fs_source
     else:
         gf = gcp_placeholder_facts(s)
         config = gcp_master_config(s, gf)
-        provider, secret_id, region = "gcp", gf.secret_id, s.region
+        provider, secret_id, region, bucket, source = "gcp", gf.secret_id, s.region, gf.bucket, gf.shared_fs_source
     user_data = master_user_data(provider, config, secret_id=secret_id, region=region,
-                                 package=s.shipyard_package, cluster_id=s.cluster_id)
+                                 package=s.shipyard_package, cluster_id=s.cluster_id, bucket=bucket,
+                                 mount=shared_fs_mount(s, source))
     agents = {pool: agent_user_data_sample(provider, config, pool) for pool in (COMPUTE_POOL, AUX_POOL)}
     return Rendered(master_yaml(config), user_data, agents)
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from infra import DEPLOY_TAG, catalog
+import yaml
+
+from infra import DEPLOY_TAG, catalog, template
 from shipyard_common import clouds
 
 _CLUSTER_ID_RE = re.compile(r"^[a-z][a-z0-9-]{1,20}[a-z0-9]$")
@@ -61,6 +63,13 @@ CPU_ENV_IMAGE = GPU_ENV_IMAGE
 # A Docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
 _IMAGE_RE = re.compile(r"^([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
                        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$")
+
+
+# `--shared-fs`: each cloud's managed NFS; Filestore's basic HDD tier starts at 1 TiB.
+SHARED_FS_AWS = "efs"
+SHARED_FS_GCP = "filestore"
+FILESTORE_TIER = "BASIC_HDD"
+FILESTORE_CAPACITY_GB = catalog.FILESTORE_MIN_GB
 
 
 class DeployInputError(ValueError):
@@ -133,6 +142,33 @@ def read_tls_pair(cert_path: str | None, key_path: str | None) -> tuple[str, str
     except ssl.SSLError as e:
         raise _fail("master-tls-key", f"{key_path} does not go with {cert_path} ({e.reason or e})") from None
     return cert, key
+
+
+def read_master_config_template(path: str | None) -> dict[str, Any]:
+    """`--master-config-template`: a YAML mapping of master.yaml settings (checked by the settings)."""
+    if not path:
+        return {}
+    try:
+        text = Path(path).expanduser().read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise _fail("master-config-template",
+                    f"cannot read {path}: {getattr(e, 'strerror', None) or 'not a UTF-8 text file'}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise _fail("master-config-template", f"{path} is not YAML{where}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise _fail("master-config-template", f"{path}: the top level must be a mapping of master.yaml settings")
+    try:
+        json.dumps(loaded)  # it travels in the stack's settings, as JSON
+    except (TypeError, ValueError):
+        raise _fail("master-config-template", f"{path}: values must be strings, numbers, booleans, lists or "
+                                              "mappings (quote dates and timestamps)") from None
+    return loaded
 
 
 def read_ssh_public_key(path: str | None) -> str | None:
@@ -215,6 +251,11 @@ class _Common:
     # name in it by which the agents reach the master's private address (their /etc/hosts).
     master_tls_cert: str = ""
     master_cert_name: str = ""
+    # `--master-config-template`: master.yaml settings merged over the rendered config (infra/template.py).
+    master_config_template: dict[str, Any] = field(default_factory=dict)
+    # `--shared-fs`: checkpoints on a shared file system (AWS: efs, GCP: filestore) mounted on the master
+    # and every agent at render.SHARED_FS_MOUNT, instead of the bucket; "none": the bucket.
+    shared_fs: str = "none"
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -260,6 +301,19 @@ class _Common:
             raise _fail("master-cert-name", f"{self.master_cert_name!r} is not a DNS name (e.g. det.example.com)")
         if self.shipyard_package != self.shipyard_package.strip() or "\n" in self.shipyard_package:
             raise _fail("shipyard-package", "must be one pip requirement (e.g. shipyard==0.1.0)")
+        try:
+            template.check(self.master_config_template)
+        except template.TemplateError as e:
+            raise _fail("master-config-template", str(e)) from None
+        # In the order the stack's settings JSON keeps it (sorted), so that the master.yaml rendered from
+        # the flags and the one rendered again from the stack are the same text (same user-data: the
+        # master is not replaced by a later `up`).
+        object.__setattr__(self, "master_config_template",
+                           json.loads(json.dumps(self.master_config_template, sort_keys=True)))
+
+    def _check_shared_fs(self, kind: str) -> None:
+        if self.shared_fs not in (kind, "none"):
+            raise _fail("shared-fs", f"{self.shared_fs!r} is not one of {kind}, none")
 
 
 @dataclass(frozen=True)
@@ -310,6 +364,7 @@ class AwsSettings(_Common):
             except ValueError:
                 raise _fail("spot-max-price", f"{self.spot_max_price!r} is not a price in USD per hour") from None
         parse_tags([f"{k}={v}" for k, v in self.tags.items()], cloud="aws")
+        self._check_shared_fs(SHARED_FS_AWS)
         self._check_network()
 
     def _check_network(self) -> None:
@@ -332,7 +387,8 @@ class AwsSettings(_Common):
         return cls(**json.loads(text))
 
     def cost_at_rest(self) -> list[catalog.CostLine]:
-        return catalog.aws_cost_at_rest(self.master_instance_type, self.db_instance_class, self.db_storage_gb)
+        return catalog.aws_cost_at_rest(self.master_instance_type, self.db_instance_class, self.db_storage_gb,
+                                        efs=self.shared_fs == SHARED_FS_AWS)
 
 
 @dataclass(frozen=True)
@@ -388,6 +444,7 @@ class GcpSettings(_Common):
         if self.db_tier not in catalog.GCP_SQL_TIERS:
             raise _fail("db-tier", f"unknown Cloud SQL tier {self.db_tier!r} (known: {', '.join(catalog.GCP_SQL_TIERS)})")
         parse_tags([f"{k}={v}" for k, v in self.tags.items()], cloud="gcp")
+        self._check_shared_fs(SHARED_FS_GCP)
         for flag, name in (("network", self.network), ("subnetwork", self.subnetwork)):
             if name and not _GCP_NAME_RE.match(name):
                 raise _fail(flag, f"{name!r} is not a GCP resource name (lowercase letters, digits and '-', "
@@ -417,7 +474,8 @@ class GcpSettings(_Common):
         return cls(**json.loads(text))
 
     def cost_at_rest(self) -> list[catalog.CostLine]:
-        return catalog.gcp_cost_at_rest(self.master_instance_type, self.db_tier, self.db_storage_gb)
+        return catalog.gcp_cost_at_rest(self.master_instance_type, self.db_tier, self.db_storage_gb,
+                                        filestore_gb=FILESTORE_CAPACITY_GB if self.shared_fs == SHARED_FS_GCP else 0)
 
 
 Settings = AwsSettings | GcpSettings

@@ -168,6 +168,15 @@ def _cluster_flags(p: argparse.ArgumentParser, cloud: str) -> None:
                    help="its unencrypted PEM key (kept in the secret store, never in user-data)")
     p.add_argument("--master-cert-name", help="a DNS name the certificate is valid for: the agents reach the "
                                               "master's private address by it")
+    p.add_argument("--master-config-template", dest="master_config_template_path", metavar="PATH",
+                   help="a YAML file of master.yaml settings merged over the rendered config (pools by name); "
+                        "what det deploy owns or a flag sets is refused, the result is checked by the master's "
+                        "own config model")
+    fs = "efs" if cloud == "aws" else "filestore"
+    p.add_argument("--shared-fs", metavar=f"{fs}|none",
+                   help=f"checkpoints on a shared file system ({'EFS' if cloud == 'aws' else 'Filestore, 1 TiB'}) "
+                        "mounted on the master and the agents, instead of the bucket (default none); down keeps "
+                        "it unless --delete-data")
 
 
 def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
@@ -194,7 +203,8 @@ def _register_cloud(g: argparse._SubParsersAction, cloud: str) -> None:
     p.add_argument("--cluster-id")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--delete-data", action="store_true",
-                   help="delete the checkpoint bucket and the database's final snapshot too")
+                   help="delete the checkpoint bucket (and --shared-fs file system) and the database's final "
+                        "snapshot too")
     _backend_flags(p, cloud)
     p.set_defaults(func=cloud_down)
     p = csub.add_parser("list", help="the clusters in the state backend")
@@ -232,6 +242,7 @@ def cloud_up(args: Any) -> int:
     from cli import deploy_cloud as dc
 
     s = dc.settings_from_args(args.cloud, args)
+    dc.check_master_config(s)
     tls_key = dc.tls_key_from_args(args)
     db_password, admin_password = dc.passwords_from_args(args)
     backend = dc.Backend.from_args(args)
@@ -321,6 +332,7 @@ def cloud_render(args: Any) -> int:
     from infra.render import render, write_rendered
 
     s = dc.settings_from_args(args.cloud, args)
+    dc.check_master_config(s)
     for path in write_rendered(render(s), args.out):
         print(path)
     cost = s.cost_at_rest()

@@ -12,7 +12,11 @@
   (EC2's Describe* calls cannot be restricted to resources: AWS evaluates them account-wide.)
 - the master: an instance with its own network interface (its private IP goes into master.yaml as
   the URL agents use) and an Elastic IP, user-data from infra/render.py; a log group;
-- a Secrets Manager secret with the admin and database passwords, read by the master at each start.
+- a Secrets Manager secret with the admin and database passwords, read by the master at each start;
+- with `--shared-fs efs`: an encrypted EFS file system with a mount target in each of the cluster's
+  subnets, behind a security group that lets in NFS from the agents and the master only; the master
+  and every agent mount it (infra/render.py, shared_fs_mount) and checkpoints go there. `down` keeps
+  it, like the bucket, unless `--delete-data`.
 
 Every resource that takes tags carries `DEPLOY_TAG: <cluster id>` and the user's `--add-tag` tags.
 """
@@ -230,6 +234,38 @@ def _checkpoint_bucket(n: _Naming) -> aws.s3.Bucket:
     return bucket
 
 
+NFS_PORT = 2049
+
+
+def _default_subnet_count() -> int:
+    """How many default subnets the account's default VPC has (one mount target each): looked up
+    while the program runs, since resources cannot be declared per item of an output."""
+    vpc = aws.ec2.get_vpc(default=True)
+    return len(aws.ec2.get_subnets(filters=[{"name": "vpc-id", "values": [vpc.id]},
+                                            {"name": "default-for-az", "values": ["true"]}]).ids)
+
+
+def _efs(s: AwsSettings, n: _Naming, network: _Network, sgs: _SecurityGroups) -> tuple[aws.efs.FileSystem,
+                                                                                     list[aws.efs.MountTarget]]:
+    """`--shared-fs efs`: the file system (kept by `down`, like the bucket), NFS from the agents and
+    the master only, and a mount target in each subnet (the CLI checks they are in distinct zones)."""
+    named, tags = n.named, n.tags
+    count = (len(s.subnet_ids) if s.vpc_id else _default_subnet_count() if s.use_default_vpc else len(SUBNET_CIDRS))
+    sg = aws.ec2.SecurityGroup(
+        named("efs"), vpc_id=network.vpc_id, description=f"Shipyard {n.cid}: shared file system",
+        ingress=[{"protocol": "tcp", "from_port": NFS_PORT, "to_port": NFS_PORT,
+                  "security_groups": [sgs.agents.id, sgs.master.id],
+                  "description": "NFS from the agents and the master"}],
+        tags=tags("efs"))
+    fs = aws.efs.FileSystem(named("efs"), creation_token=named("efs"), encrypted=True,
+                            performance_mode="generalPurpose", throughput_mode="elastic", tags=tags("efs"),
+                            opts=pulumi.ResourceOptions(retain_on_delete=True))
+    targets = [aws.efs.MountTarget(named(f"efs-{i}"), file_system_id=fs.id, security_groups=[sg.id],
+                                   subnet_id=network.subnet_ids.apply(lambda ids, i=i: ids[i]))
+               for i in range(count)]
+    return fs, targets
+
+
 class _SecretAndLogs(NamedTuple):
     secret: aws.secretsmanager.Secret
     version: aws.secretsmanager.SecretVersion
@@ -291,14 +327,14 @@ class _Master(NamedTuple):
 
 def _master(s: AwsSettings, n: _Naming, network: _Network, sgs: _SecurityGroups, bucket: aws.s3.Bucket,
             secret: aws.secretsmanager.Secret, profiles: _Profiles, *,
-            depends_on: list[pulumi.Resource]) -> _Master:
+            depends_on: list[pulumi.Resource], shared_fs_id: pulumi.Input[str] = "") -> _Master:
     """The master's network interface, instance (after `depends_on`) and Elastic IP."""
     named, tags = n.named, n.tags
     first_subnet = network.subnet_ids.apply(lambda ids: ids[0])
     nic = aws.ec2.NetworkInterface(named("master"), subnet_id=first_subnet, security_groups=[sgs.master.id],
                                    description=f"Shipyard {n.cid}: master", tags=tags("master"))
     user_data = pulumi.Output.all(nic.private_ip, bucket.bucket, network.subnet_ids, sgs.agents.id,
-                                  profiles.agent.name, secret.arn).apply(lambda a: master_user_data(s, *a))
+                                  profiles.agent.name, secret.arn, shared_fs_id).apply(lambda a: master_user_data(s, *a))
     ami: pulumi.Input[str] = s.master_ami
     if s.master_ami.startswith("resolve:ssm:"):
         ami = aws.ssm.get_parameter_output(name=s.master_ami.removeprefix("resolve:ssm:")).value
@@ -327,8 +363,14 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
     secret, secret_version, log_group = _secret_and_logs(n, db, db_password=db_password,
                                                          admin_password=admin_password, tls_key=tls_key)
     profiles = _iam(s, n, network.vpc_id, bucket, secret, log_group)
+    after: list[pulumi.Resource] = [secret_version, db]
+    fs_id: pulumi.Input[str] = ""
+    if s.shared_fs == "efs":
+        fs, targets = _efs(s, n, network, sgs)
+        fs_id = fs.id
+        after += targets  # the master mounts it at its first boot
     # The master reads its secret (with the database's address) at its first start.
-    nic, master, eip = _master(s, n, network, sgs, bucket, secret, profiles, depends_on=[secret_version, db])
+    nic, master, eip = _master(s, n, network, sgs, bucket, secret, profiles, depends_on=after, shared_fs_id=fs_id)
 
     outputs = {
         "cluster_id": cid,
@@ -342,6 +384,7 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
         "db_endpoint": db.address,
         "secret": secret.arn,
         "log_group": log_group.name,
+        "shared_fs": fs_id,
     }
     for key, value in outputs.items():
         pulumi.export(key, value)
@@ -349,9 +392,11 @@ def build(s: AwsSettings, *, db_password: pulumi.Input[str], admin_password: pul
 
 
 def master_user_data(s: AwsSettings, private_ip: str, bucket: str, subnet_ids: list[str], agent_sg: str,
-                     agent_profile: str, secret_arn: str) -> str:
+                     agent_profile: str, secret_arn: str, shared_fs_id: str = "") -> str:
+    source = render.efs_source(shared_fs_id, s.region) if shared_fs_id else ""
     facts = render.AwsFacts(master_private_ip=private_ip, bucket=bucket, subnet_ids=tuple(subnet_ids),
                             agent_security_group_id=agent_sg, agent_instance_profile=agent_profile,
-                            secret_id=secret_arn)
+                            secret_id=secret_arn, shared_fs_source=source)
     return render.master_user_data("aws", render.aws_master_config(s, facts), secret_id=secret_arn,
-                                   region=s.region, package=s.shipyard_package, cluster_id=s.cluster_id)
+                                   region=s.region, package=s.shipyard_package, cluster_id=s.cluster_id,
+                                   bucket=bucket, mount=render.shared_fs_mount(s, source))

@@ -15,7 +15,10 @@
   Compute labels: the names start with `<cluster>-agent-`, the pools' name prefix), may act as the
   agents' service account only, and may read only its own secret; the agents may use only the bucket;
 - a static external IP and a reserved internal IP for the master (its URL in master.yaml), Secret
-  Manager for the passwords, and the master VM with its cloud-init user-data.
+  Manager for the passwords, and the master VM with its cloud-init user-data;
+- with `--shared-fs filestore`: a Filestore instance (basic HDD, 1 TiB) on the cluster's network,
+  mounted by the master and every agent (infra/render.py, shared_fs_mount) for checkpoints; `down`
+  keeps it, like the bucket, unless `--delete-data`.
 
 Every resource type that takes labels carries `DEPLOY_TAG: <cluster id>` and the user's tags; the
 others (network, firewall, service account, IAM) are named after the cluster.
@@ -38,6 +41,7 @@ FINAL_BACKUP_DAYS = 30
 MASTER_DISK_GB = 30
 APIS = ("compute.googleapis.com", "sqladmin.googleapis.com", "servicenetworking.googleapis.com",
         "secretmanager.googleapis.com", "iam.googleapis.com")
+FILESTORE_API = "file.googleapis.com"
 # What the GCP provider (provisioners/gcp/) calls, and nothing else.
 MASTER_PERMISSIONS = (
     "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
@@ -223,6 +227,18 @@ def _secret(s: GcpSettings, db: gcp.sql.DatabaseInstance, accounts: _ServiceAcco
     return _Secret(secret=secret, version=secret_version)
 
 
+def _filestore(s: GcpSettings, net: _Network, after_apis: pulumi.ResourceOptions) -> gcp.filestore.Instance:
+    """`--shared-fs filestore`: on the cluster's network (direct peering: reachable from its VMs),
+    kept by `down` like the bucket."""
+    cid = s.cluster_id
+    return gcp.filestore.Instance(
+        f"{cid}-ckpt-fs", name=f"{cid}-ckpt", project=s.project, location=s.zone, tier=settings.FILESTORE_TIER,
+        description=f"Shipyard {cid}: checkpoints",
+        file_shares={"name": render.FILESTORE_SHARE, "capacity_gb": settings.FILESTORE_CAPACITY_GB},
+        networks=[{"network": net.network.name, "modes": ["MODE_IPV4"], "connect_mode": "DIRECT_PEERING"}],
+        labels=s.all_tags, opts=pulumi.ResourceOptions.merge(after_apis, pulumi.ResourceOptions(retain_on_delete=True)))
+
+
 class _Master(NamedTuple):
     internal_ip: gcp.compute.Address
     external_ip: gcp.compute.Address
@@ -231,7 +247,7 @@ class _Master(NamedTuple):
 
 def _master(s: GcpSettings, net: _Network, bucket: gcp.storage.Bucket, accounts: _ServiceAccounts,
             secret: gcp.secretmanager.Secret, after_apis: pulumi.ResourceOptions, *,
-            depends_on: list[pulumi.Resource]) -> _Master:
+            depends_on: list[pulumi.Resource], shared_fs_ip: pulumi.Input[str] = "") -> _Master:
     """The master's internal and external addresses and its VM (after `depends_on`)."""
     cid, project, region, labels = s.cluster_id, s.project, s.region, s.all_tags
     internal_ip = gcp.compute.Address(f"{cid}-master-internal", name=f"{cid}-master-internal", project=project,
@@ -239,7 +255,7 @@ def _master(s: GcpSettings, net: _Network, bucket: gcp.storage.Bucket, accounts:
     external_ip = gcp.compute.Address(f"{cid}-master", name=f"{cid}-master", project=project, region=region,
                                       address_type="EXTERNAL", labels=labels, opts=after_apis)
     user_data = pulumi.Output.all(internal_ip.address, bucket.name, net.network.name, net.subnet.name,
-                                  accounts.agent.email, secret.name).apply(lambda a: master_user_data(s, *a))
+                                  accounts.agent.email, secret.name, shared_fs_ip).apply(lambda a: master_user_data(s, *a))
     metadata: dict[str, Any] = {"user-data": user_data, "enable-oslogin": "TRUE"}
     if s.ssh_public_key:  # metadata keys are ignored under OS Login
         metadata.update({"ssh-keys": f"{settings.GCP_SSH_USER}:{s.ssh_public_key}", "enable-oslogin": "FALSE"})
@@ -263,7 +279,8 @@ def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pul
     """Declare the stack's resources; returns its outputs (also exported)."""
     cid, project = s.cluster_id, s.project
     apis = [gcp.projects.Service(f"{cid}-api-{api.split('.')[0]}", project=project, service=api,
-                                 disable_on_destroy=False) for api in APIS]
+                                 disable_on_destroy=False)
+            for api in (*APIS, *([FILESTORE_API] if s.shared_fs == "filestore" else []))]
     after_apis = pulumi.ResourceOptions(depends_on=apis)
     net = _network(s, after_apis)
     _firewalls(s, net)
@@ -272,8 +289,15 @@ def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pul
     accounts = _service_accounts(s, bucket, after_apis)
     secret, secret_version = _secret(s, db, accounts, after_apis, db_password=db_password,
                                      admin_password=admin_password, tls_key=tls_key)
+    after: list[pulumi.Resource] = [secret_version, db_user]
+    fs_ip: pulumi.Input[str] = ""
+    fs_name: pulumi.Input[str] = ""
+    if s.shared_fs == "filestore":
+        fs = _filestore(s, net, after_apis)
+        fs_ip, fs_name = fs.networks.apply(lambda nets: nets[0].ip_addresses[0]), fs.name
+        after.append(fs)  # the master mounts it at its first boot
     internal_ip, external_ip, master = _master(s, net, bucket, accounts, secret, after_apis,
-                                               depends_on=[secret_version, db_user])
+                                               depends_on=after, shared_fs_ip=fs_ip)
 
     outputs = {
         "cluster_id": cid,
@@ -287,6 +311,7 @@ def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pul
         "checkpoint_bucket": bucket.name,
         "db_private_ip": db.private_ip_address,
         "secret": secret.name,
+        "shared_fs": fs_name,
     }
     for key, value in outputs.items():
         pulumi.export(key, value)
@@ -294,10 +319,12 @@ def build(s: GcpSettings, *, db_password: pulumi.Input[str], admin_password: pul
 
 
 def master_user_data(s: GcpSettings, private_ip: str, bucket: str, network: str, subnet: str, agent_sa: str,
-                     secret_name: str) -> str:
+                     secret_name: str, shared_fs_ip: str = "") -> str:
+    source = render.filestore_source(shared_fs_ip) if shared_fs_ip else ""
     facts = render.GcpFacts(master_private_ip=private_ip, bucket=bucket,
                             network=f"projects/{s.project}/global/networks/{network}",
                             subnetwork=f"regions/{s.region}/subnetworks/{subnet}",
-                            agent_service_account=agent_sa, secret_id=secret_name)
+                            agent_service_account=agent_sa, secret_id=secret_name, shared_fs_source=source)
     return render.master_user_data("gcp", render.gcp_master_config(s, facts), secret_id=secret_name,
-                                   region=s.region, package=s.shipyard_package, cluster_id=s.cluster_id)
+                                   region=s.region, package=s.shipyard_package, cluster_id=s.cluster_id,
+                                   bucket=bucket, mount=render.shared_fs_mount(s, source))

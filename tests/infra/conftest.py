@@ -71,6 +71,10 @@ class Recorder(pulumi.runtime.Mocks):
             out["connectionName"] = f"p:r:{args.name}"
         elif t == "gcp:secretmanager/secret:Secret":
             out["name"] = f"projects/{out.get('project', 'p')}/secrets/{out['secretId']}"
+        elif t == "gcp:filestore/instance:Instance":
+            out["networks"] = [{**net, "ipAddresses": ["10.40.0.2"]} for net in out.get("networks", [])]
+        elif t == "aws:efs/fileSystem:FileSystem":
+            out["dnsName"] = f"{args.name}-id.efs.us-east-1.amazonaws.com"
         elif t == "gcp:projects/iAMCustomRole:IAMCustomRole":
             out["name"] = f"projects/{out['project']}/roles/{out['roleId']}"
         if t.startswith("gcp:compute/") and "name" in out:
