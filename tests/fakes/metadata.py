@@ -12,14 +12,15 @@ import json
 import threading
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
 from urllib.parse import parse_qs, urlsplit
 
 
 class SpotMetadataServer:
-    def __init__(self, cloud: str, *, after_s: float | None = None, warning_s: float = 120.0,
-                 action: str = "terminate", rebalance_after_s: float | None = None) -> None:
+    def __init__(self, cloud: str, *, after_s: Optional[float] = None, warning_s: float = 120.0,
+                 action: str = "terminate", rebalance_after_s: Optional[float] = None) -> None:
         assert cloud in ("aws", "gcp")
         self.cloud = cloud
         self.warning_s = warning_s
@@ -28,8 +29,8 @@ class SpotMetadataServer:
         self._rebalance_after_s = rebalance_after_s
         self._cond = threading.Condition()
         self._started = time.monotonic()
-        self._notice_at: datetime | None = None  # when the notice was issued (wall clock)
-        self._rebalance_at: datetime | None = None
+        self._notice_at: Optional[datetime] = None  # when the notice was issued (wall clock)
+        self._rebalance_at: Optional[datetime] = None
         self._tokens: set[str] = set()
         self.hits: list[tuple[str, str, int]] = []  # (method, path, status)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -61,16 +62,16 @@ class SpotMetadataServer:
         """Serve the interruption notice from now on (the instance goes `warning_s` from now)."""
         with self._cond:
             if self._notice_at is None:
-                self._notice_at = datetime.now(UTC)
+                self._notice_at = datetime.now(timezone.utc)
             self._cond.notify_all()
 
     def recommend_rebalance(self) -> None:
         with self._cond:
-            self._rebalance_at = self._rebalance_at or datetime.now(UTC)
+            self._rebalance_at = self._rebalance_at or datetime.now(timezone.utc)
             self._cond.notify_all()
 
     @property
-    def deadline(self) -> datetime | None:
+    def deadline(self) -> Optional[datetime]:
         return None if self._notice_at is None else self._notice_at + timedelta(seconds=self.warning_s)
 
     def served(self, path: str, status: int = 200) -> int:
