@@ -108,8 +108,10 @@ def _serve_single(config, wrap_provider: ProviderWrapper | None) -> int:  # type
     master = _prepared(config)
     if master is None:
         return 1
+    master.serving_since = None  # until uvicorn has started (Master.serving_since)
     start_background(master, wrap_provider=wrap_provider)
     server = uvicorn.Server(_uvicorn_config(create_app(master), config, host=config.host, port=config.port))
+    workers.when_serving(lambda: bool(server.started), master.mark_serving, master.stopping)
 
     def _term(_sig, _frm):  # type: ignore[no-untyped-def]
         server.should_exit = True
@@ -141,7 +143,10 @@ def _serve_split(config, wrap_provider: ProviderWrapper | None, options: list[st
     master = _prepared(config)
     if master is None:
         return 1
+    master.serving_since = None  # until an API worker answers (Master.serving_since)
     start_background(master, wrap_provider=wrap_provider, shared=True)
+    workers.when_serving(workers.answers(config.scheme, config.host, sock.getsockname()[1]), master.mark_serving,
+                         master.stopping)
     supervisor = workers.Supervisor(
         [sys.executable, "-m", "control_plane", *options, "api-worker", "--fd", str(sock.fileno())],
         count=config.worker_processes, fd=sock.fileno(), metrics_dir=multiproc, master_id=master.master_id)

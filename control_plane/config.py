@@ -150,7 +150,7 @@ class MasterConfig(_Strict):
     # The longest wait between an agent's reconnect attempts. The master tells agents at
     # registration and they never wait longer (their own agent_reconnect_backoff_max only lowers
     # it). The agent-lost grace derives from it: an agent silent for agent_reconnect_cap_s +
-    # agent_heartbeat_timeout_s (counted from the master's start after a restart) is lost and its
+    # agent_heartbeat_timeout_s (after a restart: from when its API answers) is lost and its
     # allocations end; a live agent retries within the cap, and the timeout covers one slow attempt.
     agent_reconnect_cap_s: float = Field(15.0, gt=0, le=3600)
     scheduler_interval_s: float = Field(0.5, gt=0)

@@ -62,6 +62,11 @@ class Master:
         # One id per det-master: its API workers carry their control process's (workers.py).
         self.master_id = master_id or uuid.uuid4().hex
         self.started_at = clock()
+        # From when agents can reach this master: its API answers. An agent's silence counts only
+        # from then (loops/placement.py), so API workers slow to start after a restart do not make
+        # every agent look lost. A Master serves from its start unless its process says otherwise:
+        # det-master clears this until its own API answers (workers.when_serving).
+        self.serving_since: datetime | None = self.started_at
         # Set whenever something a loop should react to happens (new allocation, agent event...),
         # so loops act at once instead of waiting for their next tick.
         self.wakeup = threading.Condition()
@@ -225,6 +230,10 @@ class Master:
         elif was and not self.is_leader():
             self.leading_since = None
         telemetry.record_leader(self.master_id, self.is_leader(), self.leader_token)
+
+    def mark_serving(self) -> None:
+        self.serving_since = self.clock()
+        log.info("event=api_serving seconds_after_start=%.1f", (self.serving_since - self.started_at).total_seconds())
 
     def on_leading(self, hook: Callable[[], None]) -> None:
         """Called each time this process becomes the leader (state kept in memory by a loop is

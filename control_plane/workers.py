@@ -24,6 +24,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from shipyard_common.processes import pid_alive
@@ -45,6 +46,41 @@ def listen(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def when_serving(probe: Callable[[], bool], then: Callable[[], None], stopping: threading.Event,
+                 interval_s: float = 0.2) -> threading.Thread:
+    """Call `then` once `probe()` says the API answers (from a daemon thread)."""
+
+    def run() -> None:
+        while not stopping.is_set():
+            if probe():
+                then()
+                return
+            stopping.wait(interval_s)
+
+    thread = threading.Thread(target=run, name="api-serving-probe", daemon=True)
+    thread.start()
+    return thread
+
+
+def answers(scheme: str, host: str, port: int) -> Callable[[], bool]:
+    """Whether the API workers answer on the control process's socket (/health, from memory).
+    The kernel accepts connections on the listening socket before any worker does, so only an
+    HTTP answer says they serve."""
+    import httpx
+
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}/health"
+
+    def probe() -> bool:
+        try:
+            # Its own certificate, maybe for another name: this is a liveness check, not trust.
+            return httpx.get(url, timeout=2.0, verify=False).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return probe
 
 
 def prepare_metrics_dir(state_dir: Path) -> Path:

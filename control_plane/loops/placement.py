@@ -64,8 +64,11 @@ def expire_agents(s: Session, master: Master) -> None:
     now = master.clock()
     timeout = timedelta(seconds=master.config.agent_heartbeat_timeout_s)
     grace = timedelta(seconds=master.config.agent_lost_grace_s)
-    # From when this process began to lead: before that another master (or none) ran the loops.
-    since_start = now - max(master.started_at, master.leading_since or master.started_at)
+    if master.serving_since is None:
+        return  # this master's API does not answer yet: no agent could have been heard
+    # From when this process began to lead (before that another master, or none, ran the loops)
+    # and its API answered.
+    since_start = now - max(master.started_at, master.serving_since, master.leading_since or master.started_at)
     if since_start < timeout:
         return
     cutoff = now - timeout

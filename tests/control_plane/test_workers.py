@@ -87,3 +87,36 @@ print(json.dumps({"frozen": frozen, "threshold": gc.get_threshold()[0], "enabled
     assert seen["frozen"] > 1000
     assert seen["threshold"] == workers.GC_YOUNG_THRESHOLD
     assert seen["enabled"] and seen["cycle_collected"]
+
+
+def test_the_api_serves_once_a_worker_answers_not_when_the_kernel_accepts() -> None:
+    """The control process listens before its workers have imported the app: connections are
+    accepted by the kernel but nobody answers. Only an HTTP answer marks the API serving (the
+    agent-lost grace counts from then, loops/placement.py)."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    sock = workers.listen("127.0.0.1", 0)
+    probe = workers.answers("http", "0.0.0.0", sock.getsockname()[1])  # a wildcard host: probed on loopback
+    serving = threading.Event()
+    stop = threading.Event()
+    workers.when_serving(probe, serving.set, stop, interval_s=0.05)
+    try:
+        assert not probe()  # accepted, unanswered: times out
+        assert not serving.is_set()
+
+        class Health(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200 if self.path == "/health" else 404)
+                self.end_headers()
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        server = HTTPServer(sock.getsockname(), Health, bind_and_activate=False)
+        server.socket = sock
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        assert serving.wait(10) and probe()
+        server.shutdown()
+    finally:
+        stop.set()
+        sock.close()

@@ -96,6 +96,27 @@ def test_after_a_restart_allocations_outlive_the_outage_until_the_lost_grace(
     assert _token_revoked(loop_master, "run")
 
 
+def test_after_a_restart_the_grace_counts_from_when_the_api_answers(loop_master: Master, clock: FakeClock) -> None:
+    """The API workers of a restarted master took long to start (20 s on a loaded host, longer
+    than a short grace): no agent could reach it, so none is counted silent until the API answers,
+    and the grace runs from then (issue 27: trials lost to a slow restart after an outage)."""
+    grace = loop_master.config.agent_lost_grace_s
+    add_agent(loop_master, "a1", pool=POOL, slots=1, last_seen=clock() - timedelta(seconds=600))
+    add_allocation(loop_master, "run", pool=POOL, state="running", agent_id="a1", slot_ids=["0"])
+    loop_master.serving_since = None  # det-master's start: its API does not answer yet
+    clock.advance(seconds=3 * grace)
+    placement.tick(loop_master)
+    assert agent(loop_master, "a1").state == "connected" and allocation(loop_master, "run").state == "running"
+
+    loop_master.mark_serving()
+    clock.advance(seconds=grace - 1)
+    placement.tick(loop_master)
+    assert allocation(loop_master, "run").state == "running"
+    clock.advance(seconds=2)
+    placement.tick(loop_master)
+    assert allocation(loop_master, "run").end_cause == "agent_lost"  # silent for the whole grace
+
+
 def test_an_agent_that_reconnects_within_the_grace_keeps_its_allocations(
     loop_master: Master, clock: FakeClock,
 ) -> None:
