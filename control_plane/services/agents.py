@@ -26,7 +26,7 @@ from control_plane.core.expconf import ConfigInvalid, ExperimentConfig
 from control_plane.db.models import Agent, Allocation, Checkpoint, Experiment, Instance, Token, Trial, User
 from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import allocations, gangs, lifecycle
+from control_plane.services import allocations, gangs, interruptions, lifecycle
 from shipyard_common.agent_protocol import (
     Command,
     EventsRequest,
@@ -433,6 +433,9 @@ def enable_agent(s: Session, master: Master, agent_id: str) -> AgentView:
         raise Conflict(f"agent {agent_id!r} cannot be enabled: its instance {inst.instance_id or inst.launch_id} "
                        f"is being terminated by the autoscaler of pool {inst.pool!r} "
                        f"({inst.terminate_reason or 'terminating'}); it will not take work again")
+    if interruptions.is_final(agent.interruption_action):
+        raise Conflict(f"agent {agent_id!r} cannot be enabled: its cloud is taking its instance away "
+                       f"({interruptions.describe(agent)}); it will not take work again")
     agent.enabled = True
     agent.drain_started_at = None
     log.info("event=agent_enabled agent_id=%s", agent.id)

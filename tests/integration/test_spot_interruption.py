@@ -182,6 +182,9 @@ def test_notice_checkpoints_within_the_warning_and_resumes_elsewhere(spot: Spot)
     agent = spot.get(f"/api/v1/agents/spot-{mine}")["agent"]
     assert agent["enabled"] is False and agent["draining"] is True
     assert spot.get(f"/api/v1/agents/spot-{other}")["agent"]["enabled"] is True
+    # ... and an admin cannot turn it back on: its instance is going away.
+    r = httpx.post(f"{spot.master.url}/api/v1/agents/spot-{mine}/enable", headers=spot.headers, timeout=30)
+    assert r.status_code == 409 and "spot interruption notice" in r.text, r.text
 
 
 @pytest.fixture
