@@ -228,13 +228,16 @@ def _secret(s: GcpSettings, db: gcp.sql.DatabaseInstance, accounts: _ServiceAcco
 
 
 def _filestore(s: GcpSettings, net: _Network, after_apis: pulumi.ResourceOptions) -> gcp.filestore.Instance:
-    """`--shared-fs filestore`: on the cluster's network (direct peering: reachable from its VMs),
-    kept by `down` like the bucket."""
+    """`--shared-fs filestore`: on the cluster's network (direct peering), exported read-write to the
+    cluster's subnetwork only (the master and the agents; trials write as root), kept by `down` like
+    the bucket."""
     cid = s.cluster_id
+    export = {"ip_ranges": [net.subnet.ip_cidr_range], "access_mode": "READ_WRITE", "squash_mode": "NO_ROOT_SQUASH"}
     return gcp.filestore.Instance(
         f"{cid}-ckpt-fs", name=f"{cid}-ckpt", project=s.project, location=s.zone, tier=settings.FILESTORE_TIER,
         description=f"Shipyard {cid}: checkpoints",
-        file_shares={"name": render.FILESTORE_SHARE, "capacity_gb": settings.FILESTORE_CAPACITY_GB},
+        file_shares={"name": render.FILESTORE_SHARE, "capacity_gb": settings.FILESTORE_CAPACITY_GB,
+                     "nfs_export_options": [export]},
         networks=[{"network": net.network.name, "modes": ["MODE_IPV4"], "connect_mode": "DIRECT_PEERING"}],
         labels=s.all_tags, opts=pulumi.ResourceOptions.merge(after_apis, pulumi.ResourceOptions(retain_on_delete=True)))
 

@@ -232,7 +232,9 @@ def test_gcp_filestore_on_the_cluster_network_mounted_by_master_and_agents(tmp_p
     _, outputs = run(lambda: gcp_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
     fs = one(rec, "filestore/instance:Instance").inputs
     assert fs["tier"] == "BASIC_HDD" and fs["location"] == s.zone and fs["labels"][DEPLOY_TAG] == CID
-    assert fs["fileShares"] == {"name": render.FILESTORE_SHARE, "capacityGb": settings.FILESTORE_CAPACITY_GB}
+    assert fs["fileShares"] == {"name": render.FILESTORE_SHARE, "capacityGb": settings.FILESTORE_CAPACITY_GB,
+                                "nfsExportOptions": [{"ipRanges": [gcp_program.SUBNET_CIDR], "accessMode": "READ_WRITE",
+                                                      "squashMode": "NO_ROOT_SQUASH"}]}
     assert fs["networks"][0]["network"] == f"{CID}-net" and fs["networks"][0]["connectMode"] == "DIRECT_PEERING"
     assert "gcp:filestore/instance:Instance" in kept
     assert any(r.inputs["service"] == "file.googleapis.com" for r in of_type(rec, "projects/service:Service"))
@@ -360,6 +362,17 @@ def test_render_and_describe_price_the_shared_fs(det: Det, no_pulumi: None, tmp_
     assert efs == [catalog.CostLine("EFS ($0.30/GB-month stored)", 0.0)]
 
 
+def test_describe_names_the_shared_fs_and_prices_it(moto_env: str) -> None:  # noqa: F811
+    s = aws_settings(shared_fs="efs")
+    lines = deploy_cloud.describe("aws", {"cluster_id": CID, "region": "us-east-1", "settings": s.to_json(),
+                                          "shared_fs": "fs-0123abcd"})
+    assert f"Storage:  efs fs-0123abcd at {render.SHARED_FS_MOUNT} on the master and the agents" in lines
+    assert any(line.startswith("At rest:") and "EFS ($0.30/GB-month stored) $0.000" in line for line in lines)
+    plain = deploy_cloud.describe("aws", {"cluster_id": CID, "region": "us-east-1",
+                                          "settings": aws_settings().to_json()})
+    assert not any(line.startswith("Storage:") or "EFS" in line for line in plain)
+
+
 def test_aws_efs_needs_one_subnet_per_zone(moto_env: str) -> None:  # noqa: F811
     ec2 = boto3.client("ec2", region_name="us-east-1")
     vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
@@ -416,3 +429,12 @@ def test_settings_of_a_stack_without_the_new_fields_still_load() -> None:
     s = settings_from_json("aws", json.dumps(old))
     assert s.shared_fs == "none" and s.master_config_template == {}
     assert GcpSettings(cluster_id=CID, project="my-project-1", inbound_cidr="203.0.113.0/24").shared_fs == "none"
+
+
+def test_gcp_filestore_on_an_existing_network_is_exported_to_its_subnetwork_only() -> None:
+    s = gcp_settings(shared_fs="filestore", network="shared-net", subnetwork="shared-sub")
+    rec, _ = run(lambda: gcp_program.build(s, db_password=DB_PASSWORD, admin_password=ADMIN_PASSWORD))
+    fs = one(rec, "filestore/instance:Instance").inputs
+    assert fs["networks"][0]["network"] == "shared-net"
+    # The subnetwork's range as the lookup reports it (tests/infra/conftest.py), not the VPC's.
+    assert fs["fileShares"]["nfsExportOptions"][0]["ipRanges"] == ["10.128.0.0/20"]
