@@ -123,6 +123,14 @@ def describe(args: Any) -> int:
               [[c.get("location"), c.get("instanceType"), fmt_time(c.get("until")), c.get("failures"),
                 f"{c.get('code')}: {c.get('error')}"] for c in cooldowns],
               title="Capacity cool-downs (locations skipped after running out of capacity)")
+    moves = p.get("consolidationMoves") or []
+    if moves:
+        print()
+        table(["At", "Instance", "Allocation", "Trial", "Saving", "Reason"],
+              [[fmt_time(m.get("at")), m.get("instanceId") or m.get("launchId"), m.get("allocationId"),
+                m.get("trialId") or "", f"{m.get('saving', 0):g} {m.get('savingUnit', '')}", m.get("reason")]
+               for m in moves],
+              title="Consolidation moves (work moved by checkpoint and resume, newest first)")
     instances = p.get("instances") or []
     print()
     table(["Launch ID", "Instance ID", "State", "Agent", "Type", "Location", "Launched"],

@@ -15,6 +15,7 @@ from control_plane.core import states as st
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
 from control_plane.errors import bad_request, not_found
 from control_plane.master import Master
+from control_plane.services import consolidation
 from control_plane.services.pool_settings import EffectivePool, effective_pool, seconds
 
 router = APIRouter()
@@ -57,6 +58,12 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         "lastDecisionAt": ts(row.last_decision_at),
         # Subnets/zones skipped after capacity errors, as the autoscaler last recorded them.
         "capacityCooldowns": _cooldowns(row.last_decision),
+        # Work moved off instances by consolidation, newest first: why, and the estimated saving.
+        "consolidationMoves": [
+            {"at": ts(m.at), "launchId": m.launch_id, "instanceId": m.instance_id, "allocationId": m.allocation_id,
+             "trialId": m.trial_id, "reason": m.reason, "saving": m.saving, "savingUnit": m.saving_unit}
+            for m in consolidation.recent_moves(s, row.name)
+        ],
         **_determined_pool_fields(master, ep, slots_total, len(connected), allocs),
         "instances": [
             {"launchId": i.launch_id, "instanceId": i.instance_id, "state": i.state, "agentId": i.agent_id,

@@ -424,6 +424,19 @@ class CapacityCooldownOut(Wire):
     failures: Any
 
 
+class ConsolidationMoveOut(Wire):
+    """An allocation moved off an instance by consolidation (checkpoint, stop, resume elsewhere)."""
+
+    at: str | None
+    launch_id: str
+    instance_id: str | None
+    allocation_id: str
+    trial_id: int | None
+    reason: str
+    saving: float
+    saving_unit: str
+
+
 class ResourcePoolOut(Wire):
     """Determined's v1ResourcePool (`pools.pool_json`), with Shipyard's autoscaler state."""
 
@@ -449,6 +462,7 @@ class ResourcePoolOut(Wire):
     last_decision: dict[str, Any] | None
     last_decision_at: str | None
     capacity_cooldowns: list[CapacityCooldownOut]
+    consolidation_moves: list[ConsolidationMoveOut]
     instances: list[PoolInstanceOut]
 
 

@@ -306,6 +306,8 @@ class Instance(Base):
     state: Mapped[str] = mapped_column(String(32), index=True)
     location: Mapped[str] = mapped_column(String(128), default="")
     instance_type: Mapped[str] = mapped_column(String(64), default="")
+    # spot | on-demand: planned by the decision, then as launched ("" before migration 0014).
+    capacity: Mapped[str] = mapped_column(String(16), default="", server_default="")
     private_ip: Mapped[str | None] = mapped_column(String(64), nullable=True)
     agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     requested_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -401,3 +403,24 @@ class QuotaLease(Base):
     expires_at: Mapped[float] = mapped_column(Float)  # seconds since the epoch
 
     __table_args__ = (Index("ix_quota_leases_key", "key", "expires_at"), Index("ix_quota_leases_expires", "expires_at"))
+
+
+class ConsolidationMove(Base):
+    """One allocation moved off an instance by consolidation (loops/autoscaler/consolidate.py):
+    asked to checkpoint and stop so that it resumes on another instance, and its instance emptied
+    and terminated. The pool's disruption budget counts these rows; `det resource-pool describe` and
+    the web UI show the recent ones. Migration 0013."""
+
+    __tablename__ = "consolidation_moves"
+    __table_args__ = (Index("ix_consolidation_moves_pool_at", "pool", "at"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    pool: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column()
+    launch_id: Mapped[str] = mapped_column(String(64))  # the instance emptied
+    instance_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    agent_id: Mapped[str] = mapped_column(String(128))
+    allocation_id: Mapped[str] = mapped_column(String(64))
+    trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str] = mapped_column(Text)
+    saving: Mapped[float] = mapped_column(Float)  # estimated, per hour, in `saving_unit`
+    saving_unit: Mapped[str] = mapped_column(String(16))  # "$/h", or "slot-h/h" when prices are unknown

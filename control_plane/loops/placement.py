@@ -181,7 +181,7 @@ def _queue_and_running(s: Session, snap: _Snapshot,
 
     def job_of(a: Any) -> dict[str, Any]:
         return jobs.get(a.experiment_id or -1) or {"job_id": "", "priority": a.priority, "weight": a.weight,
-                                                    "queue_position": None, "max_slots": None}
+                                                    "queue_position": None, "max_slots": None, "preemptible": True}
 
     queue = []
     for a in snap.pending:
@@ -194,7 +194,7 @@ def _queue_and_running(s: Session, snap: _Snapshot,
         since = a.started_at or a.assigned_at or a.created_at
         running.append(RunningAllocation(
             a.id, tuple(Part(agent_id, tuple(ids)) for agent_id, ids in gangs.held(a)), j["priority"],
-            stopping=a.preempt_requested or a.kill_requested, job_id=j["job_id"], weight=j["weight"],
+            preemptible=j["preemptible"], stopping=a.preempt_requested or a.kill_requested, job_id=j["job_id"], weight=j["weight"],
             order=since.timestamp(), max_slots=j["max_slots"]))
     return queue, running
 
@@ -260,7 +260,7 @@ def _resources(experiment_id: int, config: dict[str, Any]) -> Resources:
 def _jobs(s: Session, experiment_ids: set[int | None], default_priority: int) -> dict[int, dict[str, Any]]:
     """The job attributes of experiments (one query): priority (the job's, else its config's, else
     the pool's default), weight (the job's, else its config's), queue position, and the config's
-    resources.max_slots."""
+    resources.max_slots and resources.preemptible."""
     ids = [i for i in experiment_ids if i is not None]
     out: dict[int, dict[str, Any]] = {}
     for chunk in range(0, len(ids), 1000):
@@ -273,7 +273,8 @@ def _jobs(s: Session, experiment_ids: set[int | None], default_priority: int) ->
                 priority = resources.priority if resources.priority is not None else default_priority
             out[eid] = {"job_id": job_id or f"experiment-{eid}", "priority": int(priority),
                         "weight": float(weight if weight is not None else resources.weight),
-                        "queue_position": position, "max_slots": resources.max_slots}
+                        "queue_position": position, "max_slots": resources.max_slots,
+                        "preemptible": resources.preemptible}
     return out
 
 

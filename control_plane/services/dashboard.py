@@ -38,7 +38,7 @@ from control_plane.db.models import (
     User,
 )
 from control_plane.master import Master
-from control_plane.services import checkpoints, experiments, gangs, jobs, models
+from control_plane.services import checkpoints, consolidation, experiments, gangs, jobs, models
 from control_plane.services.metrics import VALIDATION, searcher_goal
 from control_plane.services.pool_settings import effective_pool
 from shipyard_common import clouds
@@ -394,6 +394,7 @@ class PoolView:
     last_decision: dict[str, Any] | None
     last_decision_at: datetime | None
     cost_per_hour: float | None
+    consolidation_moves: list[consolidation.MoveView] = field(default_factory=list)
 
     @property
     def slots_free(self) -> int:
@@ -428,7 +429,8 @@ def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, que
         agents=agent_rows, slots_total=sum(a.slots for a in live), slots_busy=sum(a.busy for a in live),
         slots_disabled=sum(a.slots - a.busy for a in live if not a.enabled), instances=instances, queue=queue,
         last_decision=row.last_decision, last_decision_at=row.last_decision_at,
-        cost_per_hour=round(sum(priced), 4) if priced else None)
+        cost_per_hour=round(sum(priced), 4) if priced else None,
+        consolidation_moves=consolidation.recent_moves(s, row.name))
 
 
 def cluster_view(s: Session, master: Master, now: datetime) -> list[PoolView]:

@@ -1,7 +1,7 @@
 """The autoscaler loop object: the elastic pools, each pool's provider (built once, refused with a
 clear error when its configuration does not build), and one tick per pool that chains the steps:
-observe (`reconcile`), decide (`decision`), act (`act`). Also what the API asks of it: teardown
-(`terminate_all`) and `enable`."""
+observe (`reconcile`), decide (`decision`), consolidate (`consolidate`), act (`act`). Also what the
+API asks of it: teardown (`terminate_all`) and `enable`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from control_plane.core import states as st
 from control_plane.core.states import PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import ResourcePool
-from control_plane.loops.autoscaler import act, decision, reconcile
+from control_plane.loops.autoscaler import act, consolidate, decision, reconcile
 from control_plane.loops.autoscaler.act import UserDataRenderer
 from control_plane.loops.autoscaler.memory import PoolMemory
 from control_plane.loops.autoscaler.reconcile import LIST_ERROR
@@ -104,6 +104,7 @@ class Autoscaler:
         with transaction(self.master.sessions) as s:
             orphans = reconcile.reconcile(s, self.master, name, memory, cloud, lookups, now)
         decided, launch_ids = decision.decide_and_apply(self.master, name, memory, orphans, now)
+        consolidate.run(self.master, name, memory, now)
         act.send_terminations(self.master, name, memory, orphans, now)
         if launch_ids:
             act.launch(self.master, name, memory, launch_ids, self.render_user_data)

@@ -99,6 +99,7 @@ EXPECTED_MINIMAL = {
         "shm_size": None,
         "memory": None,
         "is_single_node": False,
+        "preemptible": True,
         "devices": [],
         "agent_label": "",
         "native_parallel": False,

@@ -50,6 +50,9 @@ class Resources(ConfigModel):
     # Shipyard: the container's memory limit (a trial over it is OOM-killed and says so).
     memory: ByteSize = None
     is_single_node: bool = False
+    # Shipyard: false keeps the trial where it runs: the scheduler never preempts it for other work
+    # and consolidation never moves it.
+    preemptible: bool = True
     devices: list[Any] = []
     # Deprecated in Determined, accepted so old configs still load.
     agent_label: str = ""

@@ -1,0 +1,159 @@
+"""Consolidate: the autoscaler's stage that moves the running work of one instance, by checkpoint and
+resume, onto the free slots of the pool's other instances, and terminates the emptied instance.
+
+Per elastic pool and tick, after the scale decision:
+
+1. an instance emptied by an earlier move (a live row whose agent consolidation cordoned, with a
+   move recorded) whose agent holds no allocation any more is terminated, reason "consolidated";
+2. with `provider.consolidation.enabled`, a snapshot of the pool as placement reads it
+   (control_plane/loops/placement.py: the same queue, running work and agents) goes to the pure core
+   (control_plane/core/scaling/consolidation.py) with the moves of the last hour; a plan is applied
+   in one transaction: under a lock on the agent's row (as the idle claim takes it) the instance must
+   still hold exactly the planned work, then the agent is disabled (cordoned: placement puts nothing
+   new there), each allocation is asked to stop gracefully (its trial sees `should_preempt`,
+   checkpoints and exits; the lifecycle requeues it from that checkpoint, not as a failure; past
+   `preemption_grace_s` it is killed, as any preemption) and a `consolidation_moves` row is written
+   per allocation with the reason and the estimated saving.
+
+The moves rows are the record: the budget counts them across restarts, step 1 finds the instances
+it emptied from them, and describe and the web UI show them (services/consolidation.py)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.config import SchedulerConfig
+from control_plane.core import states as st
+from control_plane.core.scaling import consolidation
+from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, ConsolidationMove, Instance, ResourcePool
+from control_plane.loops import placement
+from control_plane.loops.autoscaler.memory import PoolMemory
+from control_plane.loops.autoscaler.records import begin_termination
+from control_plane.master import Master
+from control_plane.services import gangs, lifecycle
+from shipyard_common import clouds
+
+log = logging.getLogger("shipyard.autoscaler")
+
+CONSOLIDATED = "consolidated"
+
+
+def run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consolidation.ConsolidationDecision | None:
+    """One consolidation step of `pool` (see the module's docstring); the decision, when one was made."""
+    pp = memory.provider
+    assert pp is not None
+    with transaction(master.sessions) as s:
+        finish_emptied(s, pool, now)
+    settings = pp.settings.consolidation
+    if not settings.enabled:
+        return None
+    cfg = master.config.pool(pool)
+    scheduler = cfg.scheduler if cfg is not None else SchedulerConfig()
+    budget = consolidation.Budget(settings.max_moves_per_hour, settings.min_run_time, pp.settings.min_instances)
+    with master.read_sessions() as s:
+        instances, running, pending = _snapshot(s, pool, scheduler.default_priority)
+        recent = recent_move_times(s, pool, now)
+    decision = consolidation.decide(instances, running, pending, budget, recent, now, policy=scheduler.type,
+                                    fitting=scheduler.fitting_policy)
+    with transaction(master.sessions) as s:
+        refused = apply_plan(s, master, pool, decision.plan, now) if decision.plan is not None else None
+        _record(s, pool, decision, refused, now)
+    return decision
+
+
+def recent_move_times(s: Session, pool: str, now: datetime) -> list[datetime]:
+    return list(s.scalars(select(ConsolidationMove.at).where(ConsolidationMove.pool == pool,
+                                                            ConsolidationMove.at > now - consolidation.HOUR)))
+
+
+def _snapshot(s: Session, pool: str, default_priority: int
+              ) -> tuple[list[consolidation.InstanceSlots], list[RunningAllocation], list[PendingAllocation]]:
+    """The pool's running instances with their agents, and its running work and queue exactly as
+    placement reads them: placement's own readers, so the simulation sees what placement sees."""
+    snap = placement._read(s, pool)
+    queue, running = placement._queue_and_running(s, snap, default_priority)
+    agents = {a.id: a for a in snap.agents}
+    instances = []
+    for row in s.scalars(select(Instance).where(Instance.pool == pool, Instance.state == st.InstanceState.RUNNING)
+                         .order_by(Instance.launch_id)):
+        agent = agents.get(row.agent_id or "") or next(
+            (a for a in snap.agents if row.instance_id and a.instance_id == row.instance_id), None)
+        if agent is None or agent.state != st.AgentState.CONNECTED:
+            continue
+        price = clouds.on_demand_usd_per_hour(row.instance_type) if row.instance_type else None
+        instances.append(consolidation.InstanceSlots(row.launch_id, AgentSlots(
+            agent.id, tuple(str(sl["id"]) for sl in agent.slots), frozenset(snap.used.get(agent.id, set())),
+            schedulable=bool(agent.enabled)), price))
+    known = {i.agent.agent_id for i in instances}
+    # Work that also holds an agent outside these instances stays where it is (it is not a candidate's).
+    running = [r for r in running if all(p.agent_id in known for p in r.parts)]
+    return instances, running, queue
+
+
+def apply_plan(s: Session, master: Master, pool: str, plan: consolidation.Plan, now: datetime) -> str | None:
+    """Cordon the instance and ask its work to checkpoint and stop, if under a lock on its agent's row
+    it still holds exactly the planned work; why not, else."""
+    row = s.get(Instance, plan.instance)
+    if row is None or row.state != st.InstanceState.RUNNING:
+        return f"instance {plan.instance} is no longer running"
+    agent = s.scalar(select(Agent).where(Agent.id == plan.agent_id).with_for_update()
+                     .execution_options(populate_existing=True))
+    if agent is None or not agent.enabled:
+        return f"agent {plan.agent_id} was disabled since the decision"
+    held = {a.id: a for a in gangs.holding(s, agent.id, pool)}
+    if set(held) != set(plan.allocations) or any(a.preempt_requested or a.kill_requested for a in held.values()):
+        return f"the work on agent {agent.id} changed since the decision"
+    agent.enabled = False  # cordoned: placement puts nothing new on it
+    for alloc_id in plan.allocations:
+        alloc = held[alloc_id]
+        lifecycle.request_preemption(alloc, now)
+        s.add(ConsolidationMove(pool=pool, at=now, launch_id=row.launch_id, instance_id=row.instance_id,
+                                agent_id=agent.id, allocation_id=alloc.id, trial_id=alloc.trial_id,
+                                reason=plan.reason, saving=plan.saving, saving_unit=plan.unit))
+        log.info("event=consolidation_move pool=%s launch_id=%s instance_id=%s allocation_id=%s trial_id=%s "
+                 "to=%s saving=%s%s", pool, row.launch_id, row.instance_id, alloc.id, alloc.trial_id,
+                 ",".join(plan.destinations.get(alloc.id, ())), plan.saving, plan.unit)
+    master.notify(s)
+    return None
+
+
+def finish_emptied(s: Session, pool: str, now: datetime) -> None:
+    """Terminate the instances consolidation emptied: cordoned by a move, live, and holding no
+    allocation now (the moved work has exited)."""
+    moved = set(s.scalars(select(ConsolidationMove.launch_id).where(
+        ConsolidationMove.pool == pool, ConsolidationMove.at > now - timedelta(days=1))))
+    if not moved:
+        return
+    for row in s.scalars(select(Instance).where(Instance.launch_id.in_(moved), Instance.state.in_(st.INSTANCE_LIVE))):
+        agent = s.get(Agent, row.agent_id) if row.agent_id else None
+        if agent is None or agent.enabled:
+            continue  # not cordoned (an admin enabled it again): it stays
+        if gangs.holding(s, agent.id, pool):
+            continue
+        if row.instance_id is None:
+            continue
+        begin_termination(s, row, now, f"{CONSOLIDATED}: its work moved to the pool's other instances")
+
+
+def _record(s: Session, pool: str, decision: consolidation.ConsolidationDecision, refused: str | None,
+            now: datetime) -> None:
+    """The consolidation decision beside the scale decision (`det resource-pool describe`)."""
+    prow = s.get(ResourcePool, pool)
+    if prow is None:
+        return
+    plan = decision.plan
+    entry: dict[str, object] = {"at": now.isoformat()}
+    if plan is not None and refused is None:
+        entry.update(instance=plan.instance, allocations=list(plan.allocations), reason=plan.reason,
+                     saving=plan.saving, unit=plan.unit)
+    else:
+        entry["reason"] = f"not moving: {refused}" if refused else (decision.reason or "nothing to move")
+    if decision.refused:
+        entry["refused"] = [f"{i}: {why}" for i, why in decision.refused]
+    prow.last_decision = {**(prow.last_decision or {}), "consolidation": entry}

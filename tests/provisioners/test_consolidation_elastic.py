@@ -1,0 +1,152 @@
+"""Consolidation at the cloud edge: the real autoscaler (ticked by hand on a fake clock) drives the
+real AWS provider against the moto server and the real GCP provider against the GCE fake, on SQLite
+and PostgreSQL. Three instances of 4 slots each run one 1-slot allocation; with
+`consolidation: {enabled: true, max_moves_per_hour: 1, min_run_time: 10m}`:
+
+* before min_run_time nothing moves, and the pool says why;
+* then one instance is emptied: its agent is cordoned, its allocation asked to checkpoint and stop
+  (the preemption path), the move recorded with its reason and saving and shown by the API;
+* once the allocation has exited (preempted, not a failure) the instance is terminated at the cloud
+  with the reason "consolidated";
+* a second move within the hour is refused by the budget, with its reason; after the hour it goes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+import pytest
+from sqlalchemy import select
+
+from control_plane.core import states as st
+from control_plane.core.states import InstanceState
+from control_plane.db.engine import transaction
+from control_plane.db.models import Allocation, ConsolidationMove
+from control_plane.loops.autoscaler import Autoscaler
+from control_plane.master import Master
+from control_plane.services import allocations
+from tests.control_plane.loops.conftest import FakeClock, add_agent, add_allocation, agent, allocation
+from tests.fakes.gce import GceFake
+from tests.provisioners.test_elastic_regressions import (  # noqa: F401  (fixtures)
+    _clock,
+    _fast_aws,
+    _fast_gcp,
+    aws_pool,
+    ec2,
+    ec2_faults_upstream,
+    gce,
+    gcp_pool,
+    masters,
+    moto_image,
+    moto_state,
+    pool_api,
+    rows,
+)
+
+pytestmark = pytest.mark.integration
+
+BUDGET = {"enabled": True, "max_moves_per_hour": 1, "min_run_time": "10m"}
+
+
+def three_quarter_empty_instances(master: Master, scaler: Autoscaler, clock: FakeClock) -> list[str]:
+    """Three instances launched for three 4-slot trials, their agents connected; then the trials are
+    gone and one 1-slot allocation runs on each instance. The agents' ids (the cloud's instance ids)."""
+    for n in range(3):
+        add_allocation(master, f"w{n}", slots=4)
+    scaler.tick()
+    launched = rows(master)
+    assert len(launched) == 3 and all(r.instance_id for r in launched)
+    clock.advance(seconds=5)
+    ids = [str(r.instance_id) for r in launched]
+    with transaction(master.sessions) as s:
+        for n in range(3):
+            row = s.get(Allocation, f"w{n}")
+            assert row is not None
+            row.state, row.end_cause, row.ended_at = st.AllocationState.TERMINATED, st.ExitCause.KILLED, clock()
+    for n, iid in enumerate(ids):
+        add_agent(master, iid, slots=4, instance_id=iid)
+        add_allocation(master, f"t{n}", slots=1, state="running", agent_id=iid, slot_ids=["0"])
+    scaler.tick()
+    assert [r.state for r in rows(master)] == [InstanceState.RUNNING] * 3
+    return ids
+
+
+def moves(master: Master) -> list[ConsolidationMove]:
+    with master.sessions() as s:
+        out = list(s.scalars(select(ConsolidationMove).order_by(ConsolidationMove.id)))
+        s.expunge_all()
+        return out
+
+
+def exit_preempted(master: Master, alloc_id: str) -> None:
+    """The trial saw `should_preempt`, checkpointed and exited 0: what its agent reports."""
+    with transaction(master.sessions) as s:
+        row = s.get(Allocation, alloc_id)
+        assert row is not None
+        allocations.end_allocation(s, master, row, cause=st.ExitCause.EXITED, reason=None, exit_code=0)
+
+
+def consolidate_twice(master: Master, scaler: Autoscaler, clock: FakeClock,
+                      gone: Callable[[str], bool]) -> None:
+    ids = three_quarter_empty_instances(master, scaler, clock)
+    scaler.tick()
+    assert moves(master) == []
+    decision = pool_api(master)["lastDecision"]["consolidation"]
+    assert "min_run_time 600s" in " ".join(decision["refused"]), decision
+
+    clock.advance(minutes=11)
+    scaler.tick()
+    [move] = moves(master)
+    emptied = move.instance_id
+    assert emptied in ids and move.allocation_id == f"t{ids.index(emptied)}"
+    assert move.saving > 0 and move.saving_unit == "$/h" and f"${move.saving:.2f}/h" in move.reason
+    assert allocation(master, move.allocation_id).preempt_requested  # checkpoint and stop: the preemption path
+    assert agent(master, emptied).enabled is False  # cordoned
+    shown = pool_api(master)["consolidationMoves"]
+    assert [(m["instanceId"], m["allocationId"], m["reason"]) for m in shown] == [
+        (emptied, move.allocation_id, move.reason)]
+    assert not gone(emptied)
+
+    # Its work has not exited yet: the instance stays; once it has (preempted, not a failure), it goes.
+    clock.advance(seconds=10)
+    scaler.tick()
+    assert next(r for r in rows(master) if r.instance_id == emptied).state == InstanceState.RUNNING
+    exit_preempted(master, move.allocation_id)
+    assert allocation(master, move.allocation_id).end_cause == st.ExitCause.PREEMPTED
+    clock.advance(seconds=10)
+    scaler.tick()
+    row = next(r for r in rows(master) if r.instance_id == emptied)
+    assert row.state in (InstanceState.STOPPING, InstanceState.TERMINATED)
+    assert row.terminate_reason and row.terminate_reason.startswith("consolidated")
+    assert gone(emptied)
+
+    # The remaining two each run one allocation: a second move fits, but the budget is spent.
+    clock.advance(minutes=20)
+    scaler.tick()
+    assert len(moves(master)) == 1
+    refused = " ".join(pool_api(master)["lastDecision"]["consolidation"]["refused"])
+    assert "disruption budget: moving 1 allocation exceeds the 0 moves left this hour (max_moves_per_hour 1)" \
+        in refused, refused
+    clock.advance(minutes=41)  # the first move is over an hour old
+    scaler.tick()
+    assert len(moves(master)) == 2, pool_api(master)["lastDecision"]
+
+
+def test_aws_consolidation_empties_an_instance_under_the_budget(
+        masters: Callable[..., Master], ec2_faults: Any, aws_session: boto3.Session,  # noqa: F811
+        moto_image: str) -> None:  # noqa: F811
+    clock = _clock()
+    master = masters(aws_pool(ec2_faults, moto_image, instance_slots=4, consolidation=BUDGET), clock)
+    scaler = Autoscaler(master, wrap_provider=_fast_aws(aws_session))
+    moto = ec2(aws_session, ec2_faults_upstream(ec2_faults))
+    consolidate_twice(master, scaler, clock, lambda iid: moto_state(moto, iid) in ("shutting-down", "terminated"))
+
+
+def test_gcp_consolidation_empties_an_instance_under_the_budget(
+        masters: Callable[..., Master], gce: GceFake) -> None:  # noqa: F811
+    clock = _clock()
+    master = masters(gcp_pool(gce, gpu_num=4, consolidation=BUDGET), clock)
+    scaler = Autoscaler(master, wrap_provider=_fast_gcp)
+    consolidate_twice(master, scaler, clock,
+                      lambda iid: not gce.has_instance(iid) or gce.instance(iid)["status"] in ("STOPPING", "TERMINATED"))
