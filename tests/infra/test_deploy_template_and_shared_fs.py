@@ -121,6 +121,8 @@ BAD_TEMPLATES = [
     ({"resource_pools": [{"name": "compute", "provider": {"root_volume_size": 200}}]},
      "resource_pools[compute].provider.root_volume_size: unknown field"),
     ({"agent_heartbeat_timeout": 45}, "agent_heartbeat_timeout: unknown field"),
+    ({"resource_pools": [{"name": "aux", "provider": {"agent": {"log_levle": "debug"}}}]},
+     "resource_pools[aux].provider.agent: agent.log_levle: unknown agent option"),
     ({"checkpoint_storage": {"save_trial_best": -1}}, "checkpoint_storage.save_trial_best: must be greater than"),
     ({"default_resource_pool": "nowhere"}, "default_resource_pool: 'nowhere' is not one of the pools"),
     ("- a list\n- not a mapping\n", "the top level must be a mapping"),
