@@ -5,6 +5,7 @@
 - `settings`: a deployment's settings from the command line's flags, validated (one line per error);
 - `render`: the master.yaml and the master's cloud-init user-data a stack boots, and a sample of the
   agents' user-data (`det deploy ... render` writes them without creating anything);
+- `template`: `--master-config-template`, merged over the rendered master.yaml (what the deploy owns refused);
 - `aws/`, `gcp/`: the programs themselves.
 
 The package describes a cluster; it imports nothing from the master, the providers or the CLI

@@ -15,6 +15,10 @@ The master's user-data, in the spirit of the agents' (agent_bootstrap/cloud_init
    admin and database passwords from the secret store (AWS Secrets Manager, GCP Secret Manager) at
    every start and execs det-master with them in its environment.
 
+With `--shared-fs`, the master's runcmd first runs the mount script (shared_fs_mount), which gates the
+boot, and the pools' startup script runs it on every agent; checkpoint storage is then `shared_fs` at
+SHARED_FS_MOUNT. A `--master-config-template` is merged over the master.yaml (infra/template.py).
+
 The user-data names the secret; it never holds a password. The master.yaml's pools are the two
 the flags ask for, both elastic: `compute` (GPU agents, the default pool) and `aux` (CPU agents).
 Every agent carries the deployment's tag (`infra.DEPLOY_TAG`), which the master's IAM requires.
