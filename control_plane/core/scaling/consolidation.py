@@ -2,7 +2,8 @@
 by checkpoint and resume, onto the free slots of the others, and the instance can be terminated.
 
 A candidate is an instance whose agent runs work. Its work moves only if a scheduling simulation
-places all of it on the other instances' free slots: the pool's own policy (the same function as
+places all of it on the free slots of the other instances that run work (never onto an idle one:
+that would empty nothing): the pool's own policy (the same function as
 placement, control_plane/core/scheduling/) is run over the pool without that instance, with the
 moved allocations queued beside the real pending ones (preemption off: a move never evicts anything).
 The queue order puts pending work of higher priority first, and the policy reserves what waiting
@@ -115,11 +116,14 @@ def _simulate(inst: InstanceSlots, work: Sequence[RunningAllocation], instances:
     resuming, pending work kept as it is); None and why when it does not place all of it, or when it
     would leave a pending allocation unplaced that the pool places today."""
     moved = {r.id for r in work}
+    # Only instances that run other work take it: moving work onto an idle instance empties nothing
+    # (the idle one is the idle policy's to terminate).
+    busy = {p.agent_id for r in running if r.id not in moved for p in r.parts}
     # Resumed, the moved work queues as new work would: behind what waits at its priority.
     queue = [*pending, *(PendingAllocation(r.id, r.slots, r.priority, now, r.job_id, r.weight, None,
                                            r.max_slots) for r in work)]
-    agents = [i.agent if i.id != inst.id else AgentSlots(i.agent.agent_id, i.agent.slot_ids, i.agent.used_slot_ids,
-                                                         schedulable=False) for i in instances]
+    agents = [i.agent if i.id != inst.id and i.agent.agent_id in busy else AgentSlots(
+        i.agent.agent_id, i.agent.slot_ids, i.agent.used_slot_ids, schedulable=False) for i in instances]
     # The moved work's slots stay used on the emptied agent; it is not schedulable anyway.
     decision = scheduling_policy(policy).schedule(queue, [r for r in running if r.id not in moved], agents,
                                                   preemption=False, fitting=fitting)

@@ -45,6 +45,12 @@ def test_two_half_used_instances_become_one() -> None:
     assert "saves 8 slot-hours per hour" in d.plan.reason
 
 
+def test_work_never_moves_onto_an_idle_instance() -> None:
+    a, idle = inst("a", 8, used=4), inst("b", 8)
+    d = decide([a, idle], [run("t1", a, 4)], [], BUDGET, [], NOW)
+    assert d.plan is None and "does not fit on the other instances' free slots" in dict(d.refused)["a"]
+
+
 def test_the_instance_whose_removal_saves_most_is_emptied() -> None:
     a, b, c = inst("a", 8, used=2, price=1.0), inst("b", 8, used=2, price=3.0), inst("c", 8, used=2, price=2.0)
     running = [run("t1", a, 2), run("t2", b, 2), run("t3", c, 2)]
@@ -125,9 +131,9 @@ def test_min_instances_and_cordoned_instances() -> None:
 
 
 def test_a_gang_across_instances_moves_whole() -> None:
-    a, b, c = inst("a", 4, used=4), inst("b", 4, used=4), inst("c", 8, used=0)
+    a, b, c = inst("a", 4, used=4), inst("b", 4, used=4), inst("c", 16, used=2)
     gang = RunningAllocation("g", (run("x", a, 4).parts[0], run("y", b, 4).parts[0]), order=LONG_AGO)
-    d = decide([a, b, c], [gang], [], BUDGET, [], NOW)
+    d = decide([a, b, c], [gang, run("t3", c, 2)], [], BUDGET, [], NOW)
     assert d.plan is not None and d.plan.allocations == ("g",)
     assert d.plan.destinations == {"g": ("agent-c",)}
 
@@ -182,9 +188,11 @@ def test_a_plan_respects_the_budget_and_places_validly(case: tuple) -> None:
     assert {r.id for r in running if any(p.agent_id == emptied.agent.agent_id for p in r.parts)} == set(plan.allocations)
     agents = {i.agent.agent_id: i.agent for i in instances}
     room = {a: len(s.slot_ids) - len(s.used_slot_ids) for a, s in agents.items()}
+    busy = {p.agent_id for r in running if r.id not in plan.allocations for p in r.parts}
     for r in moved:
         dest = plan.destinations[r.id]
         assert dest and emptied.agent.agent_id not in dest and all(agents[a].schedulable for a in dest)
+        assert set(dest) <= busy  # never onto an idle instance
         for a in dest:
             room[a] -= r.slots // len(dest)
     assert all(v >= 0 for v in room.values())
