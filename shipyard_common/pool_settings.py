@@ -69,9 +69,10 @@ class ElasticSettings(StrictSettings):
     # During a long launch backoff (quota), one instance is launched this often to see whether the
     # error is over, rather than waiting for the whole backoff.
     launch_probe_interval: Duration = DEFAULT_LAUNCH_PROBE_INTERVAL
-    # Scale-down hysteresis: the demand arrivals of this window predict the next one, and an idle
-    # instance the next arrival is expected to use is kept (up to twice max_idle_agent_period).
-    # 0 turns the hysteresis off: idle instances go after max_idle_agent_period.
+    # Idle policy: the demand arrivals of this window predict the next one, and an instance idle past
+    # max_idle_agent_period is kept while idling until that arrival costs less than a relaunch (the
+    # pool's measured boots, the waiting slots), up to twice max_idle_agent_period, the hard bound
+    # (control_plane/core/scaling/idle.py). 0 turns it off: idle instances go after max_idle_agent_period.
     arrival_window: Duration = DEFAULT_ARRIVAL_WINDOW
     # Moving work off an instance by checkpoint and resume to terminate it, under a disruption budget
     # (shipyard_common/consolidation_settings.py; off by default).

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -60,6 +60,7 @@ class Snapshot:
     stopping: list[_Stopping]
     links: dict[str, str]  # launch id -> agent id, for rows not yet linked to their agent
     orphans: list[CloudInstance] = field(default_factory=list)
+    boot_times: tuple[timedelta, ...] = ()  # of the pool's recent instances (the idle stage weighs them)
     # Live rows whose agent reported an interruption notice and holds no work: terminated now.
     interrupted_idle: list[str] = field(default_factory=list)
 
@@ -90,7 +91,7 @@ def decide_and_apply(master: Master, pool: str, memory: PoolMemory, orphans: lis
     limits = pool_limits(pp)
     with master.read_sessions() as s:
         snap = read_snapshot(s, pool, orphans, limits, now, hysteresis=bool(limits.arrival_window))
-    decision = decide(snap.demand, snap.views, limits, now, snap.arrivals)
+    decision = decide(snap.demand, snap.views, replace(limits, boot_times=snap.boot_times), now, snap.arrivals)
     with transaction(master.sessions) as s:
         launch_ids = apply_decision(s, master, pool, memory, decision, snap, now)
     return decision, launch_ids
@@ -110,6 +111,18 @@ def _pending_demand(s: Session, pool: str, slots_per_instance: int) -> tuple[lis
         key = (slots_per_instance, parts) if parts is not None and parts > 1 else (slots, 1)
         demand[key] = demand.get(key, 0) + count
     return [PendingDemand(slots, count, instances) for (slots, instances), count in sorted(demand.items())], shapes
+
+
+#: How many of the pool's most recent instances' boots the idle stage is given (their median is used).
+BOOT_SAMPLES = 20
+
+
+def boot_times(s: Session, pool: str) -> tuple[timedelta, ...]:
+    """Launch to agent first connected, of the pool's most recent instances that connected."""
+    rows = s.execute(select(Instance.launched_at, Agent.registered_at).join(Agent, Agent.id == Instance.agent_id)
+                     .where(Instance.pool == pool, Instance.launched_at.is_not(None))
+                     .order_by(Instance.launched_at.desc()).limit(BOOT_SAMPLES))
+    return tuple(connected - launched for launched, connected in rows if connected >= launched)
 
 
 def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: PoolLimits,
@@ -164,7 +177,8 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
               for ci in orphans]
     return Snapshot(demand=demand, shapes=shapes, arrivals=arrivals, views=views, live=len(rows),
                     stopping=[(r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping],
-                    links=links, orphans=orphans, interrupted_idle=interrupted_idle)
+                    links=links, orphans=orphans, interrupted_idle=interrupted_idle,
+                    boot_times=boot_times(s, pool) if hysteresis else ())
 
 
 def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, decision: ScaleDecision,
