@@ -380,12 +380,12 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     idle_free = [_free(i, capacity) for i in census.idle]
     booting_free = [_free(i, capacity) for i in census.booting]
     packing = _pack(shapes, capacity, (idle_free, booting_free), new=not limits.options)
-    new_bins = _new_instances(shapes, packing, limits.options) if limits.options else []
-    want = sum(n for _, _, n in new_bins) if limits.options else packing.new_instances
-    floor = max(0, limits.min_instances - live)
     # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone.
     draft.stopping = stopping = len(census.stopping) + len(draft.terminations)
     room = max(0, limits.max_instances - live - stopping)
+    new_bins = _new_instances(shapes, packing, limits.options, room) if limits.options else []
+    want = sum(n for _, _, n in new_bins) if limits.options else packing.new_instances
+    floor = max(0, limits.min_instances - live)
     launch = min(max(want, floor), room)
     if limits.max_launch_per_decision is not None:
         launch = min(launch, limits.max_launch_per_decision)
@@ -430,13 +430,13 @@ def _pack_one(shapes: mix.Shapes, capacity: int) -> int:
                  capacity).new_instances
 
 
-def _new_instances(shapes: _Shapes, packing: _Packing,
-                   options: Sequence[InstanceOption]) -> list[tuple[InstanceOption, int, int]]:
+def _new_instances(shapes: _Shapes, packing: _Packing, options: Sequence[InstanceOption],
+                   room: int) -> list[tuple[InstanceOption, int, int]]:
     """The new instances of a pool of several types for what the open instances did not take:
     (option, largest task, count), cheapest first found. A gang part takes a whole instance of the
     cheapest option it fits (every part of a gang then has the same type); the other tasks are
-    packed by cost (core/scaling/mix.py); zero-slot tasks need the cheapest instance when there is
-    none at all."""
+    packed by cost (core/scaling/mix.py), preferring a combination within the `room` under
+    max_instances; zero-slot tasks need the cheapest instance when there is none at all."""
     left = dict(packing.leftover)
     bins: list[tuple[InstanceOption, int, int]] = []
     for size, parts in shapes.gang_parts:
@@ -445,7 +445,8 @@ def _new_instances(shapes: _Shapes, packing: _Packing,
         if whole and option is not None:
             bins.append((option, size, whole))
             left[size] -= whole
-    found = mix.cheapest_mix(sorted(left.items(), reverse=True), options, _pack_one)
+    found = mix.cheapest_mix(sorted(left.items(), reverse=True), options, _pack_one,
+                             max(0, room - sum(n for _, _, n in bins)))
     bins = [*found.bins, *bins]
     cheapest = mix.cheapest_fitting(options, 0)
     if packing.zero_needs_instance and not bins and cheapest is not None:

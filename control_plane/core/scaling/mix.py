@@ -145,9 +145,11 @@ def _greedy_mix(shapes: Shapes, options: Sequence[InstanceOption]) -> Mix:
     return _mix(bins)
 
 
-def cheapest_mix(shapes: Shapes, options: Sequence[InstanceOption], pack_one: PackOne) -> Mix:
+def cheapest_mix(shapes: Shapes, options: Sequence[InstanceOption], pack_one: PackOne,
+                 limit: int | None = None) -> Mix:
     """The cheapest instances found for `shapes` (tasks of a slot size > 0, each on one instance;
-    every size fits some option)."""
+    every size fits some option); one of at most `limit` instances first, if any is found (a pool
+    at its max_instances gets what fits all the work in the room left, not a cut cheaper mix)."""
     shapes = [(s, c) for s, c in shapes if c]
     if not shapes:
         return Mix((), 0.0)
@@ -157,7 +159,7 @@ def cheapest_mix(shapes: Shapes, options: Sequence[InstanceOption], pack_one: Pa
         if o.slots >= largest:
             n = pack_one(shapes, o.slots)
             candidates.append(Mix(((o, largest, n),), cost(o) * n))
-    return min(candidates, key=lambda m: (round(m.cost, 9), m.count))
+    return min(candidates, key=lambda m: (limit is not None and m.count > limit, round(m.cost, 9), m.count))
 
 
 def cheapest_fitting(options: Sequence[InstanceOption], slots: int) -> InstanceOption | None:

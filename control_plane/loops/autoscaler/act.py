@@ -15,16 +15,17 @@ from sqlalchemy.orm import Session
 
 from control_plane import auth, telemetry
 from control_plane.core import states as st
-from control_plane.core.scaling import backoff
+from control_plane.core.scaling import InstanceOption, backoff
 from control_plane.core.scaling import reconcile as rec
 from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Instance, ResourcePool
+from control_plane.loops.autoscaler import types
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, close_row, instance_move
 from control_plane.master import Master
 from control_plane.services import allocations
-from provisioners.base import CloudInstance, CloudState, ErrorKind, LaunchSpec, ProviderError
+from provisioners.base import CloudInstance, CloudState, ErrorKind, LaunchSpec, ProviderError, offers_of
 from provisioners.capacity import cooldowns_of
 from provisioners.factory import PoolProvider
 
@@ -42,12 +43,16 @@ def launch(master: Master, pool: str, memory: PoolMemory, launch_ids: list[str],
     pp = memory.provider
     assert pp is not None
     specs = []
+    offers = offers_of(pp.provider)
     with transaction(master.sessions) as s:
         now = master.clock()
         for launch_id in launch_ids:
             token = auth.issue_token(s, auth.TokenKind.BOOTSTRAP, now=now, ttl=pp.settings.bootstrap_token_ttl,
                                      pool=pool, launch_id=launch_id)
-            specs.append(LaunchSpec(launch_id, render_user_data(pool, launch_id, token, pp)))
+            row = s.get(Instance, launch_id)
+            # The type the decision chose, then the next-cheapest that fit (capacity failover).
+            choices = types.choices_for(offers, row.instance_type, row.capacity) if row is not None else ()
+            specs.append(LaunchSpec(launch_id, render_user_data(pool, launch_id, token, pp), choices))
     log.info("event=launching pool=%s count=%d", pool, len(specs))
     master.assert_leading()
     try:
@@ -60,7 +65,7 @@ def launch(master: Master, pool: str, memory: PoolMemory, launch_ids: list[str],
     telemetry.launched(pool, len(launch_ids), len(launched), error.kind.value if error is not None else None)
     with transaction(master.sessions) as s:
         now = master.clock()
-        _record_launched(s, master, pool, launch_ids, launched, error, now)
+        _record_launched(s, master, pool, launch_ids, launched, error, now, types.options_of(pp.provider))
         prow = s.get(ResourcePool, pool)
         assert prow is not None
         # What the launch learnt of each subnet/zone shows on the pool at once, not a tick later.
@@ -74,7 +79,7 @@ def launch(master: Master, pool: str, memory: PoolMemory, launch_ids: list[str],
 
 
 def _record_launched(s: Session, master: Master, pool: str, launch_ids: list[str], launched: list[CloudInstance],
-                     error: ProviderError | None, now: datetime) -> None:
+                     error: ProviderError | None, now: datetime, options: tuple[InstanceOption, ...] = ()) -> None:
     """Each requested row follows its launch: the instance it got, or kept `requested` after an
     ambiguous failure, or closed after a definite one."""
     got = {ci.launch_id: ci for ci in launched}
@@ -92,7 +97,8 @@ def _record_launched(s: Session, master: Master, pool: str, launch_ids: list[str
             row.instance_id = ci.id
             row.launched_at = ci.launched_at
             row.location = ci.location
-            row.instance_type = ci.instance_type
+            row.instance_type = types.recorded_type(options, ci.instance_type)
+            row.capacity = types.SPOT if ci.spot else types.ON_DEMAND
             row.private_ip = ci.private_ip
         elif error is not None and error.kind == ErrorKind.UNKNOWN:
             # An ambiguous failure (a timeout, a lost answer, a provider bug): the cloud may

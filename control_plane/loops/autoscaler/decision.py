@@ -24,6 +24,7 @@ from control_plane.core import states as st
 from control_plane.core.scaling import (
     Arrival,
     InstanceView,
+    LaunchPlan,
     PendingDemand,
     PoolLimits,
     ScaleDecision,
@@ -35,6 +36,7 @@ from control_plane.core.scheduling.gang import whole_agent_parts
 from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
+from control_plane.loops.autoscaler import types
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, close_row
 from control_plane.master import Master
@@ -72,13 +74,15 @@ def _plural(n: int, word: str) -> str:
 def pool_limits(pp: PoolProvider) -> PoolLimits:
     """The decider's limits, from the pool's provider settings."""
     settings = pp.settings
+    options = types.options_of(pp.provider)  # a pool of several types: each with its slots and price
     return PoolLimits(
         min_instances=settings.min_instances, max_instances=settings.max_instances,
-        slots_per_instance=pp.slots_per_instance, max_idle_agent_period=settings.max_idle_agent_period,
+        slots_per_instance=max((o.slots for o in options), default=pp.slots_per_instance),
+        max_idle_agent_period=settings.max_idle_agent_period,
         max_agent_starting_period=settings.max_agent_starting_period,
         max_disconnected_period=settings.max_disconnected_period,
         max_launch_per_decision=settings.max_launch_per_decision,
-        arrival_window=settings.arrival_window,
+        arrival_window=settings.arrival_window, options=options,
     )
 
 
@@ -168,6 +172,7 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
             agent_disconnected_since=None if connected or agent is None else agent.disconnected_at,
             busy_slots=busy.get(agent.id, 0) if agent else 0,
             idle_since=(agent.idle_since or now) if connected and agent.id not in running else None,
+            slots=types.slots_of(limits.options, row.instance_type), instance_type=row.instance_type or "",
         ))
     # Instances being stopped, and orphans, bill until the cloud says they are gone: they leave
     # no room under max_instances (never capacity).
@@ -212,13 +217,14 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
             begin_termination(s, row, now, reason)
             terminated.append({"id": launch_id, "reason": reason})
     launch_ids: list[str] = []
-    for _ in range(launch):
+    for instance_type, capacity in types.planned_rows(decision, launch):  # the type the decider chose
         launch_id = uuid.uuid4().hex
         s.add(Instance(launch_id=launch_id, pool=pool, provider=pp.settings.type, state=InstanceState.REQUESTED,
-                       requested_at=now))
+                       requested_at=now, instance_type=instance_type, capacity=capacity))
         launch_ids.append(launch_id)
     _record_decision(prow, memory, snap, now, launch=launch, terminated=terminated, reasons=reasons,
-                     allowance=allowance)
+                     allowance=allowance, launches=decision.launches if launch == decision.launch else (),
+                     usd_per_hour=decision.usd_per_hour if launch == decision.launch else None)
     return launch_ids
 
 
@@ -248,7 +254,8 @@ def _apply_terminations(s: Session, master: Master, pool: str, decision: ScaleDe
 
 
 def _record_decision(prow: ResourcePool, memory: PoolMemory, snap: Snapshot, now: datetime, *, launch: int,
-                     terminated: list[dict[str, str]], reasons: list[str], allowance: backoff.LaunchAllowance) -> None:
+                     terminated: list[dict[str, str]], reasons: list[str], allowance: backoff.LaunchAllowance,
+                     launches: tuple[LaunchPlan, ...] = (), usd_per_hour: float | None = None) -> None:
     """The pool's state after its backoff, and the decision as `det resource-pool describe` shows it."""
     pp = memory.provider
     assert pp is not None
@@ -273,6 +280,9 @@ def _record_decision(prow: ResourcePool, memory: PoolMemory, snap: Snapshot, now
         # Subnets/zones skipped after capacity errors (provisioners/capacity.py), and the slots one
         # instance brings (what submissions and pending trials are checked against).
         "capacity": cooldowns_of(pp.provider), "slots_per_instance": pp.slots_per_instance,
+        # A pool of several types: what it may launch at which price, and this decision's choice.
+        **({"offers": types.describe_offers(options), "launches": types.describe_plans(launches),
+            "usd_per_hour": usd_per_hour} if (options := types.options_of(pp.provider)) else {}),
     }
     prow.last_decision_at = now
 
