@@ -80,8 +80,8 @@ def decision_lines(decision: Any) -> list[str]:
     for r in decision.get("reasons") or []:
         lines.append(f"  {r}")
     for k, v in decision.items():
-        # capacity: shown as its own table (`describe`)
-        if k not in ("launch", "terminate", "terminateIds", "reasons", "capacity"):
+        # capacity, offers, launches: shown as their own tables (`describe`)
+        if k not in ("launch", "terminate", "terminateIds", "reasons", "capacity", "offers", "launches"):
             lines.append(f"  {k}: {v}")
     return lines
 
@@ -116,6 +116,7 @@ def describe(args: Any) -> int:
         print(f"\nLast scaling decision ({fmt_time(p.get('lastDecisionAt')) or 'time unknown'}):")
         for line in lines:
             print(f"  {line}")
+    _types_tables(p)
     cooldowns = p.get("capacityCooldowns") or []
     if cooldowns:
         print()
@@ -133,8 +134,32 @@ def describe(args: Any) -> int:
               title="Consolidation moves (work moved by checkpoint and resume, newest first)")
     instances = p.get("instances") or []
     print()
-    table(["Launch ID", "Instance ID", "State", "Agent", "Type", "Location", "Launched"],
+    table(["Launch ID", "Instance ID", "State", "Agent", "Type", "Capacity", "Location", "Launched"],
           [[i.get("launchId"), i.get("instanceId") or "", i.get("state"), i.get("agentId") or "",
-            i.get("instanceType") or "", i.get("location") or "", fmt_time(i.get("launchedAt"))] for i in instances],
+            i.get("instanceType") or "", i.get("capacity") or "", i.get("location") or "", fmt_time(i.get("launchedAt"))]
+           for i in instances],
           title="Instances")
     return 0
+
+
+def _price(usd: Any) -> str:
+    return f"${usd:.4g}" if isinstance(usd, int | float) else "unknown"
+
+
+def _types_tables(p: dict[str, Any]) -> None:
+    """A pool of several instance types or capacities: what it may launch at which price, and what
+    the last decision chose."""
+    offers = p.get("instanceTypes") or []
+    if offers:
+        print()
+        table(["Instance Type", "Capacity", "Slots", "$/h (est.)"],
+              [[o.get("instanceType"), o.get("capacity"), o.get("slots") or "?", _price(o.get("usdPerHour"))]
+               for o in offers], title=f"Instance types (capacity: {p.get('capacity') or 'on-demand'})")
+    decision = p.get("lastDecision") if isinstance(p.get("lastDecision"), dict) else {}
+    launches = decision.get("launches") or []
+    if launches:
+        print()
+        table(["Count", "Instance Type", "Capacity", "$/h each (est.)", "Then (no capacity)"],
+              [[x.get("count"), x.get("instance_type"), x.get("capacity"), _price(x.get("usd_per_hour_each")),
+                ", ".join(x.get("fallbacks") or [])] for x in launches],
+              title=f"Chosen launch (est. {_price(decision.get('usd_per_hour'))}/h)")

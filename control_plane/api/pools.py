@@ -58,6 +58,11 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         "lastDecisionAt": ts(row.last_decision_at),
         # Subnets/zones skipped after capacity errors, as the autoscaler last recorded them.
         "capacityCooldowns": _cooldowns(row.last_decision),
+        # A pool of several instance types or capacities: each with its slots and estimated $/h
+        # (the price catalogue, shipyard_common/prices.json); the last decision's launches are in it.
+        "capacity": ep.instances.capacity if ep else "",
+        "instanceTypes": [{"instanceType": o.instance_type, "capacity": "spot" if o.spot else "on-demand",
+                           "slots": o.slots, "usdPerHour": o.usd_per_hour} for o in (ep.instances.offers if ep else ())],
         # Work moved off instances by consolidation, newest first: why, and the estimated saving.
         "consolidationMoves": [
             {"at": ts(m.at), "launchId": m.launch_id, "instanceId": m.instance_id, "allocationId": m.allocation_id,
@@ -67,7 +72,8 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         **_determined_pool_fields(master, ep, slots_total, len(connected), allocs),
         "instances": [
             {"launchId": i.launch_id, "instanceId": i.instance_id, "state": i.state, "agentId": i.agent_id,
-             "location": i.location, "instanceType": i.instance_type, "launchedAt": ts(i.launched_at or i.requested_at),
+             "location": i.location, "instanceType": i.instance_type, "capacity": i.capacity,
+             "launchedAt": ts(i.launched_at or i.requested_at),
              # An instance being stopped bills until the cloud says it is gone: why, and since when.
              "terminateReason": i.terminate_reason, "terminateRequestedAt": ts(i.terminate_requested_at)}
             for i in instances
