@@ -14,6 +14,11 @@ empty pool:
 
 Shapes larger than the instance type are infeasible for every decider. Ray needs
 `pip install "ray[default]==2.60.0"` (the `bench` extra); without it only ours runs.
+
+A second table prices a pool of several types (issue 28): the same trials on g5.xlarge (1 A10G) and
+g5.12xlarge (4 A10G), 8-GPU trials as gangs of two whole g5.12xlarge, at the catalogue's us-east-1
+prices (shipyard_common/prices.json): the larger type alone, the cheapest mix on demand, and the mix
+with `capacity: spot-then-on-demand` (spot at the catalogue's estimate), with the decision time.
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from control_plane.core.scaling import PendingDemand, PoolLimits, decide, lower_bound_instances  # noqa: E402
+from control_plane.core.scaling import (  # noqa: E402
+    InstanceOption,
+    PendingDemand,
+    PoolLimits,
+    decide,
+    lower_bound_instances,
+)
+from shipyard_common import clouds  # noqa: E402
 
 SHAPES = (1, 2, 4, 8)
 SHAPE_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
@@ -204,14 +216,56 @@ def main() -> int:
     print()
     print("LB = ceil(feasible GPUs / GPUs per instance); shapes larger than the instance are infeasible.")
     print("times: median wall time per decision (ours repeated >= 0.2 s; Ray once: it is deterministic).")
+    failures += several_types(sizes, args.seed)
     if failures:
         print("TARGETS MISSED:")
         for f in failures:
             print(f"  {f}")
         return 1
     targets = "100x faster than ray v2 at the largest size and " if not ray_missing else ""
-    print(f"targets met: {targets}never more instances than lower bound + one per shape")
+    print(f"targets met: {targets}never more instances than lower bound + one per shape; "
+          "the mix never costs more than one type alone")
     return 0
+
+
+def _options(spot: bool) -> list[InstanceOption]:
+    out = []
+    for name in ("g5.xlarge", "g5.12xlarge"):
+        price = clouds.regional_price("aws", "us-east-1", name)
+        assert price is not None
+        gpus = clouds.aws_gpus(name) or 0
+        out.append(InstanceOption(name, gpus, price.on_demand))
+        if spot:
+            out.append(InstanceOption(name, gpus, price.spot, spot=True))
+    return out
+
+
+def several_types(sizes: list[int], seed: int) -> list[str]:
+    """The cost of the same demand on one type, on the cheapest mix, and on the mix with spot."""
+    print()
+    header = (f"{'trials':>7} | {'g5.12xlarge alone':>18} | {'mix on demand':>18} | {'mix + spot':>18} | "
+              f"{'saved':>6} | {'decide':>8}")
+    print(header)
+    print("-" * len(header))
+    failures = []
+    for n in sizes:
+        counts = Counter(make_trials(n, seed))
+        demand = [PendingDemand(4, counts[8], instances=2) if s == 8 else PendingDemand(s, counts[s])
+                  for s in SHAPES if counts[s]]
+        row = f"{n:>7} | "
+        costs = []
+        for options in ([o for o in _options(False) if o.instance_type == "g5.12xlarge"], _options(False),
+                        _options(True)):
+            limits = PoolLimits(0, 10**6, max(o.slots for o in options), options=tuple(options))
+            t, d = timed(lambda limits=limits, demand=demand: decide(demand, [], limits, NOW))
+            costs.append(d.usd_per_hour or 0.0)
+            row += f"${costs[-1]:>9,.2f} ({d.launch:>5}) | "
+        row += f"{1 - costs[2] / costs[0]:>6.0%} | {fmt_time(t):>8}"
+        print(row, flush=True)
+        if costs[1] > costs[0] + 1e-6:
+            failures.append(f"{n} trials: the mix (${costs[1]:.2f}/h) costs more than one type alone")
+    print("$/h of the instances launched from an empty pool (count in brackets); decide: the mix with spot.")
+    return failures
 
 
 if __name__ == "__main__":
