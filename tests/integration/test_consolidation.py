@@ -12,8 +12,14 @@ tests/provisioners/test_consolidation_elastic.py."""
 
 from __future__ import annotations
 
+import html
+import os
+import re
+import subprocess
+import sys
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.integration.conftest import trial_config
@@ -90,3 +96,23 @@ def test_two_half_used_instances_become_one(cluster_factory) -> None:  # type: i
     pool = _pool(c)
     assert len(pool["consolidationMoves"]) == 1
     assert "consolidation" in (pool["lastDecision"] or {}), pool["lastDecision"]
+
+    # `det resource-pool describe` and the web UI's pool view list the move with its reason and saving.
+    described = _det(c, "resource-pool", "describe", "default")
+    assert "Consolidation moves" in described and "2 slot-h/h" in described, described
+    assert move["reason"][:60] in " ".join(described.split())
+    with httpx.Client(base_url=c.url) as ui:
+        csrf = re.search(r'name="csrf" value="([^"]+)"', ui.get("/login").text)
+        assert csrf is not None
+        password = (c.state / "admin-password").read_text().strip()
+        ui.post("/login", data={"username": "admin", "password": password, "csrf": csrf.group(1), "next": "/"})
+        page = ui.get("/cluster").text
+    moves_table = page.split('class="grid consolidation"', 1)[1].split("</table>", 1)[0]
+    assert html.escape(move["reason"]) in moves_table and "2 slot-h/h" in moves_table
+
+
+def _det(c: Any, *argv: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "cli.main", "-m", c.url, *argv], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "COLUMNS": "400"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
