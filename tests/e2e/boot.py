@@ -51,7 +51,9 @@ UNIT_DIR = "etc/systemd/system"
 # cloud-config keys the harness knows how to run (or deliberately skips).
 KNOWN_KEYS = {"package_update", "package_upgrade", "packages", "write_files", "runcmd"}
 
-CloudState = Literal["pending", "running", "gone"]
+#: "stopped": powered off but still the cloud's (AWS stopped, GCE TERMINATED); it can be started
+#: again, and then only its systemd units start (cloud-init's runcmd ran on the first boot only).
+CloudState = Literal["pending", "running", "stopped", "gone"]
 
 
 # ---- fake metadata service -------------------------------------------------------------------
@@ -193,7 +195,8 @@ class Cloud(Protocol):
     def power_off(self, instance_id: str) -> None: ...
 
 
-_AWS_STATES: dict[str, CloudState] = {"pending": "pending", "running": "running"}
+_AWS_STATES: dict[str, CloudState] = {"pending": "pending", "running": "running", "stopping": "stopped",
+                                      "stopped": "stopped"}
 
 
 class MotoCloud:
@@ -222,7 +225,8 @@ class MotoCloud:
         self.ec2.terminate_instances(InstanceIds=[instance_id])
 
 
-_GCE_STATES: dict[str, CloudState] = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running"}
+_GCE_STATES: dict[str, CloudState] = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running",
+                                      "STOPPING": "stopped", "TERMINATED": "stopped"}
 
 
 class GceFakeCloud:
@@ -350,7 +354,7 @@ echo "$0 $*" >> "${SHIPYARD_EMULATED_INSTANCE:?}/poweroff-requested"
 class EmulatedInstance:
     id: str
     sandbox: Path
-    state: Literal["booting", "running", "failed", "gone"] = "booting"
+    state: Literal["booting", "running", "stopped", "failed", "gone"] = "booting"
     error: str | None = None
     user_data: str = ""
     doc: dict[str, Any] = field(default_factory=dict)
@@ -358,6 +362,10 @@ class EmulatedInstance:
     agent: subprocess.Popen[bytes] | None = None
     boot_returncode: int | None = None
     powered_off: bool = False
+    starts: int = 0  # how many times its unit was started (1 after the first boot)
+    #: What makes the sandbox this instance's machine (its root, its Python, its metadata address):
+    #: the boot's scripts see it, and so does an ExecStartPre that runs the boot script again.
+    machine_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def boot_log(self) -> str:
@@ -437,6 +445,10 @@ class BootHarness:
                 self._start_boot(instance_id)
             elif inst is not None and state == "gone" and inst.state != "gone":
                 self._vanish(inst)
+            elif inst is not None and state == "stopped" and inst.state == "running":
+                self._power_down(inst)
+            elif inst is not None and state == "running" and inst.state == "stopped":
+                self._restart(inst)
         for instance_id, inst in known.items():
             if instance_id not in seen and inst.state != "gone":
                 self._vanish(inst)
@@ -458,6 +470,27 @@ class BootHarness:
         self._boot_threads.append(t)
         t.start()
 
+    def _power_down(self, inst: EmulatedInstance) -> None:
+        """A stop: systemd sends its services SIGTERM and, after their stop timeout, SIGKILL; the
+        sandbox (the instance's disk) stays."""
+        log.info("event=emulated_instance_stopped instance_id=%s", inst.id)
+        inst.state = "stopped"
+        for pid in processes_of(inst.sandbox):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while processes_of(inst.sandbox) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._kill(inst)
+
+    def _restart(self, inst: EmulatedInstance) -> None:
+        """A start after a stop: the enabled unit starts again, ExecStartPre first."""
+        log.info("event=emulated_instance_started_again instance_id=%s", inst.id)
+        inst.state = "booting"
+        t = threading.Thread(target=self._boot, args=(inst, True), daemon=True, name=f"restart-{inst.id}")
+        self._boot_threads.append(t)
+        t.start()
+
     def _vanish(self, inst: EmulatedInstance) -> None:
         log.info("event=emulated_instance_gone instance_id=%s", inst.id)
         inst.state = "gone"
@@ -474,9 +507,12 @@ class BootHarness:
             MARKER_ENV: str(inst.sandbox),
         }
 
-    def _boot(self, inst: EmulatedInstance) -> None:
+    def _boot(self, inst: EmulatedInstance, again: bool = False) -> None:
         try:
-            self._run_boot(inst)
+            if again:
+                self._start_unit(inst)
+            else:
+                self._run_boot(inst)
         except Exception as e:
             if inst.state != "gone":
                 inst.state = "failed"
@@ -494,8 +530,9 @@ class BootHarness:
             (shims / name).chmod(0o755)
         written = write_files(inst.doc, sandbox)
         env = self._base_env(inst)
-        env.update(SHIPYARD_ROOT=str(sandbox), SHIPYARD_PYTHON=self.python,
-                   SHIPYARD_METADATA_URL=self.metadata.register(inst.id, self.cloud.provider, inst.id))
+        inst.machine_env = dict(SHIPYARD_ROOT=str(sandbox), SHIPYARD_PYTHON=self.python,
+                                SHIPYARD_METADATA_URL=self.metadata.register(inst.id, self.cloud.provider, inst.id))
+        env.update(inst.machine_env)
         with open(sandbox / "boot.log", "ab") as out:
             for cmd in inst.doc.get("runcmd") or []:
                 argv = ([str(written.get(a, a)) for a in cmd] if isinstance(cmd, list) else ["sh", "-c", cmd])
@@ -510,14 +547,29 @@ class BootHarness:
         if not units:
             raise BootError("the boot wrote no systemd unit")
         inst.unit = parse_unit(units[0])
-        agent_env = self._base_env(inst)
-        agent_env.update(inst.unit.environment)
-        with open(sandbox / "agent.log", "ab") as out:
-            if inst.state == "gone":
+        self._start_unit(inst, pre=False)  # the boot script installed what ExecStartPre would
+
+    def _start_unit(self, inst: EmulatedInstance, pre: bool = True) -> None:
+        """Start the instance's unit as systemd does: ExecStartPre (if any) must succeed, then
+        ExecStart runs with the unit's environment."""
+        assert inst.unit is not None
+        env = self._base_env(inst)
+        env.update(inst.unit.environment)
+        with open(inst.sandbox / "agent.log", "ab") as out:
+            pre_cmd = inst.unit.settings.get("ExecStartPre")
+            if pre and pre_cmd:
+                proc = subprocess.run(shlex.split(pre_cmd.lstrip("-+!@:")), env={**env, **inst.machine_env},
+                                      cwd="/", stdout=out,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=240,
+                                      check=False)
+                if proc.returncode != 0 and not pre_cmd.startswith("-"):
+                    raise BootError(f"ExecStartPre {pre_cmd} exited {proc.returncode}")
+            if inst.state in ("gone", "stopped"):
                 return
-            inst.agent = subprocess.Popen(inst.unit.exec_start, env=agent_env, cwd="/", stdout=out,
+            inst.agent = subprocess.Popen(inst.unit.exec_start, env=env, cwd="/", stdout=out,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True)
+        inst.starts += 1
         inst.state = "running"
         log.info("event=emulated_agent_started instance_id=%s pid=%s", inst.id, inst.agent.pid)
 

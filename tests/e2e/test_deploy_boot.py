@@ -21,9 +21,15 @@ Each test boots two emulated instances and runs one trial: about 15-20 s.
 from __future__ import annotations
 
 import base64
+import contextlib
+import csv
+import hashlib
+import io
 import json
 import threading
+import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +39,7 @@ import httpx
 import pytest
 import yaml
 
-from cli import deploy_release
+from cli import deploy_cloud, deploy_release
 from infra import DEPLOY_TAG, render
 from infra.settings import AwsSettings, GcpSettings
 from tests.conftest import ADMIN_PASSWORD
@@ -54,7 +60,7 @@ if TYPE_CHECKING:
     from tests.fakes.gce import GceFake
     from tests.pg import PostgresServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.timeout(300)]
 
 
 class DeployMotoCloud(MotoCloud):
@@ -251,11 +257,28 @@ def pg(request: pytest.FixtureRequest) -> Iterator[str]:
 # ---- AWS -------------------------------------------------------------------------------------------
 
 
-def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agent(
-    tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
-    shipped: tuple[deploy_release.Release, Path], monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    cid = "e2e-aws"
+@dataclass
+class AwsCluster:
+    """A `det deploy aws` cluster booted from its rendered user-data: the stack's resources made in
+    moto, the release shipped to its bucket, the master's instance launched and booted."""
+
+    cid: str
+    url: str
+    master_id: str
+    settings: AwsSettings
+    facts: render.AwsFacts
+    harness: BootHarness
+    master: EmulatedInstance
+
+    def outputs(self) -> dict[str, Any]:
+        """The stack outputs `det deploy aws upgrade` reads."""
+        return {"cluster_id": self.cid, "region": REGION, "checkpoint_bucket": self.facts.bucket,
+                "master_instance_id": self.master_id}
+
+
+@contextlib.contextmanager
+def aws_cluster(cid: str, tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
+                shipped: tuple[deploy_release.Release, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsCluster]:
     port = free_port()
     ec2 = aws_session.client("ec2", region_name=REGION, endpoint_url=moto_reset)
     iam = aws_session.client("iam", region_name=REGION, endpoint_url=moto_reset)
@@ -295,22 +318,167 @@ def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agen
     harness = EnvHarness(DeployMotoCloud(moto_reset, cid), tmp_path / "instances", extra_env=env).start()
     try:
         url = f"http://127.0.0.1:{port}"
-        master = master_of(harness, master_id, url)
+        yield AwsCluster(cid, url, master_id, s, facts, harness, master_of(harness, master_id, url))
+    finally:
+        harness.stop()
+
+
+def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agent(
+    tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
+    shipped: tuple[deploy_release.Release, Path], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ec2 = aws_session.client("ec2", region_name=REGION, endpoint_url=moto_reset)
+    with aws_cluster("e2e-aws", tmp_path, moto_reset, aws_session, moto_image, pg, shipped, monkeypatch) as c:
+        s, master = c.settings, c.master
         assert f"event=release_installed version={shipped[0].version}" in master.boot_log
         assert "event=secret_read" in master.agent_log
         assert ADMIN_PASSWORD not in master.boot_log + master.agent_log
         assert (master.sandbox / "etc/shipyard/master.yaml").read_text() == render.master_yaml(
-            render.aws_master_config(s, facts))
+            render.aws_master_config(s, c.facts))
 
-        run_trial(url, render.COMPUTE_POOL, harness, master)
-        [agent] = agents_of(harness, master_id)
+        run_trial(c.url, render.COMPUTE_POOL, c.harness, master)
+        [agent] = agents_of(c.harness, c.master_id)
         launched = ec2.describe_instances(InstanceIds=[agent.id])["Reservations"][0]["Instances"][0]
         tags = {t["Key"]: t["Value"] for t in launched["Tags"]}
-        assert tags[DEPLOY_TAG] == cid and tags["shipyard:pool"] == render.COMPUTE_POOL
+        assert tags[DEPLOY_TAG] == c.cid and tags["shipyard:pool"] == render.COMPUTE_POOL
         assert launched["InstanceType"] == s.compute_agent_instance_type and launched["KeyName"] == "e2e-key"
-        assert [g["GroupId"] for g in launched["SecurityGroups"]] == [sg]
-    finally:
-        harness.stop()
+        assert [g["GroupId"] for g in launched["SecurityGroups"]] == [c.facts.agent_security_group_id]
+
+
+# ---- AWS: `det deploy aws upgrade` while a trial trains ---------------------------------------------
+#
+# The release of a new version goes to the bucket, the master's instance is stopped and started through
+# EC2 (moto), its unit's ExecStartPre installs the new release before det-master starts again, and the
+# trial, which kept training on its agent meanwhile, finishes in its first run with every metric it
+# reported exactly once. The one thing the test adds to the cloud's behaviour is time: moto stops an
+# instance at once, so the CLI's stop call returns once the emulated instance has powered down (a real
+# stop takes a while) before the CLI goes on to start it.
+
+UPGRADE_STEPS = 40
+
+# Reports a training metric every 0.4 s for UPGRADE_STEPS steps (about 16 s: longer than the master's
+# restart), then its validation.
+UPGRADE_TRAIN_PY = f"""\
+import time
+from harness import core
+
+with core.init() as ctx:
+    for op in ctx.searcher.operations():
+        for step in range(1, {UPGRADE_STEPS} + 1):
+            ctx.train.report_training_metrics(step, {{"loss": 1.0 / step}})
+            time.sleep(0.4)
+        ctx.train.report_validation_metrics({UPGRADE_STEPS}, {{"loss": 0.125}})
+        op.report_completed(0.125)
+print("e2e trial done", flush=True)
+"""
+
+
+def bumped_wheel(wheel: Path, version: str, out: Path) -> Path:
+    """The same wheel as another version: its dist-info renamed, METADATA's Version and RECORD's
+    hashes rewritten, as a build of the next version would be."""
+    name, old = wheel.name.split("-")[:2]
+    old_info, new_info = f"{name}-{old}.dist-info/", f"{name}-{version}.dist-info/"
+    target = out / wheel.name.replace(f"-{old}-", f"-{version}-")
+    files: dict[str, bytes] = {}
+    with zipfile.ZipFile(wheel) as src:
+        for item in src.infolist():
+            data = src.read(item)
+            path = item.filename.replace(old_info, new_info, 1)
+            if path == new_info + "METADATA":
+                data = data.replace(f"\nVersion: {old}\n".encode(), f"\nVersion: {version}\n".encode(), 1)
+            files[path] = data
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for path, data in files.items():
+        if path == new_info + "RECORD":
+            continue
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow([path, f"sha256={digest}", len(data)])
+    writer.writerow([new_info + "RECORD", "", ""])
+    files[new_info + "RECORD"] = record.getvalue().encode()
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as dst:
+        for path, data in files.items():
+            dst.writestr(path, data)
+    return target
+
+
+class StopTakesTime:
+    """moto's EC2 client for the CLI, whose stop returns once the emulated instance is down."""
+
+    def __init__(self, ec2: Any, cluster: AwsCluster) -> None:
+        self._ec2, self._cluster = ec2, cluster
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ec2, name)
+
+    def stop_instances(self, **kwargs: Any) -> Any:
+        answer = self._ec2.stop_instances(**kwargs)
+        self._cluster.harness.wait_for(lambda: self._cluster.master.state == "stopped", 60,
+                                       "the master's instance powered down")
+        return answer
+
+
+def submit_long_trial(url: str, headers: dict[str, str]) -> int:
+    config = {"name": "upgrade-e2e", "entrypoint": "python3 train.py",
+              "searcher": {"name": "single", "metric": "loss", "smaller_is_better": True,
+                           "max_length": {"batches": UPGRADE_STEPS}},
+              "resources": {"slots_per_trial": 1, "resource_pool": render.COMPUTE_POOL}, "max_restarts": 0}
+    files = [{"path": "train.py", "type": 48, "content": base64.b64encode(UPGRADE_TRAIN_PY.encode()).decode(),
+              "mode": 0o644, "mtime": "0", "uid": 0, "gid": 0}]
+    r = httpx.post(url + "/api/v1/experiments", headers=headers, timeout=30,
+                   json={"config": yaml.safe_dump(config), "modelDefinition": files, "activate": True})
+    assert r.status_code == 200, r.text
+    return int(r.json()["experiment"]["trialIds"][0])
+
+
+def training_steps(url: str, headers: dict[str, str], trial_id: int) -> list[tuple[int, int]]:
+    r = httpx.get(f"{url}/api/v1/trials/{trial_id}/metrics", headers=headers, params={"group": "training"},
+                  timeout=30)
+    r.raise_for_status()
+    return [(m["stepsCompleted"], m["trialRunId"]) for m in r.json()["metrics"]]
+
+
+def test_upgrade_restarts_the_master_on_the_new_release_and_the_trial_loses_no_metric(
+    tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
+    shipped: tuple[deploy_release.Release, Path], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old = shipped[0]
+    new_version = old.version + ".post1"
+    with aws_cluster("e2e-upgrade", tmp_path, moto_reset, aws_session, moto_image, pg, shipped, monkeypatch) as c:
+        r = httpx.post(c.url + "/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD},
+                       timeout=30)
+        headers = {"Authorization": f"Bearer {r.json()['token']}"}
+        trial_id = submit_long_trial(c.url, headers)
+        wait_for(lambda: len(training_steps(c.url, headers, trial_id)) >= 3, 120, "the trial reporting metrics")
+
+        # `upgrade` as the CLI runs it, with the next version's wheel as this checkout's build.
+        def build(out: Path) -> deploy_release.Release:
+            (out / "constraints.txt").write_bytes(old.constraints.read_bytes())
+            return deploy_release.Release(new_version, bumped_wheel(old.wheel, new_version, out),
+                                          out / "constraints.txt")
+
+        monkeypatch.setattr(deploy_cloud, "build_release", build)
+        ec2 = aws_session.client("ec2", region_name=REGION, endpoint_url=moto_reset)
+        monkeypatch.setattr(deploy_cloud, "_ec2", lambda region: StopTakesTime(ec2, c))
+        during = len(training_steps(c.url, headers, trial_id))
+        assert deploy_cloud.upgrade("aws", c.outputs(), wait_s=120, poll_s=0.5) == new_version
+
+        c.harness.wait_for(lambda: c.master.starts == 2 and c.master.state == "running", 180,
+                           "the master started again")
+        assert f"event=release_installed version={new_version}" in c.master.agent_log
+        master_of(c.harness, c.master_id, c.url)  # answering again
+
+        def done() -> bool:
+            t = httpx.get(f"{c.url}/api/v1/trials/{trial_id}", headers=headers, timeout=30).json()["trial"]
+            assert t["state"] not in ("STATE_ERROR", "STATE_CANCELED"), t
+            return t["state"] == "STATE_COMPLETED"
+
+        wait_for(done, 120, f"trial {trial_id} completed")
+        trial = httpx.get(f"{c.url}/api/v1/trials/{trial_id}", headers=headers, timeout=30).json()["trial"]
+        assert trial["restarts"] == 0
+        steps = training_steps(c.url, headers, trial_id)
+        assert during < UPGRADE_STEPS, "the upgrade ran after the trial had finished: it proves nothing"
+        assert steps == [(step, 1) for step in range(1, UPGRADE_STEPS + 1)]  # each once, from the first run
 
 
 # ---- GCP -------------------------------------------------------------------------------------------
