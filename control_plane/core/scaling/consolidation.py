@@ -18,7 +18,8 @@ the time since its last move), never a non-preemptible one, never one already st
 
 Of the candidates that pass, the one whose removal saves the most is chosen: its price per hour when
 every candidate's price is known, else its slots (slot-hours per hour); then the fewest slots moved.
-Every candidate left out says why. Time is an input (`now`); nothing here reads the clock."""
+Candidates are simulated in that order and the first whose work is placed is the plan (at most
+`MAX_SIMULATIONS` passes per decision). Every candidate left out says why. Time is an input (`now`); nothing here reads the clock."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ __all__ = ["Budget", "ConsolidationDecision", "InstanceSlots", "Plan", "decide",
 HOUR = timedelta(hours=1)
 DOLLARS = "$/h"
 SLOTS = "slot-h/h"  # slot-hours saved per hour: the unit when prices are not known
+#: Scheduling passes one decision may run (one per candidate, the most saving first).
+MAX_SIMULATIONS = 32
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,13 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _work_on(agent_id: str, running: Sequence[RunningAllocation]) -> list[RunningAllocation]:
-    return [r for r in running if any(p.agent_id == agent_id for p in r.parts)]
+def _work_by_agent(running: Sequence[RunningAllocation]) -> dict[str, list[RunningAllocation]]:
+    """Each agent's running work (a gang across agents under each of them), in the given order."""
+    out: dict[str, list[RunningAllocation]] = {}
+    for r in running:
+        for agent_id in dict.fromkeys(p.agent_id for p in r.parts):
+            out.setdefault(agent_id, []).append(r)
+    return out
 
 
 def _budget_refusal(work: Sequence[RunningAllocation], budget: Budget, left: int, now: datetime) -> str | None:
@@ -145,8 +153,8 @@ def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocati
     """The instance to empty now, if any (see the module's docstring), and why each other is not."""
     left = moves_left(budget, recent_moves, now)
     live = sum(1 for i in instances if i.agent.schedulable)
-    candidates = [(i, work) for i in instances if i.agent.schedulable
-                  and (work := _work_on(i.agent.agent_id, running))]
+    by_agent = _work_by_agent(running)
+    candidates = [(i, work) for i in instances if i.agent.schedulable and (work := by_agent.get(i.agent.agent_id))]
     if not candidates:
         return ConsolidationDecision(None, reason="no instance with work to move")
     if live - 1 < budget.min_instances:
@@ -157,35 +165,39 @@ def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocati
     waiting = [p for p in pending if p.id in set(baseline.unplaced)]
     priced = all(i.price_per_hour is not None for i, _ in candidates)
     refused: list[tuple[str, str]] = []
-    plans: list[tuple[tuple[float, int, str], Plan]] = []
+    ranked: list[tuple[tuple[float, int, str], InstanceSlots, list[RunningAllocation]]] = []
     for inst, work in candidates:
         why = _budget_refusal(work, budget, left, now)
         urgent = [p for p in waiting if p.priority <= max(r.priority for r in work)]
         if why is None and urgent:
             why = (f"pending allocation {urgent[0].id} (priority {urgent[0].priority}) waits: the slots "
                    f"being freed are its")
-        if why is None:
-            destinations, why = _simulate(inst, work, instances, running, pending, placed_now, policy, fitting,
-                                          now.timestamp())
-        else:
-            destinations = None
-        if destinations is None:
+        if why is not None:
             refused.append((inst.id, why))
             continue
         saving = float(inst.price_per_hour) if priced and inst.price_per_hour is not None \
             else float(len(inst.agent.slot_ids))
-        unit = DOLLARS if priced else SLOTS
-        moved_slots = sum(r.slots for r in work)
+        ranked.append(((-saving, sum(r.slots for r in work), inst.id), inst, work))
+    # The simulations (one scheduling pass each) in the order of preference: the first that places
+    # its work is the plan, so a large pool costs few passes; at most MAX_SIMULATIONS per decision.
+    ranked.sort(key=lambda c: c[0])
+    for n, ((neg_saving, moved_slots, _), inst, work) in enumerate(ranked):
+        if n == MAX_SIMULATIONS:
+            refused.extend((i.id, f"not simulated: {MAX_SIMULATIONS} simulations per decision")
+                           for _, i, _ in ranked[n:])
+            break
+        destinations, why = _simulate(inst, work, instances, running, pending, placed_now, policy, fitting,
+                                      now.timestamp())
+        if destinations is None:
+            refused.append((inst.id, why))
+            continue
+        saving = -neg_saving
         hosts = sorted({a for agents in destinations.values() for a in agents})
         reason = (f"consolidating: {_plural(len(work), 'allocation')} ({_plural(moved_slots, 'slot')}) of "
                   f"instance {inst.id} fit{'s' if len(work) == 1 else ''} on the free slots of "
                   f"{_plural(len(hosts), 'other agent')}; emptying it saves "
                   + (f"${saving:.2f}/h" if priced else f"{saving:g} slot-hours per hour"))
-        plans.append(((-saving, moved_slots, inst.id),
-                      Plan(inst.id, inst.agent.agent_id, tuple(r.id for r in work), destinations, saving, unit,
-                           reason)))
-    if not plans:
-        return ConsolidationDecision(None, tuple(refused), "no instance can be emptied: " + "; ".join(
-            f"{i}: {why}" for i, why in refused))
-    plans.sort(key=lambda p: p[0])
-    return ConsolidationDecision(plans[0][1], tuple(refused))
+        return ConsolidationDecision(Plan(inst.id, inst.agent.agent_id, tuple(r.id for r in work), destinations,
+                                          saving, DOLLARS if priced else SLOTS, reason), tuple(refused))
+    return ConsolidationDecision(None, tuple(refused), "no instance can be emptied: " + "; ".join(
+        f"{i}: {why}" for i, why in refused))
