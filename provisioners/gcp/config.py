@@ -247,10 +247,3 @@ class GcpPoolConfig(ProviderSettings):
         return InstanceSummary(self.zones[0], self.boot_disk_source_image, ", ".join(m.key for m in self.machines),
                                self.is_spot, slots, self.offers() if several or self.capacity else (),
                                self.capacity_mode.value)
-
-    @property
-    def capacity_key(self) -> str:
-        """What a zone's capacity is short of: the machine type, its GPUs and whether it is spot."""
-        gpus = f" + {self.gpu_num}x {last_segment(self.gpu_type)}" if self.gpu_num and self.gpu_type else ""
-        return f"{last_segment(self.machine_type)}{gpus}{' (spot)' if self.is_spot else ''}"
-

@@ -65,6 +65,16 @@ def _rows(master: Master) -> list[Instance]:
         return rows
 
 
+def _four_ones_and_a_three(master: Master, clock: FakeClock) -> tuple[TypedCloud, Autoscaler]:
+    """Four pending 1-slot tasks and one of 3 slots, and an autoscaler on the typed cloud."""
+    cloud = TypedCloud(clock)
+    cloud.cluster_id = master.cluster_id
+    for i in range(4):
+        add_allocation(master, f"one-{i}", slots=1)
+    add_allocation(master, "three", slots=3)
+    return cloud, Autoscaler(master, wrap_provider=lambda _pool, _provider: cloud)
+
+
 @pytest.fixture
 def roomy_master(db_url: str, tmp_path: Path, clock: FakeClock) -> Iterator[Master]:
     m = make_master(db_url, tmp_path / "state", clock, {**ELASTIC_PROVIDER, "max_instances": 10})
@@ -74,14 +84,9 @@ def roomy_master(db_url: str, tmp_path: Path, clock: FakeClock) -> Iterator[Mast
 
 def test_launches_the_cheapest_mix_and_records_type_and_capacity(roomy_master: Master, clock: FakeClock) -> None:
     loop_master = roomy_master
-    cloud = TypedCloud(clock)
-    cloud.cluster_id = loop_master.cluster_id
-    # 4 one-slot tasks and 1 of 3 slots: one big spot ($0.70) takes the 3 and one more; three small
-    # spot ($0.60) the rest: $1.30/h, cheaper than two big spot ($1.40) or 7 small spot (none fits 3).
-    for i in range(4):
-        add_allocation(loop_master, f"one-{i}", slots=1)
-    add_allocation(loop_master, "three", slots=3)
-    scaler = Autoscaler(loop_master, wrap_provider=lambda _pool, _provider: cloud)
+    # One big spot ($0.70) takes the 3-slot task and one more; three small spot ($0.60) the rest:
+    # $1.30/h, cheaper than two big spot ($1.40); no small one fits the 3-slot task.
+    cloud, scaler = _four_ones_and_a_three(loop_master, clock)
 
     scaler.tick()
 
@@ -110,12 +115,7 @@ def test_launches_the_cheapest_mix_and_records_type_and_capacity(roomy_master: M
 
 
 def test_at_max_instances_the_cheapest_mix_that_fits_the_room(loop_master: Master, clock: FakeClock) -> None:
-    cloud = TypedCloud(clock)
-    cloud.cluster_id = loop_master.cluster_id
-    for i in range(4):
-        add_allocation(loop_master, f"one-{i}", slots=1)
-    add_allocation(loop_master, "three", slots=3)
-    scaler = Autoscaler(loop_master, wrap_provider=lambda _pool, _provider: cloud)
+    cloud, scaler = _four_ones_and_a_three(loop_master, clock)
 
     scaler.tick()
 
