@@ -79,9 +79,14 @@ def decision_lines(decision: Any) -> list[str]:
             lines.append(f"  terminate {t.get('id')}: {t.get('reason', '')}")
     for r in decision.get("reasons") or []:
         lines.append(f"  {r}")
+    consolidation = decision.get("consolidation")
+    if isinstance(consolidation, dict):  # the consolidation stage's decision, and why each instance stays
+        lines.append(f"  consolidation: {consolidation.get('reason', '')}")
+        lines.extend(f"    {why}" for why in consolidation.get("refused") or [])
     for k, v in decision.items():
         # capacity, offers, launches: shown as their own tables (`describe`)
-        if k not in ("launch", "terminate", "terminateIds", "reasons", "capacity", "offers", "launches"):
+        if k not in ("launch", "terminate", "terminateIds", "reasons", "capacity", "offers", "launches",
+                     "consolidation"):
             lines.append(f"  {k}: {v}")
     return lines
 
