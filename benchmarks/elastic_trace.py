@@ -1,31 +1,49 @@
-"""Replay a seeded day of trial arrivals through scale policies and compare cost against queue wait.
+"""Replay seeded traces of trial arrivals through scale policies and compare cost against queue wait.
 
     .venv/bin/python benchmarks/elastic_trace.py [--seed 11] [--experiments 60] [--max-instances 40]
+                                                 [--spot-mtbi-h 8]
 
-The trace: experiments arrive through the day (a Poisson process, busier in working hours), each
-submitting a handful of trials of one GPU shape (1, 2, 4 or 8 GPUs; a second trace adds 3 and 6) that run for a log-normal time
-(median 45 min). The pool has 8-GPU instances that boot in 90 s +- 30 s. Every 5 s (Determined's
-provisioner loop) trials that finished free their slots, booted instances connect, a FIFO first-fit
-scheduler (with backfill) places queued trials whole on connected instances, and the policy decides
-on the unplaced remainder.
+Four traces, each against the Determined-like policy in the same run:
 
-Policies, all on the same trace and the same boot delays:
+* a day of experiments (a Poisson process, busier in working hours), each submitting a handful of
+  trials of one GPU shape (1, 2, 4 or 8 GPUs) that run for a log-normal time (median 45 min);
+* the same with 3- and 6-GPU shapes;
+* bursty: one trial at a time, 1 to 10 minutes apart, short trials (median 8 min), so instances
+  keep going idle between arrivals;
+* mixed shapes (1, 2 and 4 GPUs) on a pool of 3 instance types (g5.xlarge, g5.2xlarge, g5.12xlarge:
+  the catalogue has no 8-GPU A10G type), on demand and spot.
+
+The first three run on 8-GPU instances (priced as p4d.24xlarge). Instances boot in 90 s +- 30 s
+(the n-th launch equally fast under every policy). Every 5 s (Determined's provisioner loop) trials
+that finished free their slots, booted instances connect, a FIFO scheduler with backfill places
+queued trials whole on the fullest connected instance they fit (best fit, both schedulers'
+default), and the policy decides on the unplaced remainder.
+
+Policies:
 
 * determined: an emulation of Determined's provisioner (scale_decider.go + calculateDesiredNewAgentNum):
   launch ceil(pending slots / slots per instance) - recently launched instances, reap instances idle
-  longer than max_idle_agent_period (default 20 min) down to min_instances,
-* ours with Determined's default idle period (20 min), and with Shipyard's default (5 min), and a few
-  other idle periods to show the trade-off.
+  longer than max_idle_agent_period (default 20 min) down to min_instances; one instance type, on demand;
+* ours, plain bound: the decider (best-fit packing) given neither arrivals nor boot times: an idle
+  instance goes after max_idle_agent_period;
+* ours, idle policy: given the arrivals of the window and the measured boot times, as the autoscaler
+  loop gives them: past max_idle_agent_period an idle instance stays only while idling until the next
+  arrival that fits costs less than a relaunch (control_plane/core/scaling/idle.py), at most twice it;
+* + consolidation: every minute the consolidation core (control_plane/core/scaling/consolidation.py,
+  the pool's scheduling policy run without the instance) may empty one instance whose work fits on
+  the others' free slots, under the disruption budget (the pool default: 2 moves an hour, 30 min
+  since a trial started or last moved; and a looser one). Modelled as checkpoint-and-resume: the
+  trial checkpoints when asked and resumes elsewhere, losing CHECKPOINT_S + RESTORE_S of progress
+  (its remaining work grows by that); the emptied instance bills CHECKPOINT_S more, then goes;
+* types and spot: the decider is given the pool's options (type x capacity with its $/h) and picks
+  the cheapest combination (control_plane/core/scaling/mix.py). A spot instance gets its interruption
+  notice after an exponential time (mean --spot-mtbi-h, an assumption: the clouds publish only
+  coarse interruption frequencies); its trials checkpoint and requeue at once (same loss as a move)
+  and it bills 2 minutes more. Spot capacity is assumed always available.
 
-Reported: GPU-hours provisioned (billed from launch to termination) and used by trials, utilization,
-mean / p95 / max queue wait, the number of launches, and the relaunches (launches within 2 minutes
-of a termination: an instance reaped just before demand came back).
-
-A third trace is bursty: one trial at a time, 1 to 10 minutes apart, short trials (median 8 min), so
-instances keep going idle between arrivals. It compares each idle period "before" (the decider without
-arrival history: an idle instance goes after max_idle_agent_period) and "after" (scale-down
-hysteresis: the decider is given the arrivals of the last 30 minutes and keeps an idle instance while
-the next arrival is due within 2 x max_idle_agent_period).
+Reported: GPU-hours provisioned (billed from launch to termination) against used by trials, the
+ratio, mean / p95 queue wait, dollars, launches, relaunches (launches within 2 minutes of a
+termination), consolidation moves, spot interruptions; then whether the issue's targets are met.
 """
 
 from __future__ import annotations
@@ -36,15 +54,14 @@ import random
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from control_plane.core.scaling import (  # noqa: E402
-    DEFAULT_ARRIVAL_WINDOW,
     DEFAULT_MAX_IDLE_AGENT_PERIOD,
     Arrival,
     InstanceView,
@@ -52,34 +69,36 @@ from control_plane.core.scaling import (  # noqa: E402
     PoolLimits,
     ScaleDecision,
     Termination,
+    consolidation,
     decide,
+)
+from control_plane.core.scaling.consolidation import Budget, InstanceSlots, moves_left  # noqa: E402
+from control_plane.core.scaling.model import InstanceOption  # noqa: E402
+from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation  # noqa: E402
+from shipyard_common.clouds import aws_gpus, regional_price  # noqa: E402
+from shipyard_common.consolidation_settings import (  # noqa: E402
+    DEFAULT_MAX_MOVES_PER_HOUR,
+    DEFAULT_MIN_RUN_TIME,
 )
 
 DAY = 24 * 3600.0
 TICK = 5.0
-SLOTS = 8
 BOOT_S, BOOT_JITTER_S = 90.0, 30.0
 EPOCH = datetime(2024, 1, 1)
 RELAUNCH_S = 120.0  # a launch this soon after a termination is a relaunch (flapping)
+REGION = "us-east-1"
+EIGHT_GPU_TYPE = "p4d.24xlarge"
+MIXED_TYPES = ("g5.xlarge", "g5.2xlarge", "g5.12xlarge")  # 1, 1 and 4 A10G GPUs
+CHECKPOINT_S = 60.0  # a trial asked to stop checkpoints within this (an assumption)
+RESTORE_S = 60.0  # and loses this much more resuming elsewhere (an assumption)
+MOVE_OVERHEAD_S = CHECKPOINT_S + RESTORE_S
+SPOT_NOTICE_S = 120.0  # AWS's two-minute warning
+CONSOLIDATE_EVERY_S = 60.0
+DEFAULT_BUDGET = Budget(DEFAULT_MAX_MOVES_PER_HOUR, DEFAULT_MIN_RUN_TIME)
+LOOSE_BUDGET = Budget(30, timedelta(minutes=10))
 Policy = Callable[
     [Sequence[PendingDemand], Sequence[InstanceView], PoolLimits, datetime, Sequence[Arrival]], ScaleDecision
 ]
-
-
-def before(
-    demand: Sequence[PendingDemand], instances: Sequence[InstanceView], limits: PoolLimits, now: datetime,
-    arrivals: Sequence[Arrival],
-) -> ScaleDecision:
-    """Our decider without the arrival history: no scale-down hysteresis."""
-    return decide(demand, instances, limits, now)
-
-
-def after(
-    demand: Sequence[PendingDemand], instances: Sequence[InstanceView], limits: PoolLimits, now: datetime,
-    arrivals: Sequence[Arrival],
-) -> ScaleDecision:
-    """Our decider given the arrivals of the window (what the autoscaler reads from allocations)."""
-    return decide(demand, instances, limits, now, arrivals)
 
 
 # ------------------------------------------------------------------------------------------ trace
@@ -95,6 +114,7 @@ class TrialSpec:
 
 GPU_SHAPES = ((1, 2, 4, 8), (0.4, 0.3, 0.2, 0.1))
 ODD_SHAPES = ((1, 2, 3, 4, 6, 8), (0.3, 0.2, 0.1, 0.15, 0.1, 0.15))
+MIXED_SHAPES = ((1, 2, 4), (0.45, 0.35, 0.2))
 
 
 def make_trace(
@@ -171,38 +191,89 @@ def determined_policy(
     return ScaleDecision(launch=launch, terminate=tuple(out))
 
 
+# ------------------------------------------------------------------------------------------ pools
+
+Kind = InstanceOption  # what one instance is: its type, capacity (spot or on demand), slots and $/h
+
+
+def kind(itype: str, spot: bool = False) -> Kind:
+    """A type of the price catalogue (shipyard_common/prices.json, us-east-1) in one capacity."""
+    price = regional_price("aws", REGION, itype)
+    gpus = aws_gpus(itype)
+    if price is None or gpus is None or (spot and price.spot is None):
+        raise SystemExit(f"{itype} is not in the price catalogue")
+    return Kind(itype, gpus, price.spot if spot else price.on_demand, spot)
+
+
+def usd(k: Kind) -> float:
+    assert k.usd_per_hour is not None  # every kind here comes from the catalogue
+    return k.usd_per_hour
+
+
+@dataclass(frozen=True)
+class Run:
+    """One policy on one pool. `kind`: what a launch without a plan of types starts (one-type pools).
+    `measured`: the decider is given the arrivals and the measured boot times, as the autoscaler
+    loop does (the idle cost policy); else neither (the plain max_idle_agent_period).
+    `consolidation`: the disruption budget of checkpoint-and-resume consolidation (None: off)."""
+
+    name: str
+    policy: Policy
+    limits: PoolLimits
+    kind: Kind
+    measured: bool = False
+    consolidation: Budget | None = None
+
+
 # ------------------------------------------------------------------------------------------ simulation
 
 
 @dataclass
 class Instance:
     id: str
+    kind: Kind
     launched_at: float
     boot_s: float
+    notice_at: float = math.inf  # spot: when the cloud's interruption notice comes
     connected_at: float | None = None
     terminated_at: float | None = None
-    running: dict[int, int] = field(default_factory=dict)  # trial id -> slots
+    leave_at: float | None = None  # emptied (consolidation) or noticed (spot): gone then, no new work
+    running: dict[int, tuple[int, ...]] = field(default_factory=dict)  # trial id -> its slot indexes
     idle_since: float | None = None
 
     def free(self) -> int:
-        return SLOTS - sum(self.running.values())
+        return self.kind.slots - sum(len(s) for s in self.running.values())
+
+    def take(self, tid: int, slots: int) -> None:
+        used = {k for s in self.running.values() for k in s}
+        self.running[tid] = tuple(k for k in range(self.kind.slots) if k not in used)[:slots]
+        self.idle_since = None
+
+    def billed_s(self, now: float) -> float:
+        return (self.terminated_at if self.terminated_at is not None else now) - self.launched_at
 
     def view(self) -> InstanceView:
         connected = self.connected_at is not None
+        state = "stopping" if self.leave_at is not None else "running" if connected else "starting"
         return InstanceView(
-            id=self.id,
-            state="running" if connected else "starting",
-            launched_at=EPOCH + timedelta(seconds=self.launched_at),
-            agent_connected=connected,
-            agent_first_connected_at=EPOCH + timedelta(seconds=self.connected_at) if connected else None,
-            agent_disconnected_since=None,
-            busy_slots=SLOTS - self.free(),
-            idle_since=(
-                EPOCH + timedelta(seconds=self.idle_since)
-                if self.idle_since is not None and not self.running
-                else None
-            ),
+            id=self.id, state=state,  # type: ignore[arg-type]
+            launched_at=at(self.launched_at), agent_connected=connected and self.leave_at is None,
+            agent_first_connected_at=at(self.connected_at) if connected else None,
+            busy_slots=self.kind.slots - self.free(),
+            idle_since=at(self.idle_since) if self.idle_since is not None and not self.running else None,
+            slots=self.kind.slots, instance_type=self.kind.instance_type,
         )
+
+
+def at(t: float) -> datetime:
+    return EPOCH + timedelta(seconds=t)
+
+
+@dataclass
+class Queued:
+    trial: TrialSpec
+    remaining: float  # seconds of work left (the overhead of a move or an interruption included)
+    since: float  # when it (re)entered the queue
 
 
 @dataclass
@@ -210,182 +281,320 @@ class Result:
     name: str
     provisioned_gpu_h: float
     used_gpu_h: float
+    usd: float
     waits_min: list[float]
     launches: int
     relaunches: int
-    peak_instances: int
+    moves: int
+    interruptions: int
     cpu_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.provisioned_gpu_h / self.used_gpu_h
+
+    @property
+    def mean_wait(self) -> float:
+        return sum(self.waits_min) / len(self.waits_min)
 
     def row(self) -> str:
         waits = sorted(self.waits_min)
-        mean = sum(waits) / len(waits)
         p95 = waits[min(len(waits) - 1, int(0.95 * len(waits)))]
-        util = self.used_gpu_h / self.provisioned_gpu_h
-        return (
-            f"{self.name:<33} {self.provisioned_gpu_h:>9.1f} {self.used_gpu_h:>7.1f} {util:>6.1%} "
-            f"{mean:>8.2f} {p95:>8.2f} {waits[-1]:>8.1f} {self.launches:>8} {self.relaunches:>9} "
-            f"{self.peak_instances:>5} "
-            f"{self.cpu_s:>7.1f}"
-        )
+        return (f"{self.name:<46} {self.provisioned_gpu_h:>8.1f} {self.used_gpu_h:>7.1f} {self.ratio:>6.2f} "
+                f"{self.mean_wait:>6.2f} {p95:>6.2f} {self.usd:>8.0f} {self.launches:>6} {self.relaunches:>8} "
+                f"{self.moves:>5} {self.interruptions:>5} {self.cpu_s:>6.1f}")
 
 
-def simulate(name: str, policy: Policy, limits: PoolLimits, trace: list[TrialSpec], seed: int) -> Result:
-    t0 = time.perf_counter()
-    instances: dict[str, Instance] = {}
-    retired: list[Instance] = []
-    queue: list[TrialSpec] = []  # FIFO
-    ends: dict[int, tuple[float, str]] = {}  # trial id -> (end time, instance id)
-    started: dict[int, float] = {}
-    launches = relaunches = peak = 0
-    last_termination = -math.inf
-    recent: deque[Arrival] = deque()  # the arrivals of the decider's window
-    next_arrival = 0
-    now = 0.0
-    while next_arrival < len(trace) or queue or ends or instances:
-        now += TICK
-        if now > 3 * DAY:
-            raise RuntimeError(f"{name}: the pool did not drain within 3 days")
-        # Trials that finished free their slots; an instance whose last trial ended goes idle then.
-        for tid, (end, iid) in list(ends.items()):
-            if end <= now:
-                inst = instances[iid]
-                del inst.running[tid], ends[tid]
+HEADER = (f"{'policy':<46} {'prov GPUh':>8} {'used':>7} {'prov/u':>6} {'wait':>6} {'p95':>6} {'$':>8} "
+          f"{'launch':>6} {'relaunch':>8} {'moves':>5} {'spot!':>5} {'sim s':>6}")
+
+
+class Sim:
+    """One run over one trace (see the module's docstring for the model)."""
+
+    def __init__(self, run: Run, trace: list[TrialSpec], seed: int, spot_mtbi_h: float) -> None:
+        self.run, self.trace, self.seed, self.spot_mtbi_h = run, trace, seed, spot_mtbi_h
+        self.by_id = {t.id: t for t in trace}
+        self.instances: dict[str, Instance] = {}
+        self.retired: list[Instance] = []
+        self.queue: list[Queued] = []
+        self.ends: dict[int, tuple[float, str]] = {}  # trial id -> (end, instance id)
+        self.started: dict[int, float] = {}  # trial id -> when it last started
+        self.waits: dict[int, float] = {}
+        self.launches = self.relaunches = self.moves = self.interruptions = 0
+        self.move_times: list[datetime] = []
+        self.boots: deque[timedelta] = deque(maxlen=20)
+        self.last_termination = -math.inf
+        self.now = 0.0
+
+    def retire(self, inst: Instance) -> None:
+        del self.instances[inst.id]
+        inst.terminated_at = self.now
+        self.retired.append(inst)
+        self.last_termination = self.now
+
+    def requeue(self, inst: Instance, tid: int) -> None:
+        """Checkpoint and stop the trial at once; it resumes (from that checkpoint) wherever it is placed."""
+        end, _ = self.ends.pop(tid)
+        del inst.running[tid]
+        self.queue.insert(0, Queued(self.by_id[tid], end - self.now + MOVE_OVERHEAD_S, self.now))
+
+    def step_instances(self) -> None:
+        """Trials end, instances boot, spot notices come (work requeued, gone 2 minutes later), and
+        instances being left go."""
+        for tid, (end, iid) in list(self.ends.items()):
+            if end <= self.now:
+                inst = self.instances[iid]
+                del inst.running[tid], self.ends[tid]
                 if not inst.running:
                     inst.idle_since = end
-        for inst in instances.values():
-            if inst.connected_at is None and inst.launched_at + inst.boot_s <= now:
+        for inst in list(self.instances.values()):
+            if inst.connected_at is None and inst.launched_at + inst.boot_s <= self.now:
                 inst.connected_at = inst.idle_since = inst.launched_at + inst.boot_s
-        while next_arrival < len(trace) and trace[next_arrival].arrival <= now:
-            arriving = trace[next_arrival]
-            queue.append(arriving)
-            recent.append(Arrival(EPOCH + timedelta(seconds=arriving.arrival), arriving.slots))
-            next_arrival += 1
-        while recent and recent[0].at <= EPOCH + timedelta(seconds=now) - limits.arrival_window:
-            recent.popleft()
-        # FIFO first fit with backfill over connected instances in launch order.
-        connected = [i for i in instances.values() if i.connected_at is not None]
-        waiting: list[TrialSpec] = []
-        for trial in queue:
-            host = next((i for i in connected if i.free() >= trial.slots), None)
-            if host is None:
-                waiting.append(trial)
+                self.boots.append(timedelta(seconds=inst.boot_s))
+            if inst.leave_at is None and inst.notice_at <= self.now:
+                self.interruptions += 1
+                for tid in list(inst.running):
+                    self.requeue(inst, tid)
+                inst.leave_at = inst.notice_at + SPOT_NOTICE_S
+            if inst.leave_at is not None and inst.leave_at <= self.now and not inst.running:
+                self.retire(inst)
+
+    def place(self) -> None:
+        """FIFO with backfill, best fit (the fullest connected instance the trial fits on), as both
+        Determined's and Shipyard's schedulers default to."""
+        hosts = [i for i in self.instances.values() if i.connected_at is not None and i.leave_at is None]
+        waiting: list[Queued] = []
+        for q in self.queue:
+            fits = [i for i in hosts if i.free() >= q.trial.slots]
+            if not fits:
+                waiting.append(q)
                 continue
-            host.running[trial.id] = trial.slots
-            host.idle_since = None
-            started[trial.id] = now
-            ends[trial.id] = (now + trial.duration, host.id)
-        queue = waiting
+            host = min(fits, key=lambda i: (i.free(), i.launched_at))
+            host.take(q.trial.id, q.trial.slots)
+            self.waits[q.trial.id] = self.waits.get(q.trial.id, 0.0) + self.now - q.since
+            self.started[q.trial.id] = self.now
+            self.ends[q.trial.id] = (self.now + q.remaining, host.id)
+        self.queue = waiting
 
-        demand = [PendingDemand(s, c) for s, c in Counter(t.slots for t in queue).items()]
-        decision = policy(
-            demand, [i.view() for i in instances.values()], limits, EPOCH + timedelta(seconds=now), recent
-        )
+    def consolidate(self) -> None:
+        """Empty one instance by checkpoint-and-resume when the consolidation core
+        (control_plane/core/scaling/consolidation.py) finds one whose work fits elsewhere."""
+        budget = self.run.consolidation
+        assert budget is not None
+        now = at(self.now)
+        if not moves_left(budget, self.move_times, now):
+            return
+        hosts = [i for i in self.instances.values() if i.connected_at is not None and i.leave_at is None]
+        free = sum(i.free() for i in hosts)
+        # Cheap pre-check (the core simulates each candidate): some instance's work fits the others' free slots.
+        if not any(i.running and i.kind.slots - i.free() <= free - i.free() for i in hosts):
+            return
+        base = EPOCH.timestamp()
+
+        def ids(inst: Instance, slots: Iterable[int]) -> tuple[str, ...]:
+            return tuple(f"{inst.id}/{k}" for k in slots)
+
+        views = [InstanceSlots(i.id, AgentSlots(i.id, ids(i, range(i.kind.slots)),
+                                                frozenset(ids(i, (k for s in i.running.values() for k in s)))),
+                               usd(i.kind)) for i in hosts]
+        running = [RunningAllocation.on(str(tid), i.id, ids(i, slots), order=base + self.started[tid])
+                   for i in hosts for tid, slots in i.running.items()]
+        pending = [PendingAllocation(str(q.trial.id), q.trial.slots, order=base + q.since) for q in self.queue]
+        plan = consolidation.decide(views, running, pending, budget, self.move_times, now).plan
+        if plan is None:
+            return
+        inst = self.instances[plan.instance]
+        for aid in plan.allocations:
+            self.requeue(inst, int(aid))
+            self.moves += 1
+            self.move_times.append(now)
+        inst.leave_at = self.now + CHECKPOINT_S  # bills until its trials have checkpointed
+
+    def scale(self, arrivals: deque[Arrival]) -> None:
+        run = self.run
+        demand = [PendingDemand(s, c) for s, c in Counter(q.trial.slots for q in self.queue).items()]
+        limits = replace(run.limits, boot_times=tuple(self.boots)) if run.measured and self.boots else run.limits
+        views = [i.view() for i in self.instances.values()]
+        decision = run.policy(demand, views, limits, at(self.now), arrivals if run.measured else ())
         for term in decision.terminate:
-            inst = instances.pop(term.id)
+            inst = self.instances[term.id]
             if inst.running:
-                raise RuntimeError(f"{name} terminated busy instance {inst.id}")
-            inst.terminated_at = now
-            retired.append(inst)
-            last_termination = now
-        for _ in range(decision.launch):
-            if now - last_termination <= RELAUNCH_S:
-                relaunches += 1
-            # The n-th launch boots equally fast under every policy.
-            boot = BOOT_S + random.Random(seed * 100_003 + launches).uniform(-BOOT_JITTER_S, BOOT_JITTER_S)
-            iid = f"i-{launches:05d}"
-            instances[iid] = Instance(iid, now, boot)
-            launches += 1
-        peak = max(peak, len(instances))
+                raise RuntimeError(f"{run.name} terminated busy instance {inst.id}")
+            self.retire(inst)
+        kinds = [p.option for p in decision.launches for _ in range(p.count)] or [run.kind] * decision.launch
+        for k in kinds:
+            if self.now - self.last_termination <= RELAUNCH_S:
+                self.relaunches += 1
+            # The n-th launch boots equally fast, and the n-th spot launch is interrupted as soon, under every policy.
+            rnd = random.Random(self.seed * 100_003 + self.launches)
+            boot = BOOT_S + rnd.uniform(-BOOT_JITTER_S, BOOT_JITTER_S)
+            notice = self.now + rnd.expovariate(1 / (self.spot_mtbi_h * 3600)) if k.spot else math.inf
+            iid = f"i-{self.launches:05d}"
+            self.instances[iid] = Instance(iid, k, self.now, boot, notice)
+            self.launches += 1
 
-    provisioned = sum((i.terminated_at or now) - i.launched_at for i in retired) * SLOTS / 3600
-    used = sum(t.slots * t.duration for t in trace) / 3600
-    waits = [(started[t.id] - t.arrival) / 60 for t in trace]
-    return Result(name, provisioned, used, waits, launches, relaunches, peak, time.perf_counter() - t0)
+    def result(self) -> Result:
+        t0 = time.perf_counter()
+        trace, run = self.trace, self.run
+        recent: deque[Arrival] = deque()  # the arrivals of the decider's window
+        next_arrival = 0
+        while next_arrival < len(trace) or self.queue or self.ends or self.instances:
+            self.now += TICK
+            if self.now > 3 * DAY:
+                raise RuntimeError(f"{run.name}: the pool did not drain within 3 days")
+            self.step_instances()
+            while next_arrival < len(trace) and trace[next_arrival].arrival <= self.now:
+                arriving = trace[next_arrival]
+                self.queue.append(Queued(arriving, arriving.duration, arriving.arrival))
+                recent.append(Arrival(at(arriving.arrival), arriving.slots))
+                next_arrival += 1
+            while recent and recent[0].at <= at(self.now) - run.limits.arrival_window:
+                recent.popleft()
+            self.place()
+            if run.consolidation is not None and self.now % CONSOLIDATE_EVERY_S == 0:
+                self.consolidate()
+            self.scale(recent)
+        billed = self.retired
+        provisioned = sum(i.billed_s(self.now) * i.kind.slots for i in billed) / 3600
+        dollars = sum(i.billed_s(self.now) / 3600 * usd(i.kind) for i in billed)
+        used = sum(t.slots * t.duration for t in trace) / 3600
+        waits = [self.waits[t.id] / 60 for t in trace]
+        return Result(run.name, provisioned, used, dollars, waits, self.launches, self.relaunches, self.moves,
+                      self.interruptions, time.perf_counter() - t0)
 
 
-def replay(label: str, trace: list[TrialSpec], seed: int, max_instances: int) -> None:
+def run_table(runs: list[Run], trace: list[TrialSpec], seed: int, spot_mtbi_h: float) -> list[Result]:
+    print(HEADER)
+    print("-" * len(HEADER))
+    results = []
+    for run in runs:
+        results.append(Sim(run, trace, seed, spot_mtbi_h).result())
+        print(results[-1].row(), flush=True)
+    return results
+
+
+def verdict(results: list[Result], ratio_target: float, usd_target: float | None = None) -> None:
+    """The issue's targets for each of our rows against the first row (Determined's default), met or not."""
+    base = results[0]
+    for mine in results[1:]:
+        if not mine.name.startswith(("ours", "  ")):
+            continue
+        checks = [(f"prov/used {mine.ratio:.2f} <= {ratio_target}", mine.ratio <= ratio_target),
+                  (f"wait {mine.mean_wait:.2f} <= {base.mean_wait:.2f}", mine.mean_wait <= base.mean_wait)]
+        if usd_target is not None:
+            saved = 1 - mine.usd / base.usd
+            checks.append((f"{saved:.0%} fewer $ (>= {usd_target:.0%})", saved >= usd_target))
+        print(f"  {mine.name.strip():<45} " + "; ".join(f"{text} {'met' if ok else 'NOT met'}" for text, ok in checks))
+
+
+def describe(label: str, trace: list[TrialSpec], seed: int, kinds: str, max_instances: int) -> None:
     shapes = Counter(t.slots for t in trace)
-    print(
-        f"trace ({label}): seed {seed}, {len(trace)} trials in a day "
-        f"({', '.join(f'{c}x{s}' for s, c in sorted(shapes.items()))} GPUs), "
-        f"{sum(t.slots * t.duration for t in trace) / 3600:.0f} GPU-hours of work; "
-        f"{SLOTS}-GPU instances, max {max_instances}, boot {BOOT_S:.0f}s +- {BOOT_JITTER_S:.0f}s, {TICK:.0f}s loop"
-    )
-
-    def limits(idle: timedelta) -> PoolLimits:
-        return PoolLimits(0, max_instances, SLOTS, max_idle_agent_period=idle)
-
-    twenty = timedelta(minutes=20)
-    ours_default = f"ours, {DEFAULT_MAX_IDLE_AGENT_PERIOD.seconds // 60}m idle (our dflt)"
-    runs: list[tuple[str, Policy, PoolLimits]] = [
-        ("determined, 20m idle (dflt)", determined_policy, limits(twenty)),
-        ("ours, 20m idle", before, limits(twenty)),
-        (ours_default, before, limits(DEFAULT_MAX_IDLE_AGENT_PERIOD)),
-        ("  + hysteresis", after, limits(DEFAULT_MAX_IDLE_AGENT_PERIOD)),
-        ("determined, 5m idle", determined_policy, limits(DEFAULT_MAX_IDLE_AGENT_PERIOD)),
-        ("ours, 2m idle", before, limits(timedelta(minutes=2))),
-        ("ours, 10m idle", before, limits(timedelta(minutes=10))),
-    ]
-    run_table(runs, trace, seed)
+    print(f"trace ({label}): seed {seed}, {len(trace)} trials over {trace[-1].arrival / 3600:.0f} h "
+          f"({', '.join(f'{c}x{s}' for s, c in sorted(shapes.items()))} GPUs), "
+          f"{sum(t.slots * t.duration for t in trace) / 3600:.0f} GPU-hours of work; {kinds}, max {max_instances}, "
+          f"boot {BOOT_S:.0f}s +- {BOOT_JITTER_S:.0f}s, {TICK:.0f}s loop")
 
 
-def run_table(runs: list[tuple[str, Policy, PoolLimits]], trace: list[TrialSpec], seed: int) -> None:
-    header = (
-        f"{'policy':<33} {'prov GPUh':>9} {'used':>7} {'util':>6} {'wait avg':>8} {'wait p95':>8} "
-        f"{'wait max':>8} {'launches':>8} {'relaunch':>9} {'peak':>5} {'sim s':>7}"
-    )
-    print(header)
-    print("-" * len(header))
-    for name, policy, lim in runs:
-        print(simulate(name, policy, lim, trace, seed).row(), flush=True)
+def one_type_runs(k: Kind, max_instances: int, *, bursty: bool = False) -> list[Run]:
+    """Determined's default against ours on a pool of one type."""
+    def limits(minutes: int) -> PoolLimits:
+        return PoolLimits(0, max_instances, k.slots, max_idle_agent_period=timedelta(minutes=minutes))
+
+    dflt = int(DEFAULT_MAX_IDLE_AGENT_PERIOD.total_seconds() // 60)
+    loose = (f"budget {LOOSE_BUDGET.max_moves_per_hour}/h, min run "
+             f"{int(LOOSE_BUDGET.min_run_time.total_seconds() // 60)}m")
+    runs = [Run("determined, 20m idle (dflt)", determined_policy, limits(20), k),
+            Run(f"determined, {dflt}m idle", determined_policy, limits(dflt), k),
+            Run(f"ours, {dflt}m idle, plain bound", decide, limits(dflt), k),
+            Run(f"ours, {dflt}m idle, idle policy", decide, limits(dflt), k, measured=True),
+            Run("  + consolidation (default budget)", decide, limits(dflt), k, True, DEFAULT_BUDGET),
+            Run(f"  + consolidation ({loose})", decide, limits(dflt), k, True, LOOSE_BUDGET),
+            Run(f"  same, 2m idle ({loose})", decide, limits(2), k, True, LOOSE_BUDGET)]
+    if bursty:
+        runs.insert(4, Run("ours, 10m idle, idle policy", decide, limits(10), k, measured=True))
+    return runs
 
 
-def replay_bursty(trace: list[TrialSpec], seed: int, max_instances: int) -> None:
-    gaps = [b.arrival - a.arrival for a, b in zip(trace, trace[1:], strict=False)]
-    print(
-        f"trace (bursty): seed {seed}, {len(trace)} trials one at a time over {trace[-1].arrival / 3600:.0f} h, "
-        f"{min(gaps) / 60:.1f} to {max(gaps) / 60:.1f} min apart, "
-        f"{sum(t.slots * t.duration for t in trace) / 3600:.0f} GPU-hours of work; "
-        f"arrival window {DEFAULT_ARRIVAL_WINDOW.seconds // 60}m"
-    )
+def mixed_runs(max_instances: int) -> list[Run]:
+    """Determined's default on the 4-GPU type against ours with the three types, on demand and spot."""
+    big = kind(MIXED_TYPES[-1])
+    dflt = DEFAULT_MAX_IDLE_AGENT_PERIOD
 
-    def limits(idle: timedelta) -> PoolLimits:
-        return PoolLimits(0, max_instances, SLOTS, max_idle_agent_period=idle)
+    def limits(*kinds: Kind, idle: timedelta = dflt) -> PoolLimits:
+        opts = tuple(kinds)
+        return PoolLimits(0, max_instances, max(k.slots for k in kinds), max_idle_agent_period=idle,
+                          options=opts if len(opts) > 1 else ())
 
-    runs: list[tuple[str, Policy, PoolLimits]] = [("determined, 20m idle (dflt)", determined_policy,
-                                                   limits(timedelta(minutes=20)))]
-    for minutes in (2, 5, 10):
-        lim = limits(timedelta(minutes=minutes))
-        dflt = " (our dflt)" if lim.max_idle_agent_period == DEFAULT_MAX_IDLE_AGENT_PERIOD else ""
-        runs += [(f"determined, {minutes}m idle", determined_policy, lim),
-                 (f"ours, {minutes}m idle{dflt}, before", before, lim),
-                 (f"ours, {minutes}m idle{dflt}, after", after, lim)]
-    run_table(runs, trace, seed)
+    on_demand = [kind(t) for t in MIXED_TYPES]
+    both = on_demand + [kind(t, spot=True) for t in MIXED_TYPES]
+    return [Run("determined, 20m idle (dflt), 1 type", determined_policy, limits(big, idle=timedelta(minutes=20)),
+                big),
+            Run("ours, idle policy, 1 type", decide, limits(big), big, measured=True),
+            Run("ours, idle policy, 3 types on demand", decide, limits(*on_demand), big, measured=True),
+            Run("ours, idle policy, 3 types + spot", decide, limits(*both), big, measured=True),
+            Run("  + consolidation (default budget)", decide, limits(*both), big, True, DEFAULT_BUDGET),
+            Run("  + consolidation (budget 30/h, min run 10m)", decide, limits(*both), big, True, LOOSE_BUDGET)]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--experiments", type=int, default=60, help="mean experiments per day")
     parser.add_argument("--max-instances", type=int, default=40)
+    parser.add_argument("--spot-mtbi-h", type=float, default=8.0,
+                        help="mean hours from a spot launch to its interruption notice (default 8)")
+    parser.add_argument("--trace", choices=("all", "pow2", "odd", "bursty", "mixed"), default="all")
     args = parser.parse_args()
-
-    for label, shape_mix in (
-        ("power-of-two GPU shapes", GPU_SHAPES),
-        ("with 3- and 6-GPU shapes", ODD_SHAPES),
-    ):
+    only = {"all": {"pow2", "odd", "bursty", "mixed"}}.get(args.trace, {args.trace})
+    eight = kind(EIGHT_GPU_TYPE)
+    one_type = f"{EIGHT_GPU_TYPE} instances ({eight.slots} GPUs, ${usd(eight)}/h on demand)"
+    for key, label, shape_mix in (("pow2", "power-of-two GPU shapes", GPU_SHAPES),
+                                  ("odd", "with 3- and 6-GPU shapes", ODD_SHAPES)):
+        if key not in only:
+            continue
         trace = make_trace(args.seed, args.experiments, shape_mix)
-        replay(label, trace, args.seed, args.max_instances)
+        describe(label, trace, args.seed, one_type, args.max_instances)
+        runs = one_type_runs(eight, args.max_instances)
+        verdict(run_table(runs, trace, args.seed, args.spot_mtbi_h), 1.10)
         print()
-    replay_bursty(make_bursty_trace(args.seed), args.seed, args.max_instances)
-    print()
-    print("GPU-hours provisioned are billed from launch to termination (boot and idle included);")
-    print("queue waits in minutes from arrival to start; 'relaunch' counts launches within 2 minutes of a")
-    print("termination; 'sim s' is the wall time of the replay. 'before': our decider without arrival history;")
-    print("'after' / '+ hysteresis': given the arrivals of the last 30 minutes (scale-down hysteresis).")
+    if "bursty" in only:
+        bursty(args.seed, args.max_instances, args.spot_mtbi_h, one_type, eight)
+    if "mixed" in only:
+        mixed(args.seed, args.experiments, args.max_instances, args.spot_mtbi_h)
+    print(LEGEND)
     return 0
+
+
+def bursty(seed: int, max_instances: int, spot_mtbi_h: float, one_type: str, eight: Kind) -> None:
+    trace = make_bursty_trace(seed)
+    describe("bursty, one trial at a time 1-10 min apart", trace, seed, one_type, max_instances)
+    runs = one_type_runs(eight, max_instances, bursty=True)
+    verdict(run_table(runs, trace, seed, spot_mtbi_h), 1.5)
+    print()
+
+
+def mixed(seed: int, experiments: int, max_instances: int, spot_mtbi_h: float) -> None:
+    trace = make_trace(seed, experiments, MIXED_SHAPES)
+    types = ", ".join(f"{t} ({kind(t).slots} GPU, ${usd(kind(t))}/h, spot ${usd(kind(t, True))}/h)"
+                      for t in MIXED_TYPES)
+    # Instances of 1 GPU would hit an instance cap that 4-GPU ones do not: the cap is 4x, so that
+    # neither side is held back by it (Determined's 4-GPU pool never reaches it either).
+    describe("mixed shapes, 3 instance types and spot", trace, seed, types, 4 * max_instances)
+    runs = mixed_runs(4 * max_instances)
+    verdict(run_table(runs, trace, seed, spot_mtbi_h), 1.10, usd_target=0.30)
+    print()
+
+
+LEGEND = """GPU-hours provisioned are billed from launch to termination (boot, idle and a leaving instance's
+last minutes included); 'used' is the trace's work (a move's or an interruption's overhead is not
+in it); queue waits in minutes from arrival to start, plus any wait after a move or an interruption;
+$ at the catalogue's prices (shipyard_common/prices.json, us-east-1; spot there is an estimate until
+refreshed); 'relaunch' counts launches within 2 minutes of a termination; 'moves' trials moved by
+consolidation; 'spot!' interruption notices; 'sim s' the wall time of the replay.
+'plain bound': the decider given no arrivals nor boot times (idle instances go after
+max_idle_agent_period); 'idle policy': given the arrivals of the window and the measured boots, as
+the autoscaler loop gives them (control_plane/core/scaling/idle.py)."""
 
 
 if __name__ == "__main__":
