@@ -316,7 +316,9 @@ def _describe_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> None:
     no allowed number of instances can (no launch is made for them, no idle instance kept)."""
     capacity = limits.slots_per_instance
     if shapes.tasks:
-        draft.reasons.append(f"demand: {_fmt_demand(shapes)} for {capacity}-slot instances")
+        sizes = (f"instances of up to {capacity} slots ({plural(len({o.instance_type for o in limits.options}), 'type')})"
+                 if limits.options else f"{capacity}-slot instances")
+        draft.reasons.append(f"demand: {_fmt_demand(shapes)} for {sizes}")
     for size, count in shapes.unschedulable:
         draft.reasons.append(
             f"unschedulable: {plural(count, 'task')} need {size} slots on one instance but instances "
