@@ -441,3 +441,19 @@ def test_a_stored_config_that_no_longer_validates_is_placed_with_the_defaults(lo
     placement.tick(loop_master)
 
     assert [allocation(loop_master, n).state for n in ("b1", "b2")] == ["assigned", "assigned"]
+
+
+def test_a_trial_marked_not_preemptible_is_never_preempted(loop_master: Master) -> None:
+    """`resources.preemptible: false` (Shipyard): higher-priority work waits instead of evicting it."""
+    add_agent(loop_master, "a1", pool=POOL, slots=2)
+    add_allocation(loop_master, "low", pool=POOL, slots=2, priority=60, state="running", agent_id="a1",
+                   slot_ids=["0", "1"])
+    _of_experiment(loop_master, "low", _experiment(loop_master, resources={"preemptible": False}))
+    add_allocation(loop_master, "high", pool=POOL, slots=2, priority=10)
+    placement.tick(loop_master)
+    assert allocation(loop_master, "low").preempt_requested is False
+    assert allocation(loop_master, "high").state == "pending"
+    # The same trial without the mark yields.
+    _of_experiment(loop_master, "low", _experiment(loop_master, resources={"priority": 60}))
+    placement.tick(loop_master)
+    assert allocation(loop_master, "low").preempt_requested is True
