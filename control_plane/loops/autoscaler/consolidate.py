@@ -32,6 +32,7 @@ from control_plane.core.scaling import consolidation
 from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, ConsolidationMove, Instance, ResourcePool
+from control_plane.errors import NotLeader
 from control_plane.loops import placement
 from control_plane.loops.autoscaler.memory import PoolMemory
 from control_plane.loops.autoscaler.records import begin_termination
@@ -45,7 +46,19 @@ CONSOLIDATED = "consolidated"
 
 
 def run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consolidation.ConsolidationDecision | None:
-    """One consolidation step of `pool` (see the module's docstring); the decision, when one was made."""
+    """One consolidation step of `pool` (see the module's docstring); the decision, when one was made.
+    A failure here is logged and leaves the tick's launches and terminations to go on: consolidation
+    is an optimisation, never a reason for the pool to stop scaling."""
+    try:
+        return _run(master, pool, memory, now)
+    except NotLeader:
+        raise
+    except Exception:
+        log.exception("event=consolidation_error pool=%s", pool)
+        return None
+
+
+def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consolidation.ConsolidationDecision | None:
     pp = memory.provider
     assert pp is not None
     with transaction(master.sessions) as s:
