@@ -139,10 +139,17 @@ class InstanceOffer:
         return LaunchChoice(self.instance_type, self.spot)
 
 
-def offers_of(provider: object) -> tuple[InstanceOffer, ...]:
-    """The offers of a provider that launches several types or capacities; () when it launches one."""
+def offers_of(provider: object, *, available: bool = False) -> tuple[InstanceOffer, ...]:
+    """The offers of a provider that launches several types or capacities; () when it launches one.
+    `available`: without those out of capacity in every location now (`out_of_capacity()`, the
+    choices cooling down everywhere), so that a decision does not plan on them."""
     offers = getattr(provider, "offers", None)
-    return tuple(offers()) if callable(offers) else ()
+    found = tuple(offers()) if callable(offers) else ()
+    out = getattr(provider, "out_of_capacity", None)
+    if available and callable(out):
+        gone = out()
+        found = tuple(o for o in found if o.choice not in gone)
+    return found
 
 
 @dataclass(frozen=True)

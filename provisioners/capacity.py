@@ -80,6 +80,10 @@ class CapacityMemory:
             entry = self._table.get((location, instance_type))
         return entry if entry is not None and entry.until > now else None
 
+    def everywhere(self, locations: Iterable[str], instance_type: str, now: datetime) -> bool:
+        """Whether every location is cooling down for this type at `now`."""
+        return not self.available(locations, instance_type, now)
+
     def available(self, locations: Iterable[str], instance_type: str, now: datetime) -> list[str]:
         """The locations not cooling down at `now`, in the given (failover) order."""
         return [loc for loc in locations if self.cooling(loc, instance_type, now) is None]

@@ -226,6 +226,11 @@ class AwsProvider(Provider):
                                     lambda choice, todo: self._launch_choice(choice, todo, root_device_name),
                                     log, self.pool)
 
+    def out_of_capacity(self) -> set[LaunchChoice]:
+        """The types and capacities cooling down in every subnet now (the decider plans without them)."""
+        now, places = self._clock(), [s or self.cfg.region for s in (self.cfg.subnet_ids or (None,))]
+        return {o.choice for o in self.cfg.offers() if self.capacity.everywhere(places, choice_key(o.choice), now)}
+
     def _default_choices(self) -> tuple[LaunchChoice, ...]:
         """A spec without choices: the pool's types in their capacities, cheapest first."""
         offers = sorted(self.cfg.offers(), key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0))

@@ -153,6 +153,11 @@ class GcpProvider(GceReader):
         """Each machine type in each capacity the pool buys, with its slots and regional price."""
         return self.cfg.offers()
 
+    def out_of_capacity(self) -> set[LaunchChoice]:
+        """The machine types and capacities cooling down in every zone now (the decider plans without them)."""
+        now = self._clock()
+        return {o.choice for o in self.cfg.offers() if self.capacity.everywhere(self.cfg.zones, choice_key(o.choice), now)}
+
     def _default_choices(self) -> tuple[LaunchChoice, ...]:
         """A spec without choices: the pool's machine types in their capacities, cheapest first."""
         offers = sorted(self.cfg.offers(), key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0))

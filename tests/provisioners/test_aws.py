@@ -30,6 +30,7 @@ from provisioners.base import (
     CloudState,
     ErrorKind,
     ErrorScope,
+    LaunchChoice,
     LaunchSpec,
     ProviderError,
 )
@@ -832,8 +833,6 @@ def test_quota_error_is_labelled_with_its_region(net: Net, ec2_faults: Ec2FaultP
 
 
 def _typed(launch_id: str, *choices: tuple[str, bool]) -> LaunchSpec:
-    from provisioners.base import LaunchChoice
-
     return LaunchSpec(launch_id, _spec(launch_id).user_data, tuple(LaunchChoice(t, s) for t, s in choices))
 
 
@@ -872,6 +871,8 @@ def test_a_type_out_of_capacity_fails_over_to_the_next_and_is_then_skipped(net: 
         ("g4dn.xlarge", net.subnet_a), ("g4dn.xlarge", net.subnet_b), ("g5.xlarge", net.subnet_a)]
     assert {(c.location, c.instance_type) for c in provider.capacity_cooldowns()} == {
         (net.subnet_a, "g4dn.xlarge"), (net.subnet_b, "g4dn.xlarge")}
+    # Out of capacity in every subnet: the decider plans without it until the cool-downs end.
+    assert provider.out_of_capacity() == {LaunchChoice("g4dn.xlarge", False)}
 
     ec2_faults.clear()
     second = provider.launch([_typed("f-2", *choices)])

@@ -794,6 +794,9 @@ def test_a_machine_type_out_of_capacity_in_every_zone_fails_over_to_the_next(fak
     assert first.error is None and [i.instance_type for i in first.launched] == ["g2-standard-8"]
     assert len(fake.calls_to("insert", zone=ZONE_A)) == 2 and len(fake.calls_to("insert", zone=ZONE_B)) == 1
     assert {(c.location, c.instance_type) for c in prov.capacity_cooldowns()} == {(ZONE_A, t4), (ZONE_B, t4)}
+    from provisioners.base import LaunchChoice
+
+    assert prov.out_of_capacity() == {LaunchChoice(t4, False)}  # the decider plans without it meanwhile
 
     second = prov.launch(_typed_specs(("e-2", choices)))
 

@@ -385,7 +385,8 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone.
     draft.stopping = stopping = len(census.stopping) + len(draft.terminations)
     room = max(0, limits.max_instances - live - stopping)
-    new_bins = _new_instances(shapes, packing, limits.options, room) if limits.options else []
+    usable = [o for o in limits.options if o not in limits.out_of_capacity] or list(limits.options)
+    new_bins = _new_instances(shapes, packing, usable, room) if limits.options else []
     want = sum(n for _, _, n in new_bins) if limits.options else packing.new_instances
     floor = max(0, limits.min_instances - live)
     launch = min(max(want, floor), room)
@@ -394,7 +395,7 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     draft.launch = launch
     draft.idle_absorbing = packing.used[0]
     if limits.options:
-        draft.launches = _launch_plans(new_bins, launch, limits.options)
+        draft.launches = _launch_plans(new_bins, launch, usable)
 
     for g, word in ((0, "idle instance"), (1, "starting instance")):
         if packing.tasks[g]:

@@ -140,6 +140,9 @@ class PoolLimits:
     #: of `slots_per_instance` slots, as before pools had several; with some, `slots_per_instance`
     #: is the largest option's slots (what a task must fit on one instance).
     options: tuple[InstanceOption, ...] = ()
+    #: Options the cloud has no capacity for in any location now: new instances are planned on the
+    #: others (all of them when every one is out: the launch then reports it and the pool backs off).
+    out_of_capacity: frozenset[InstanceOption] = frozenset()
     #: Measured boot times (launch to agent first connected) of the pool's recent instances. Given
     #: (and an arrival window), the idle stage weighs idling against a relaunch (idle.py); empty:
     #: idle instances go after max_idle_agent_period (with the scale-down hysteresis).

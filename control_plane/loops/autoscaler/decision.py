@@ -83,6 +83,7 @@ def pool_limits(pp: PoolProvider) -> PoolLimits:
         max_disconnected_period=settings.max_disconnected_period,
         max_launch_per_decision=settings.max_launch_per_decision,
         arrival_window=settings.arrival_window, options=options,
+        out_of_capacity=types.out_of_capacity(pp.provider) if options else frozenset(),
     )
 
 

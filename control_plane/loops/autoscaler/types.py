@@ -21,7 +21,19 @@ def options_of(provider: object) -> tuple[InstanceOption, ...]:
     offers = offers_of(provider)
     if len(offers) < 2:
         return ()
-    return tuple(InstanceOption(o.instance_type, o.slots, o.usd_per_hour, o.spot) for o in offers)
+    return tuple(_option(o) for o in offers)
+
+
+def _option(o: InstanceOffer) -> InstanceOption:
+    return InstanceOption(o.instance_type, o.slots, o.usd_per_hour, o.spot)
+
+
+def out_of_capacity(provider: object) -> frozenset[InstanceOption]:
+    """The options out of capacity in every location now: the decider plans without them (a cheap
+    type out of capacity would otherwise be planned, then fail over one instance at a time to a
+    bigger type, launching more of those than a plan for the bigger type needs)."""
+    available = set(offers_of(provider, available=True))
+    return frozenset(_option(o) for o in offers_of(provider) if o not in available)
 
 
 def matches(key: str, instance_type: str) -> bool:

@@ -101,6 +101,17 @@ def test_fallbacks_are_the_next_cheapest_that_fit_the_largest_task() -> None:
     assert plan.option == c and plan.fallbacks == (b,)
 
 
+def test_a_type_out_of_capacity_everywhere_is_planned_around() -> None:
+    small, big = InstanceOption("s", 1, 1.0), InstanceOption("b", 4, 3.0)
+    # Cheapest: 1 big + 1 small. With the small type out of capacity: 2 big, not 5 small that would
+    # each fail over to a big one.
+    d = decide([PendingDemand(1, 5)], [], limits(small, big, out_of_capacity=frozenset({small})), NOW)
+    assert [(p.option.instance_type, p.count, p.fallbacks) for p in d.launches] == [("b", 2, ())]
+    # Every type out: planned as usual (the launch reports the error and the pool backs off).
+    d = decide([PendingDemand(1, 5)], [], limits(small, big, out_of_capacity=frozenset({small, big})), NOW)
+    assert d.usd_per_hour == pytest.approx(4.0)
+
+
 def test_gang_takes_whole_instances_of_one_type() -> None:
     a, b = InstanceOption("a", 8, 10.0), InstanceOption("b", 8, 9.0)
     d = decide([PendingDemand(8, 1, instances=3)], [], limits(a, b), NOW)
