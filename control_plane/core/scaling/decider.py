@@ -385,7 +385,7 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone.
     draft.stopping = stopping = len(census.stopping) + len(draft.terminations)
     room = max(0, limits.max_instances - live - stopping)
-    usable = [o for o in limits.options if o not in limits.out_of_capacity] or list(limits.options)
+    usable = _usable(limits, packing)
     new_bins = _new_instances(shapes, packing, usable, room) if limits.options else []
     want = sum(n for _, _, n in new_bins) if limits.options else packing.new_instances
     floor = max(0, limits.min_instances - live)
@@ -422,6 +422,14 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     draft.reasons.append(f"launch {launch}: " + "; ".join(why))
     if draft.launches:
         draft.reasons.append(_fmt_plans(draft.launches))
+
+
+def _usable(limits: PoolLimits, packing: _Packing) -> list[InstanceOption]:
+    """The options new instances are planned on: those not out of capacity everywhere, unless they
+    cannot host the largest task left (then all: the launch reports what is out)."""
+    usable = [o for o in limits.options if o not in limits.out_of_capacity]
+    largest = max((s for s, c in packing.leftover if c), default=0)
+    return usable if usable and max(o.slots for o in usable) >= largest else list(limits.options)
 
 
 def _free(inst: InstanceView, capacity: int) -> int:

@@ -110,6 +110,9 @@ def test_a_type_out_of_capacity_everywhere_is_planned_around() -> None:
     # Every type out: planned as usual (the launch reports the error and the pool backs off).
     d = decide([PendingDemand(1, 5)], [], limits(small, big, out_of_capacity=frozenset({small, big})), NOW)
     assert d.usd_per_hour == pytest.approx(4.0)
+    # A task only the out-of-capacity type can host: planned on it still (the launch reports it).
+    d = decide([PendingDemand(4, 1)], [], limits(small, big, out_of_capacity=frozenset({big})), NOW)
+    assert [(p.option.instance_type, p.count) for p in d.launches] == [("b", 1)]
 
 
 def test_gang_takes_whole_instances_of_one_type() -> None:
@@ -201,3 +204,19 @@ def test_large_demands_fit_within_the_best_single_type(options: list[InstanceOpt
     largest = max((p.slots for p in demand if p.count), default=0)
     alone = [decide(demand, [], limits(o), NOW).usd_per_hour for o in options if o.slots >= largest]
     assert d.usd_per_hour is not None and d.usd_per_hour <= min(alone) + 1e-6
+
+
+@FAST
+@given(options=st.lists(option, min_size=2, max_size=4, unique=True), data=st.data(),
+       tasks=st.lists(st.integers(1, 8), min_size=1, max_size=12))
+def test_with_types_out_of_capacity_the_choice_still_fits(options: list[InstanceOption], data: st.DataObject,
+                                                          tasks: list[int]) -> None:
+    out = frozenset(data.draw(st.lists(st.sampled_from(options), unique=True)))
+    biggest = max(o.slots for o in options)
+    tasks = [t for t in tasks if t <= biggest] or [1]
+    demand = [PendingDemand(s, tasks.count(s)) for s in set(tasks)]
+    d = decide(demand, [], limits(*options, out_of_capacity=out), NOW)
+    assert fits(tasks, launched_slots(d))
+    usable = [o for o in options if o not in out]
+    if usable and max(o.slots for o in usable) >= max(tasks):
+        assert all(p.option not in out for p in d.launches)
