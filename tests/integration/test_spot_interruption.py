@@ -32,7 +32,7 @@ from harness import core
 with core.init() as ctx:
     hp = ctx.info.hparams
     steps = 0
-    print(f"run {ctx.info.trial_run_id} on agent {os.environ['DET_AGENT_ID']}", flush=True)
+    print(f"run {ctx.info.trial_run_id} on agent {os.environ['DET_AGENT_ID']} pid {os.getpid()}", flush=True)
     if ctx.info.latest_checkpoint:
         with ctx.checkpoint.restore_path(ctx.info.latest_checkpoint) as path:
             steps = json.loads((pathlib.Path(path) / "state.json").read_text())["steps"]
@@ -42,6 +42,9 @@ with core.init() as ctx:
             steps += 1
             time.sleep(hp["step_sleep"])
             ctx.train.report_training_metrics(steps, {"loss": 1.0 / steps})
+            if hp.get("ckpt_every") and steps % hp["ckpt_every"] == 0:
+                with ctx.checkpoint.store_path({"steps_completed": steps}) as (path, _):
+                    (pathlib.Path(path) / "state.json").write_text(json.dumps({"steps": steps}))
             if ctx.preempt.should_preempt() and not hp["ignore_preemption"]:
                 with ctx.checkpoint.store_path({"steps_completed": steps}) as (path, _):
                     (pathlib.Path(path) / "state.json").write_text(json.dumps({"steps": steps}))
@@ -69,14 +72,16 @@ def master(db_url: str, tmp_path: Path) -> Iterator[LiveMaster]:
 
 
 class Spot:
-    """Two agents, `a` and `b`, each with its own metadata server."""
+    """Two agents, `a` and `b`, each with its own metadata server (`watch=False`: agents that do not
+    watch it, as benchmarks/spot_notice.py's peer)."""
 
-    def __init__(self, master: LiveMaster, tmp_path: Path, cloud: str, warning_s: float) -> None:
+    def __init__(self, master: LiveMaster, tmp_path: Path, cloud: str, warning_s: float, watch: bool = True) -> None:
         self.master = master
         self.headers = admin(master)
         token = agent_token(master)
         self.fakes = {n: SpotMetadataServer(cloud, warning_s=warning_s).start() for n in ("a", "b")}
-        self.agents = {n: AgentProcess(master.url, token, tmp_path / f"work-{n}", "--interruption-watch", cloud,
+        self.agents = {n: AgentProcess(master.url, token, tmp_path / f"work-{n}", "--interruption-watch",
+                                       cloud if watch else "off",
                                        "--metadata-url", self.fakes[n].url, "--interruption-poll-s", "0.2",
                                        "--interruption-kill-margin-s", "3", agent_id=f"spot-{n}")
                        for n in ("a", "b")}
@@ -92,9 +97,10 @@ class Spot:
         r.raise_for_status()
         return r.json()
 
-    def submit(self, length: int, step_sleep: float, ignore_preemption: bool = False) -> int:
+    def submit(self, length: int, step_sleep: float, ignore_preemption: bool = False, ckpt_every: int = 0) -> int:
         config = {"name": "spot", "entrypoint": "python3 train.py", "max_restarts": 0,
-                  "hyperparameters": {"step_sleep": step_sleep, "ignore_preemption": ignore_preemption},
+                  "hyperparameters": {"step_sleep": step_sleep, "ignore_preemption": ignore_preemption,
+                                      "ckpt_every": ckpt_every},
                   "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": length}},
                   "checkpoint_storage": {"type": "shared_fs", "host_path": str(self.master.state_dir / "ckpt")}}
         r = httpx.post(self.master.url + "/api/v1/experiments", headers=self.headers, timeout=30,
@@ -137,8 +143,8 @@ class Spot:
         return exp
 
 
-def start_spot(master: LiveMaster, tmp_path: Path, cloud: str, warning_s: float) -> Spot:
-    s = Spot(master, tmp_path, cloud, warning_s)
+def start_spot(master: LiveMaster, tmp_path: Path, cloud: str, warning_s: float, watch: bool = True) -> Spot:
+    s = Spot(master, tmp_path, cloud, warning_s, watch)
     wait_for(lambda: all(httpx.get(f"{master.url}/api/v1/agents/spot-{n}", headers=s.headers).status_code == 200
                          for n in ("a", "b")), 60, "both agents registered")
     return s
