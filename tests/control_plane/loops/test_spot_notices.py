@@ -159,8 +159,9 @@ def test_an_interrupted_instance_is_no_capacity_and_is_replaced_then_terminated(
     assert iid not in pool.live()
 
 
-def test_a_busy_interrupted_instance_is_not_capacity_for_more_work(pool: Pool) -> None:
-    """With the trial still checkpointing on it, new demand is not counted against it either."""
+def test_a_busy_interrupted_instance_is_kept_until_its_work_has_left(pool: Pool) -> None:
+    """While its trial is still checkpointing, the interrupted instance is not terminated (that
+    would lose the checkpoint), and new demand gets an instance of its own."""
     iid = running_instance(pool, "a1")
     notice(pool, iid)
     add_allocation(pool.master, "b1")
