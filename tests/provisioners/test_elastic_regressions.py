@@ -35,7 +35,8 @@ from sqlalchemy import select
 
 from control_plane.api.app import create_app
 from control_plane.core.states import InstanceState, PoolState
-from control_plane.db.models import Instance
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, Instance
 from control_plane.loops.autoscaler import Autoscaler
 from control_plane.master import Master
 from provisioners.aws import AwsProvider
@@ -542,8 +543,26 @@ def bursty_history(master: Master, start: datetime) -> None:
         add_allocation(master, f"h{k}", state="terminated", created_at=start - k * timedelta(minutes=3))
 
 
-KEPT_FOR_ARRIVALS = ("keeping 1 idle instance past max_idle_agent_period 5m for expected arrivals: 9 arrivals in "
-                     "the last 30m (one every 3m20s), next due now (overdue); at most 10m idle")
+def booted_in(master: Master, row: Instance, boot: timedelta) -> None:
+    """The instance's agent first connected `boot` after the launch (a GPU image's boot, not the
+    fakes' seconds): the idle policy prices a relaunch with the pool's measured boots."""
+    assert row.launched_at is not None and row.instance_id is not None
+    with transaction(master.sessions) as s:
+        agent = s.get(Agent, row.instance_id)
+        assert agent is not None
+        agent.registered_at = row.launched_at + boot
+
+
+# The idle policy's reason for keeping it (core/scaling/idle.py): idling until the next arrival costs
+# less than a relaunch after a 3-minute boot; then its numbers, and the hard bound.
+KEPT_FOR_ARRIVALS = "idle for 5m1s (max_idle_agent_period 5m): the next arrival that fits is expected in "
+
+
+def assert_kept_for_arrivals(master: Master, row: Instance) -> None:
+    reasons = pool_api(master)["lastDecision"]["reasons"]
+    kept = [r for r in reasons if r.startswith(f"keeping {row.launch_id} ")]
+    assert len(kept) == 1 and KEPT_FOR_ARRIVALS in kept[0], reasons
+    assert "boot 3m, median of 1 measured boot" in kept[0] and kept[0].endswith("at most 10m idle"), kept
 
 
 def test_aws_bursty_arrivals_keep_an_idle_instance_until_twice_max_idle_agent_period(
@@ -555,11 +574,12 @@ def test_aws_bursty_arrivals_keep_an_idle_instance_until_twice_max_idle_agent_pe
     bursty_history(master, clock())
     row = idle_instance(master, scaler, clock, timedelta(minutes=5, seconds=1))
     assert row.instance_id is not None
+    booted_in(master, row, timedelta(minutes=3))
     moto = ec2(aws_session, ec2_faults_upstream(ec2_faults))
 
     scaler.tick()
     assert ec2_faults.calls("TerminateInstances") == []
-    assert KEPT_FOR_ARRIVALS in pool_api(master)["lastDecision"]["reasons"]
+    assert_kept_for_arrivals(master, row)
 
     for _ in range(4):  # no more arrivals: still kept while idle at most 10m (9m1s here)
         clock.advance(minutes=1)
@@ -571,7 +591,7 @@ def test_aws_bursty_arrivals_keep_an_idle_instance_until_twice_max_idle_agent_pe
     assert moto_state(moto, row.instance_id) == "terminated"
     tick_until_closed(scaler, clock, master, row.launch_id)
     [closed] = rows(master)
-    assert closed.terminate_reason == "idle for 10m1s (max_idle_agent_period 5m)"
+    assert closed.terminate_reason == "idle for 10m1s (max_idle_agent_period 5m): past the hard bound 10m"
     assert len(ec2_faults.calls("RunInstances")) == 1
 
 
@@ -584,10 +604,11 @@ def test_gcp_bursty_arrivals_keep_an_idle_vm_until_twice_max_idle_agent_period(
     bursty_history(master, clock())
     row = idle_instance(master, scaler, clock, timedelta(minutes=5, seconds=1))
     assert row.instance_id is not None
+    booted_in(master, row, timedelta(minutes=3))
 
     scaler.tick()
     assert gce.calls_to("delete") == []
-    assert KEPT_FOR_ARRIVALS in pool_api(master)["lastDecision"]["reasons"]
+    assert_kept_for_arrivals(master, row)
     clock.advance(minutes=4, seconds=59)  # idle 10m: still kept
     scaler.tick()
     assert gce.calls_to("delete") == [] and gce.has_instance(row.instance_id)
@@ -597,5 +618,5 @@ def test_gcp_bursty_arrivals_keep_an_idle_vm_until_twice_max_idle_agent_period(
     tick_until_closed(scaler, clock, master, row.launch_id)
     assert not gce.has_instance(row.instance_id)
     [closed] = rows(master)
-    assert closed.terminate_reason == "idle for 10m1s (max_idle_agent_period 5m)"
+    assert closed.terminate_reason == "idle for 10m1s (max_idle_agent_period 5m): past the hard bound 10m"
     assert len(gce.calls_to("insert")) == 1
