@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -133,9 +133,30 @@ def _wants_json(request: Request) -> bool:
     return request.url.path.startswith("/ui/data/")
 
 
+def _return_to(request: Request) -> str | None:
+    """The page to come back to after (re-)login: this one for a page GET; for htmx's requests and the
+    pages' data fetches, the page that sent them (htmx's HX-Current-URL, else the Referer), when it is
+    on this site. None for a form POST (its page is re-opened from `/`)."""
+    if request.method == "GET" and not _is_htmx(request) and not _wants_json(request):
+        return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    sent = request.headers.get("hx-current-url") or request.headers.get("referer")
+    if not sent:
+        return None
+    url = urlsplit(sent)
+    if url.netloc and url.netloc != request.url.netloc:
+        return None
+    page = url.path + (f"?{url.query}" if url.query else "")
+    return page if _safe_next(page) == page and not page.startswith("/login") else None
+
+
+def _login_target(request: Request, **params: str) -> str:
+    nxt = _return_to(request)
+    query = {**params, **({"next": nxt} if nxt else {})}
+    return "/login" + (f"?{urlencode(query)}" if query else "")
+
+
 def _login_redirect(request: Request) -> Response:
-    nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    target = "/login?" + urlencode({"next": nxt}) if request.method == "GET" and not _is_htmx(request) else "/login"
+    target = _login_target(request)
     if _is_htmx(request) or _wants_json(request):
         return Response(status_code=401, headers={"HX-Redirect": target, "X-Login": target})
     return RedirectResponse(target, status_code=303)
@@ -143,9 +164,11 @@ def _login_redirect(request: Request) -> Response:
 
 def _expired(request: Request) -> Response:
     if _is_htmx(request) or _wants_json(request):
-        resp: Response = Response(status_code=401, headers={"HX-Redirect": "/login?expired=1", "X-Login": "/login?expired=1"})
+        target = _login_target(request, expired="1")
+        resp: Response = Response(status_code=401, headers={"HX-Redirect": target, "X-Login": target})
     else:
-        resp = _login_page(request, "Your session has expired or was revoked; log in again.", 401)
+        resp = _login_page(request, "Your session has expired or was revoked; log in again.", 401,
+                           _safe_next(_return_to(request)))
     sess.clear_session(resp)
     return resp
 
@@ -154,6 +177,18 @@ def _error(request: Request, status: int, message: str, ui: sess.UISession | Non
     if _wants_json(request):
         return JSONResponse({"code": status, "message": message}, status_code=status)
     return _render(request, "error.html", {"status": status, "message": message}, status, ui)
+
+
+def not_found_page(request: Request) -> Response:
+    """A browser's request for a path nothing serves: a readable 404 page with a link home (the
+    navigation too when its session is valid)."""
+    try:
+        ui: sess.UISession | None = sess.current(request, _master(request))
+    except (sess.LoginRequired, sess.SessionExpired):
+        ui = None
+    path = request.url.path
+    shown = path if len(path) <= 200 else path[:200] + "…"
+    return _render(request, "error.html", {"status": 404, "message": f"There is no page at {shown}."}, 404, ui)
 
 
 class UIRoute(APIRoute):
@@ -223,8 +258,14 @@ def _login_page(request: Request, message: str | None, status: int = 200, nxt: s
 
 
 def _safe_next(value: str | None) -> str:
-    """Only a path on this site (no scheme, no host, no //): an open redirect otherwise."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    """Only a path on this site: it starts with one `/` and has no scheme, no host, no backslash
+    and no control character (browsers drop tabs and newlines, so `/\t/evil.example` would be
+    `//evil.example`); `/` otherwise, never an open redirect."""
+    if (not value or len(value) > 2000 or not value.startswith("/") or value.startswith("//") or "\\" in value
+            or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)):
+        return "/"
+    url = urlsplit(value)
+    if url.scheme or url.netloc:
         return "/"
     return value
 

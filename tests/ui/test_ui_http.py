@@ -166,3 +166,49 @@ def test_actions_need_csrf_and_rights(client, admin_headers) -> None:  # type: i
     assert api.json()["message"] in r.text and "Traceback" not in r.text
     assert client.get(f"/api/v1/experiments/{exp_id}", headers=admin_headers).json()["experiment"]["state"] == "STATE_ACTIVE"
     assert client.post("/experiments/999999/actions/kill", data={"csrf": bob_csrf}).status_code == 404
+
+
+def test_unknown_path_is_a_page_for_a_browser_and_json_for_the_api(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
+    html = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+    r = client.get("/no/such/page", headers=html)
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+    assert "There is no page at /no/such/page" in r.text and 'id="home-link" href="/"' in r.text.replace(
+        'href="/" id="home-link"', 'id="home-link" href="/"')
+    assert 'href="/cluster"' not in r.text  # no session: no navigation
+    for path, headers in (("/no/such/page", {}), ("/no/such/page", {"Accept": "application/json"}),
+                          ("/api/v1/nothing-here", html), ("/api/v1/nothing-here", admin_headers)):
+        r = client.get(path, headers=headers)
+        assert r.status_code == 404 and r.json()["code"] == 404, (path, headers)  # Determined's error body
+    assert client.post("/no/such/page", headers=html).json()["code"] == 404
+    ui_login(client)
+    r = client.get("/experimentz", headers=html)
+    assert r.status_code == 404 and 'href="/cluster"' in r.text  # logged in: the navigation too
+    # A favicon, linked from every page and at the path browsers try.
+    assert 'rel="icon" href="/ui/static/favicon.svg"' in client.get("/").text
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+
+
+def test_login_returns_to_the_page_and_refuses_other_sites(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.get("/cluster?x=1", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login?next=%2Fcluster%3Fx%3D1"
+    assert 'name="next" value="/cluster?x=1"' in client.get(r.headers["location"]).text
+    r = ui_login(client, next_="/cluster?x=1")
+    assert r.status_code == 303 and r.headers["location"] == "/cluster?x=1"
+    for evil in ("//evil.example", "//evil.example/x", "https://evil.example/", "http:/evil.example",
+                 "/\\evil.example", "/\t/evil.example", "javascript:alert(1)", "evil.example", "/\n/evil.example"):
+        assert client.get("/login", params={"next": evil}).text.count('name="next" value="/"') == 1, evil
+        r = ui_login(client, next_=evil)
+        assert r.status_code == 303 and r.headers["location"] == "/", evil
+    # A session that expires on a page: re-login comes back to it (the page itself, and its live parts).
+    token = client.cookies.get(SESSION_COOKIE)
+    assert client.post("/api/v1/auth/logout", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    client.cookies.set(SESSION_COOKIE, token)
+    r = client.get("/models")
+    assert r.status_code == 401 and 'name="next" value="/models"' in r.text
+    client.cookies.set(SESSION_COOKIE, token)
+    r = client.get("/ui/fragments/cluster", headers={"HX-Request": "true", "HX-Current-URL": "http://testserver/cluster"})
+    assert r.status_code == 401 and r.headers["HX-Redirect"] == "/login?expired=1&next=%2Fcluster"
+    client.cookies.set(SESSION_COOKIE, token)
+    r = client.get("/ui/fragments/cluster", headers={"HX-Request": "true", "HX-Current-URL": "https://evil.example/x"})
+    assert r.headers["HX-Redirect"] == "/login?expired=1"  # another site's page is not one to return to
