@@ -18,7 +18,7 @@ from control_plane.core.expconf.secrets import redact_config
 from control_plane.db.models import Experiment
 from control_plane.errors import bad_request
 from control_plane.master import Master
-from control_plane.services import access, experiments, lifecycle
+from control_plane.services import access, experiments, jobs, lifecycle
 
 log = logging.getLogger("shipyard.api.experiments")
 router = APIRouter()
@@ -215,19 +215,22 @@ def patch_experiment(
     experimentId: Id,
     body: PatchExperimentRequest,
     p: Principal = Depends(deps.user),
+    master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
     exp = _owned(db, p, experimentId)
     if body.id is not None and body.id != experimentId:
         raise bad_request(f"does not match the experiment in the path ({experimentId})", "id")
-    if body.resources is not None:
-        raise bad_request("changing resources of an existing experiment is not supported", "resources")
     if body.checkpoint_storage is not None:
         raise bad_request("changing checkpoint storage of an existing experiment is not supported",
                           "checkpointStorage")
     change = experiments.ExperimentEdit(name=body.name, description=body.description, notes=body.notes,
                                         labels=body.labels)
     experiments.edit(db, exp, change)
+    if body.resources is not None:  # `det e set priority|weight|max-slots`: the job queue's change
+        r = body.resources
+        jobs.update_experiment(db, master, p, exp, jobs.QueueUpdate(job_id=exp.job_id or "", priority=r.priority,
+                                                                     weight=r.weight, max_slots=r.max_slots))
     return {"experiment": serializers.experiments_json(db, [exp])[0]}
 
 

@@ -11,7 +11,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps, serializers
-from control_plane.api.wire import Count32, Id, Int32, StrictWire, ts
+from control_plane.api.wire import Count32, Id, Int32, ProtoWire, ts
 from control_plane.auth import Principal
 from control_plane.db.models import Checkpoint, Model, ModelVersion, User
 from control_plane.errors import bad_request, forbidden
@@ -23,7 +23,7 @@ router = APIRouter()
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.:-]*$"
 
 
-class PostModel(StrictWire):
+class PostModel(ProtoWire):
     name: str = Field(min_length=1, max_length=255, pattern=NAME_PATTERN)
     description: str = Field(default="", max_length=10_000)
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -69,7 +69,7 @@ def get_model(modelName: str, _p: Principal = Depends(deps.user), db: Session = 
     return {"model": _model_out(db, models.get_model(db, modelName))}
 
 
-class PostModelVersion(StrictWire):
+class PostModelVersion(ProtoWire):
     model_name: str | None = None
     checkpoint_uuid: str
     name: str = Field(default="", max_length=255)

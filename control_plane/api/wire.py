@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from annotated_types import Ge, Le
+from pydantic import model_validator
 
 from shipyard_common.wire import rfc3339
 from shipyard_common.wire_model import StrictWire, Wire
 
 __all__ = [
-    "INT32_MAX", "INT64_MAX", "Count32", "Count64", "Id", "Int32", "Int64", "Pagination", "StrictWire", "Wire",
+    "INT32_MAX", "INT64_MAX", "Count32", "Count64", "Id", "Int32", "Int64", "Pagination", "ProtoWire", "StrictWire", "Wire",
     "pagination", "ts",
 ]
 
@@ -46,3 +47,18 @@ class Pagination(Wire):
 
 def pagination(offset: int, limit: int, total: int, returned: int) -> Pagination:
     return Pagination(offset=offset, limit=limit, start_index=offset, end_index=offset + returned, total=total)
+
+
+class ProtoWire(StrictWire):
+    """A request body parsed as grpc-gateway parses Determined's (proto3's JSON mapping): a JSON
+    null for a field is that field's default, as if it were absent. Determined's own client sends
+    nulls for what it leaves unset (`create_model(..., metadata=None)`, `notes=None`). Only the
+    top level: a null inside a JSON value (metadata) is kept. The hardening of StrictWire applies
+    to what remains."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data

@@ -1,6 +1,7 @@
 """The job queue: every experiment with live allocations is a job of its pool, ordered as the
 priority scheduler orders it — priority (1–99, lower first), then queue position, then submission
-time — and the changes an owner or an admin may make to it (priority, weight, position, pool).
+time — and the changes an owner or an admin may make to it (priority, weight, max_slots, position,
+pool), by job (`det job update`) or by experiment (`det e set`).
 
 A job's place in its queue is one number, its key: `queue_position` when set, else its submission
 time in epoch seconds. Moving a job ahead of (behind) another sets its position between that job's
@@ -174,6 +175,7 @@ class QueueUpdate:
     ahead_of: str | None = None
     behind_of: str | None = None
     queue_position: float | None = None
+    max_slots: int | None = None  # the job's cap on slots held at once (Determined's `e set max-slots`)
 
 
 def _invalid(field: str, reason: str) -> Invalid:
@@ -193,8 +195,17 @@ def update_jobs(s: Session, master: Master, p: Principal, updates: Sequence[Queu
     if not updates:
         raise _invalid("updates", "at least one update is required")
     for i, u in enumerate(updates):
-        _apply(s, master, p, u, f"updates[{i}]")
+        _apply(s, master, p, _job(s, u.job_id, f"updates[{i}].jobId"), u, f"updates[{i}]")
         s.flush()
+    master.notify(s)
+
+
+def update_experiment(s: Session, master: Master, p: Principal, exp: Experiment, u: QueueUpdate) -> None:
+    """The same change to one experiment's job, named by the experiment (Determined's
+    `PATCH /api/v1/experiments/{id}` `resources`, i.e. `det e set priority|weight|max-slots`):
+    the same rules, with errors naming `resources.<field>`; `u.job_id` is ignored."""
+    _apply(s, master, p, exp, u, "resources")
+    s.flush()
     master.notify(s)
 
 
@@ -211,18 +222,28 @@ def _check_values(u: QueueUpdate, where: str) -> None:
         raise _invalid(f"{where}.{moves[1]}", f"give only one of {', '.join(moves)}")
     if u.resource_pool is not None and not u.resource_pool:
         raise _invalid(f"{where}.resourcePool", "must not be empty")
-    if all(v is None for v in (u.priority, u.weight, u.resource_pool, u.ahead_of, u.behind_of, u.queue_position)):
-        raise _invalid(where, "nothing to change: give priority, weight, resourcePool, aheadOf, behindOf "
-                              "or queuePosition")
+    if all(v is None for v in (u.priority, u.weight, u.resource_pool, u.ahead_of, u.behind_of, u.queue_position,
+                               u.max_slots)):
+        raise _invalid(where, "nothing to change: give priority, weight, maxSlots, resourcePool, aheadOf, "
+                              "behindOf or queuePosition")
 
 
-def _apply(s: Session, master: Master, p: Principal, u: QueueUpdate, where: str) -> None:
-    exp = _job(s, u.job_id, f"{where}.jobId")
+def _check_max_slots(exp: Experiment, max_slots: int, field: str) -> None:
+    slots = ExperimentConfig.from_stored(exp.config).resources.slots_per_trial
+    if max_slots < max(slots, 1):
+        raise _invalid(field, f"must be at least the experiment's slots_per_trial ({slots}): a trial needs that "
+                              f"many at once")
+
+
+def _apply(s: Session, master: Master, p: Principal, exp: Experiment, u: QueueUpdate, where: str) -> None:
+    job = exp.job_id or f"experiment-{exp.id}"
     if not (p.admin or exp.owner_id == p.user_id):
-        raise PermissionDenied(f"job {u.job_id!r} belongs to another user: only its owner or an admin may change it")
+        raise PermissionDenied(f"job {job!r} belongs to another user: only its owner or an admin may change it")
     _check_values(u, where)
+    if u.max_slots is not None:
+        _check_max_slots(exp, u.max_slots, f"{where}.maxSlots")
     if exp.state in st.EXP_TERMINAL:
-        raise Conflict(f"job {u.job_id!r} (experiment {exp.id}) has ended ({exp.state}): it is in no queue")
+        raise Conflict(f"job {job!r} (experiment {exp.id}) has ended ({exp.state}): it is in no queue")
     if u.resource_pool is not None and u.resource_pool != exp.resource_pool:
         _check_pool(s, master, exp, u.resource_pool, f"{where}.resourcePool")
         log.info("event=job_moved job_id=%s experiment_id=%s from=%s to=%s", exp.job_id, exp.id,
@@ -242,6 +263,8 @@ def _apply(s: Session, master: Master, p: Principal, u: QueueUpdate, where: str)
     changes: dict[str, Any] = {"resource_pool": exp.resource_pool, "weight": exp.weight}
     if exp.priority is not None:
         changes["priority"] = exp.priority
+    if u.max_slots is not None:
+        changes["max_slots"] = u.max_slots
     resources = ExperimentConfig.from_stored(exp.config).resources.model_copy(update=changes)
     exp.config = {**exp.config, "resources": resources.model_dump(mode="json")}
     priority = effective_priority(master, exp)
@@ -250,8 +273,9 @@ def _apply(s: Session, master: Master, p: Principal, u: QueueUpdate, where: str)
         alloc.weight = exp.weight
         if alloc.state == st.AllocationState.PENDING:
             alloc.pool = exp.resource_pool
-    log.info("event=job_updated job_id=%s experiment_id=%s pool=%s priority=%s weight=%s queue_position=%s",
-             exp.job_id, exp.id, exp.resource_pool, priority, exp.weight, exp.queue_position)
+    log.info("event=job_updated job_id=%s experiment_id=%s pool=%s priority=%s weight=%s queue_position=%s "
+             "max_slots=%s", job, exp.id, exp.resource_pool, priority, exp.weight, exp.queue_position,
+             resources.max_slots)
 
 
 def _check_pool(s: Session, master: Master, exp: Experiment, pool: str, field: str) -> None:
