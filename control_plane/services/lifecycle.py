@@ -34,7 +34,7 @@ from control_plane.core.searcher import (
     new_search_method,
     restore_search_method,
 )
-from control_plane.db.models import Allocation, Checkpoint, Experiment, TaskLog, Trial
+from control_plane.db.models import Allocation, Experiment, TaskLog, Trial
 from control_plane.errors import Conflict, Invalid
 from control_plane.master import Master
 
@@ -230,29 +230,24 @@ def on_allocation_exited(s: Session, master: Master, alloc: Allocation) -> None:
     if alloc.end_cause == st.ExitCause.EXITED and alloc.exit_code not in (0, None):
         failure = f"exited with code {alloc.exit_code}"
     elif alloc.end_cause == st.ExitCause.EXITED and alloc.exit_code == 0 and _wants_slot(exp, trial):
-        # A clean exit while the searcher still has work for the trial is no success. As in
-        # Determined, the trial runs again from its latest checkpoint (like a preemption). A run
-        # that saved no checkpoint made no progress: running it again would loop, so it counts as
-        # a failure (against max_restarts) — typically a script that never calls
-        # op.report_completed(). Either way the trial's logs say so.
+        # Determined 0.38's rule: a trial that exits 0 unasked is complete ("just exit 0": its
+        # op.report_completed() never reaches the master in 0.38.1), whether or not it validated at
+        # the searcher's length. The searcher hears it closed (reconcile); one that wanted more of
+        # it (ASHA) counts it as stopped early. An exit the master asked for (a preemption, a
+        # pause) ended PREEMPTED (allocations.end_allocation) and runs again.
         done = trial.searcher_completed_length or 0
-        target = trial.searcher_target_length
-        saved = s.scalar(select(Checkpoint.uuid).where(Checkpoint.allocation_id == alloc.id).limit(1))
-        what = (f"exited with code 0 before completing its searcher operation (trained to length {target} "
-                f"was asked; {done} completed); did it call op.report_completed()?")
-        if saved is not None:
-            _master_line(s, master, alloc, f"{what} It runs again from its latest checkpoint.")
-            log.info("event=trial_exited_before_op_completed trial_id=%s resumes=true", trial.id)
-            return
-        failure = f"{what} It saved no checkpoint in this run, so this counts as a failure"
+        _master_line(s, master, alloc, f"exited with code 0: the trial is complete (the searcher asked for length "
+                                       f"{trial.searcher_target_length}; {done} completed).", level="INFO")
+        log.info("event=trial_exited_complete trial_id=%s target=%s completed=%s", trial.id,
+                 trial.searcher_target_length, done)
+        trial.searcher_closed = True
+        return
     if failure is None:
         return
     trial.restarts += 1
     max_restarts = _config(exp).max_restarts
     log.info("event=trial_failed trial_id=%s exit_code=%s restarts=%s max_restarts=%s",
              trial.id, alloc.exit_code, trial.restarts, max_restarts)
-    if alloc.exit_code == 0:
-        _master_line(s, master, alloc, f"{failure} ({trial.restarts} of {max_restarts} restarts).")
     if trial.restarts > max_restarts:
         trial.exit_reason = f"{failure}; {max_restarts} restarts used up"
         _end_trial(s, master, exp, trial, st.TrialState.ERROR)
@@ -260,9 +255,9 @@ def on_allocation_exited(s: Session, master: Master, alloc: Allocation) -> None:
         _apply(s, master, exp, method, method.trial_exited_early(trial.request_id, ExitedReason.ERRORED))
 
 
-def _master_line(s: Session, master: Master, alloc: Allocation, text: str) -> None:
+def _master_line(s: Session, master: Master, alloc: Allocation, text: str, level: str = "WARNING") -> None:
     """A line from the master in the trial's logs (source "master")."""
-    s.add(TaskLog(task_id=alloc.task_id, allocation_id=alloc.id, timestamp=master.clock(), level="WARNING",
+    s.add(TaskLog(task_id=alloc.task_id, allocation_id=alloc.id, timestamp=master.clock(), level=level,
                   stdtype="stderr", source="master", log=text + "\n"))
 
 

@@ -1,6 +1,7 @@
-"""A trial process that exits 0 before completing its searcher operation is no success (as in
-Determined): with a checkpoint saved in that run it runs again from it; with none it counts as a
-failure against max_restarts, ending in ERROR; the trial's logs say which. Both databases."""
+"""A trial process that exits 0 before its searcher operation is complete (Determined 0.38.1's
+rule): unasked, the trial is complete (`op.report_completed()` never reaches the master in 0.38.1;
+"just exit 0"), and its logs say so; asked to stop (a preemption, a pause), it runs again without
+counting a failure. Both databases."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 from sqlalchemy import select
 
 from control_plane.db.engine import transaction
-from control_plane.db.models import Allocation, Checkpoint, TaskLog, Trial
+from control_plane.db.models import Allocation, Checkpoint, Experiment, TaskLog, Trial
 from control_plane.loops import placement
+from control_plane.services import lifecycle
 from tests.control_plane.services.test_agents import (
     CONFIG,
     agent_principal,
@@ -38,8 +40,12 @@ def _master_lines(master: Any) -> list[str]:
         return [row.log for row in s.scalars(select(TaskLog).where(TaskLog.source == "master").order_by(TaskLog.id))]
 
 
-def _run_and_exit_0(master: Any, p: Any, session: str, alloc: str, *, checkpoint: bool) -> None:
+def _run_and_exit_0(master: Any, p: Any, session: str, alloc: str, *, checkpoint: bool, asked: bool = True) -> None:
     report(master, p, session, alloc, "running")
+    if asked:  # the master asked it to stop (what a pause or the scheduler's preemption does)
+        with transaction(master.sessions) as s:
+            row = s.get(Allocation, alloc)
+            assert row is not None and lifecycle.request_preemption(row, master.clock())
     if checkpoint:
         with transaction(master.sessions) as s:
             row = s.get(Allocation, alloc)
@@ -49,31 +55,39 @@ def _run_and_exit_0(master: Any, p: Any, session: str, alloc: str, *, checkpoint
     report(master, p, session, alloc, "exited", exit_code=0, message="exited with code 0")
 
 
-def test_a_clean_exit_with_a_checkpoint_runs_again_without_counting_a_failure(master) -> None:  # type: ignore[no-untyped-def]
+def test_a_clean_exit_unasked_completes_the_trial_and_the_experiment(master) -> None:  # type: ignore[no-untyped-def]
     p, session, cmd = one_task(master)
-    _run_and_exit_0(master, p, session, cmd.allocation_id, checkpoint=True)
-
-    trial = _trial(master)
-    assert trial.state not in ("STATE_COMPLETED", "STATE_ERROR") and trial.restarts == 0
-    (line,) = _master_lines(master)
-    assert "exited with code 0 before completing its searcher operation" in line and "runs again" in line
+    _run_and_exit_0(master, p, session, cmd.allocation_id, checkpoint=False, asked=False)
     placement.tick(master)
-    (again,) = commands(master, p, session)
-    assert again.allocation_id != cmd.allocation_id  # a new run of the same trial
+    trial = _trial(master)
+    assert (trial.state, trial.restarts) == ("STATE_COMPLETED", 0)
+    with master.sessions() as s:
+        assert s.get(Experiment, trial.experiment_id).state == "STATE_COMPLETED"  # type: ignore[union-attr]
+    (line,) = _master_lines(master)
+    assert "exited with code 0: the trial is complete" in line
+    assert commands(master, p, session) == []  # not run again
 
 
-def test_a_clean_exit_without_progress_is_a_failure_and_ends_in_error(master) -> None:  # type: ignore[no-untyped-def]
+def test_a_clean_exit_with_a_checkpoint_completes_too(master) -> None:  # type: ignore[no-untyped-def]
+    """The checkpoint changes nothing: exit 0 unasked is complete (it was a rerun before)."""
     submit(master, ONE_RESTART)
     first = register(master, agent_principal(master))
     p, session = credential(master, first), first.session_id
-    for run in (1, 2):  # the first run and its one restart
-        placement.tick(master)
-        (cmd,) = commands(master, p, session)
-        _run_and_exit_0(master, p, session, cmd.allocation_id, checkpoint=False)
-        assert _trial(master).restarts == run
+    placement.tick(master)
+    (cmd,) = commands(master, p, session)
+    _run_and_exit_0(master, p, session, cmd.allocation_id, checkpoint=True, asked=False)
+    placement.tick(master)
     trial = _trial(master)
-    assert trial.state == "STATE_ERROR"
-    assert "before completing its searcher operation" in (trial.exit_reason or "")
-    assert "1 restarts used up" in (trial.exit_reason or "")
-    lines = _master_lines(master)
-    assert len(lines) == 2 and all("saved no checkpoint in this run, so this counts as a failure" in x for x in lines)
+    assert (trial.state, trial.restarts) == ("STATE_COMPLETED", 0)
+    assert commands(master, p, session) == []
+
+
+def test_an_exit_the_master_asked_for_runs_again_without_counting_a_failure(master) -> None:  # type: ignore[no-untyped-def]
+    p, session, cmd = one_task(master)
+    _run_and_exit_0(master, p, session, cmd.allocation_id, checkpoint=True, asked=True)
+    trial = _trial(master)
+    assert trial.state not in ("STATE_COMPLETED", "STATE_ERROR") and trial.restarts == 0
+    assert _master_lines(master) == []
+    placement.tick(master)
+    (again,) = commands(master, p, session)
+    assert again.allocation_id != cmd.allocation_id  # a new run of the same trial
