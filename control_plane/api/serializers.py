@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from control_plane.api.wire import pagination, ts
+from control_plane.core import progress
 from control_plane.core import states as st
 from control_plane.core.expconf import ExperimentConfig
 from control_plane.core.expconf.secrets import redact_config, redact_config_text
@@ -19,7 +20,7 @@ from control_plane.core.metrics import wire_float
 from control_plane.db.models import Checkpoint, Experiment, ModelDefinition, Trial, User
 from control_plane.errors import bad_request
 from control_plane.master import Master
-from control_plane.services import checkpoints, experiments, pool_capacity
+from control_plane.services import checkpoints, experiments, lifecycle, pool_capacity
 
 
 def parse_states(values: Sequence[str], allowed: Iterable[str], field_name: str) -> set[str]:
@@ -267,7 +268,7 @@ def trial_json(trial: Trial, ckpts: TrialCheckpoints, now: datetime, pending_rea
         "rung": trial.rung,
         "searcherTargetLength": trial.searcher_target_length,
         "searcherClosed": bool(trial.searcher_closed),
-        "progress": float(trial.progress or 0.0),
+        "progress": progress.trial_progress(lifecycle.trial_work(trial)),
         "latestCheckpointUuid": trial.latest_checkpoint_uuid,
         "exitReason": trial.exit_reason,
         # Why its queued allocation can never be placed (e.g. its pool now has smaller instances).

@@ -57,7 +57,9 @@ def get_trial(
 ) -> dict[str, Any]:
     trial = access.get_trial(db, trialId)
     access.require_read_trial(p, trial)
-    return {"trial": serializers.trials_json(db, [trial], master.clock(), master)[0]}
+    out = serializers.trials_json(db, [trial], master.clock(), master)[0]
+    out["summaryMetrics"] = trials.summary_metrics(db, trial.id)  # one trial's: not in the lists
+    return {"trial": out}
 
 
 @router.post("/api/v1/trials/{trialId}/kill")

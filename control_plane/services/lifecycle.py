@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
 from control_plane.config import SchedulerConfig
+from control_plane.core import progress
 from control_plane.core import states as st
 from control_plane.core.expconf import ExperimentConfig, hyperparameters_to_dict
 from control_plane.core.searcher import (
@@ -69,9 +70,29 @@ def _save(exp: Experiment, method: BaseSearchMethod, shutdown: dict[str, Any] | 
     state["method"] = method.snapshot()
     if shutdown is not None:
         state["shutdown"] = shutdown
+    # What the experiment's progress (reconcile, core/progress.py) takes from the searcher: its own
+    # estimate (not the 1.0 of a search that failed: a failed experiment keeps the progress it had)
+    # and how many trials it plans.
+    if shutdown is None or not shutdown.get("failure"):
+        state["progress"] = float(method.progress())
+    state["planned_trials"] = getattr(method, "total_trials", None) or getattr(method.searcher_cfg, "max_trials", None)
     exp.searcher_state = state
     exp.searcher_event_seq = (exp.searcher_event_seq or 0) + 1
-    exp.progress = float(method.progress())
+
+
+def trial_work(trial: Trial) -> progress.TrialWork:
+    """What the trial's progress is computed from (core/progress.py)."""
+    return progress.TrialWork(completed=trial.state == st.TrialState.COMPLETED,
+                              steps_completed=trial.steps_completed or 0,
+                              target_length=trial.searcher_target_length, reported=trial.progress)
+
+
+def _update_progress(exp: Experiment, trials: list[Trial]) -> None:
+    state = exp.searcher_state or {}
+    value = progress.experiment_progress([trial_work(t) for t in trials], state.get("planned_trials"),
+                                         float(state.get("progress") or 0.0))
+    if value != exp.progress:  # every tick reads it; a write only when it moved
+        exp.progress = value
 
 
 def _trial_by_request(s: Session, exp: Experiment, request_id: str) -> Trial | None:
@@ -339,6 +360,7 @@ def reconcile_experiment(s: Session, master: Master, exp: Experiment) -> None:
         for t in closed_now:
             ops.extend(method.trial_closed(t.request_id))
         _apply(s, master, exp, method, ops)
+    _update_progress(exp, trials)
     _finish_experiment_if_done(s, master, exp, trials, live)
 
 

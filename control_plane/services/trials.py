@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from control_plane.core import metrics as metric_values
 from control_plane.core import states as st
-from control_plane.db.models import Allocation, Experiment, Trial
+from control_plane.core import summary_metrics as summaries
+from control_plane.db.models import Allocation, Experiment, Metric, Trial
 from control_plane.errors import bad_request
 from control_plane.master import Master
 from control_plane.services import lifecycle
@@ -139,3 +140,13 @@ def ordered(trials: list[Trial], sort_by: str, desc: bool, checkpoint_size: dict
     present = [(k, t) for k, t in keyed if k is not None]
     present.sort(key=lambda kt: (kt[0], kt[1].id), reverse=desc)
     return [t for _, t in present] + [t for k, t in keyed if k is None]
+
+
+def summary_metrics(s: Session, trial_id: int) -> dict[str, dict[str, dict[str, Any]]] | None:
+    """The trial's summary metrics (core/summary_metrics.py) from its stored reports, streamed in
+    step order; None when it reported none. Computed when asked (one trial's GET), not kept."""
+    rows = s.execute(select(Metric.group_name, Metric.metrics).where(Metric.trial_id == trial_id)
+                     .order_by(Metric.steps_completed, Metric.id).execution_options(yield_per=1000))
+    docs = ((group, (doc or {}).get("validation_metrics" if group == "validation" else "avg_metrics") or {})
+            for group, doc in rows)
+    return summaries.summarize(docs) or None

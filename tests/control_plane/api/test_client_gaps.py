@@ -95,3 +95,21 @@ def test_experiment_resources_patch_owner_admin_and_ended(client, admin_headers,
     assert _patch(client, admin_headers, exp_id, priority=5).status_code == 200
     finish_experiment(master, exp_id)
     assert _patch(client, owner, exp_id, priority=6).status_code == 409
+
+
+def test_trial_summary_metrics_in_determineds_format(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    from tests.control_plane.api.test_trials import post, report
+
+    trial = only_trial(master, create_ok(client, admin_headers)["experiment"]["id"])
+    url = f"/api/v1/trials/{trial.id}"
+    assert client.get(url, headers=admin_headers).json()["trial"]["summaryMetrics"] is None  # nothing reported
+    headers = allocation_headers(master, trial)
+    for step, loss in ((2, 0.5), (1, 0.9), (3, "NaN")):  # out of order: `last` is the highest step's
+        post(client, headers, trial.id, report(trial.id, step, {"loss": loss, "phase": f"p{step}"}))
+    post(client, headers, trial.id, report(trial.id, 3, {"val_loss": 0.25}, group="validation"))
+    summary = client.get(url, headers=admin_headers).json()["trial"]["summaryMetrics"]
+    assert summary["avg_metrics"]["loss"] == {"count": 3, "sum": "NaN", "min": 0.5, "max": 0.9, "last": "NaN",
+                                              "type": "number"}
+    assert summary["avg_metrics"]["phase"] == {"count": 3, "last": "p3", "type": "string"}
+    assert summary["validation_metrics"]["val_loss"] == {"count": 1, "sum": 0.25, "min": 0.25, "max": 0.25,
+                                                         "last": 0.25, "type": "number"}
