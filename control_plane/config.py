@@ -203,6 +203,10 @@ class MasterConfig(_Strict):
     # The leadership lease (core/lease.py): one master process runs the loops; another takes over
     # when the lease goes unrenewed this long, or at once when the leader's process has died.
     leader_lease_s: float = Field(10.0, ge=2, le=300)
+    # The autoscaler's history (scaling_events, services/scaling_history.py): rows older than this many
+    # days, or beyond this many per pool (newest kept), are pruned.
+    scaling_history_days: float = Field(7.0, gt=0, le=3650)
+    scaling_history_rows: int = Field(1000, ge=10, le=1_000_000)
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -129,6 +129,7 @@ def describe(args: Any) -> int:
               [[c.get("location"), c.get("instanceType"), fmt_time(c.get("until")), c.get("failures"),
                 f"{c.get('code')}: {c.get('error')}"] for c in cooldowns],
               title="Capacity cool-downs (locations skipped after running out of capacity)")
+    _history_table(p.get("scalingHistory") or [])
     moves = p.get("consolidationMoves") or []
     if moves:
         print()
@@ -145,6 +146,35 @@ def describe(args: Any) -> int:
            for i in instances],
           title="Instances")
     return 0
+
+
+def history_what(e: dict[str, Any]) -> str:
+    """One history row's change: launches with type and capacity, terminations with reason and cause,
+    a consolidation's moves, or a steady run's length."""
+    if e.get("kind") == "steady":
+        return f"steady ({e.get('ticks', 1)} ticks)" if (e.get("ticks") or 1) > 1 else "steady"
+    parts = []
+    if e.get("launch"):
+        types = [f"{x.get('instanceType')}{' ' + x['capacity'] if x.get('capacity') else ''}"
+                 for x in e.get("launches") or [] if x.get("instanceType")]
+        parts.append(f"launch {e['launch']}" + (f" ({', '.join(types)})" if types else ""))
+    for x in e.get("terminations") or []:
+        parts.append(f"terminate {x.get('id')}: {x.get('reason', '')}" + (f" [{x['cause']}]" if x.get("cause") else ""))
+    moves = e.get("moves")
+    if isinstance(moves, dict):
+        parts.append(f"consolidate {moves.get('instance')}: moved {len(moves.get('allocations') or [])}, "
+                     f"saving {moves.get('saving', 0):g} {moves.get('unit', '')}")
+    return "; ".join(parts) or str(e.get("kind", ""))
+
+
+def _history_table(events: list[dict[str, Any]]) -> None:
+    if not events:
+        return
+    print()
+    table(["At", "Until", "Change", "Reasons"],
+          [[fmt_time(e.get("at")), fmt_time(e.get("until")) if (e.get("ticks") or 1) > 1 else "", history_what(e),
+            "; ".join(e.get("reasons") or [])] for e in events],
+          title="Scaling history (recorded by the master's autoscaler, newest first)")
 
 
 def _price(usd: Any) -> str:

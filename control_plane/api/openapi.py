@@ -126,6 +126,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     # resource pools
     ("GET", "/api/v1/resource-pools"): r.GetResourcePoolsResponse,
     ("GET", "/api/v1/resource-pools/{name}"): r.GetResourcePoolResponse,
+    ("GET", "/api/v1/resource-pools/{name}/scaling-history"): r.GetScalingHistoryResponse,
     ("POST", "/api/v1/resource-pools/{name}/teardown"): r.TeardownResponse,
     ("POST", "/api/v1/resource-pools/{name}/enable"): r.Empty,
     # agents (the protocol's own models: shipyard_common.agent_protocol)

@@ -1,10 +1,11 @@
-"""`GET /api/v1/resource-pools`: pools, their capacity, queue, last scaling decision and instances."""
+"""`GET /api/v1/resource-pools`: pools, their capacity, queue, last scaling decision, the autoscaler's
+recent history (from the database: the same whichever API worker answers) and instances."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -12,10 +13,10 @@ from control_plane.api import deps
 from control_plane.api.wire import ts
 from control_plane.auth import Principal
 from control_plane.core import states as st
-from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
+from control_plane.db.models import Agent, Allocation, Instance, ResourcePool, ScalingEvent
 from control_plane.errors import bad_request, not_found
 from control_plane.master import Master
-from control_plane.services import consolidation
+from control_plane.services import consolidation, scaling_history
 from control_plane.services.pool_settings import EffectivePool, effective_pool, seconds
 
 router = APIRouter()
@@ -69,6 +70,8 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
              "trialId": m.trial_id, "reason": m.reason, "saving": m.saving, "savingUnit": m.saving_unit}
             for m in consolidation.recent_moves(s, row.name)
         ],
+        # The autoscaler's decisions that changed something, and steady runs collapsed, newest first.
+        "scalingHistory": [event_json(e) for e in scaling_history.recent(s, row.name, POOL_HISTORY_ROWS)],
         **_determined_pool_fields(master, ep, slots_total, len(connected), allocs),
         "instances": [
             {"launchId": i.launch_id, "instanceId": i.instance_id, "state": i.state, "agentId": i.agent_id,
@@ -79,6 +82,19 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
             for i in instances
         ],
     }
+
+
+#: History rows in a pool's answer; `/scaling-history` pages further.
+POOL_HISTORY_ROWS = 20
+
+
+def event_json(row: ScalingEvent) -> dict[str, Any]:
+    """One autoscaler history row (services/scaling_history.py) in the API's style."""
+    d = row.detail or {}
+    return {"id": row.id, "at": ts(row.at), "until": ts(row.until), "kind": row.kind, "launch": row.launch,
+            "terminate": row.terminate, "ticks": row.ticks, "reasons": list(d.get("reasons") or []),
+            "launches": list(d.get("launches") or []), "terminations": list(d.get("terminations") or []),
+            "moves": d.get("moves")}
 
 
 _POOL_TYPES = {"static": "RESOURCE_POOL_TYPE_STATIC", "aws": "RESOURCE_POOL_TYPE_AWS", "gcp": "RESOURCE_POOL_TYPE_GCP"}
@@ -153,6 +169,18 @@ def get_pool(
     if row is None or master.config.pool(name) is None:
         raise not_found(f"resource pool {name}")
     return {"resourcePool": pool_json(master, db, row)}
+
+
+@router.get("/api/v1/resource-pools/{name}/scaling-history")
+def get_scaling_history(
+    name: str, limit: int = Query(scaling_history.DEFAULT_LIMIT, ge=1, le=scaling_history.MAX_LIMIT),
+    _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    """The autoscaler's history of the pool, newest first, as the leader recorded it."""
+    if master.config.pool(name) is None:
+        raise not_found(f"resource pool {name}")
+    return {"events": [event_json(e) for e in scaling_history.recent(db, name, limit)]}
 
 
 def _elastic(master: Master, name: str) -> Any:

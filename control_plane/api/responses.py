@@ -437,6 +437,27 @@ class ConsolidationMoveOut(Wire):
     saving_unit: str
 
 
+class ScalingEventOut(Wire):
+    """One row of the autoscaler's history (services/scaling_history.py): a decision that changed
+    something, or a run of `ticks` steady decisions from `at` to `until`."""
+
+    id: int
+    at: str | None
+    until: str | None
+    kind: str
+    launch: int
+    terminate: int
+    ticks: int
+    reasons: list[str]
+    launches: list[dict[str, Any]]
+    terminations: list[dict[str, Any]]
+    moves: dict[str, Any] | None
+
+
+class GetScalingHistoryResponse(Wire):
+    events: list[ScalingEventOut]
+
+
 class ResourcePoolOut(Wire):
     """Determined's v1ResourcePool (`pools.pool_json`), with Shipyard's autoscaler state."""
 
@@ -463,6 +484,7 @@ class ResourcePoolOut(Wire):
     last_decision_at: str | None
     capacity_cooldowns: list[CapacityCooldownOut]
     consolidation_moves: list[ConsolidationMoveOut]
+    scaling_history: list[ScalingEventOut]
     instances: list[PoolInstanceOut]
 
 

@@ -405,6 +405,25 @@ class QuotaLease(Base):
     __table_args__ = (Index("ix_quota_leases_key", "key", "expires_at"), Index("ix_quota_leases_expires", "expires_at"))
 
 
+class ScalingEvent(Base):
+    """One autoscaler decision that changed something (a launch with its types and capacities,
+    terminations with their reasons and causes, consolidation moves), or a run of steady ticks
+    collapsed into one row (`ticks` of them, `at` to `until`). Written by the leader's autoscaler,
+    read by every API worker (services/scaling_history.py), pruned by age and count. Migration 0015."""
+
+    __tablename__ = "scaling_events"
+    __table_args__ = (Index("ix_scaling_events_pool_id", "pool", "id"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    pool: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column()
+    until: Mapped[datetime] = mapped_column()
+    kind: Mapped[str] = mapped_column(String(16))  # launch | terminate | scale | consolidate | steady
+    launch: Mapped[int] = mapped_column(Integer, default=0)
+    terminate: Mapped[int] = mapped_column(Integer, default=0)
+    ticks: Mapped[int] = mapped_column(Integer, default=1)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
 class ConsolidationMove(Base):
     """One allocation moved off an instance by consolidation (loops/autoscaler/consolidate.py):
     asked to checkpoint and stop so that it resumes on another instance, and its instance emptied

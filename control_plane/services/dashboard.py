@@ -34,11 +34,20 @@ from control_plane.db.models import (
     Model,
     ModelVersion,
     ResourcePool,
+    ScalingEvent,
     Trial,
     User,
 )
 from control_plane.master import Master
-from control_plane.services import checkpoints, consolidation, experiments, gangs, jobs, models
+from control_plane.services import (
+    checkpoints,
+    consolidation,
+    experiments,
+    gangs,
+    jobs,
+    models,
+    scaling_history,
+)
 from control_plane.services.metrics import VALIDATION, searcher_goal
 from control_plane.services.pool_settings import effective_pool
 from shipyard_common import clouds
@@ -395,10 +404,16 @@ class PoolView:
     last_decision_at: datetime | None
     cost_per_hour: float | None
     consolidation_moves: list[consolidation.MoveView] = field(default_factory=list)
+    # The autoscaler's history, newest first, as the leader recorded it (services/scaling_history.py).
+    history: list[ScalingEvent] = field(default_factory=list)
 
     @property
     def slots_free(self) -> int:
         return max(0, self.slots_total - self.slots_busy - self.slots_disabled)
+
+
+#: Rows of the autoscaler's history the pool page shows.
+POOL_HISTORY_ROWS = 20
 
 
 def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, queue: list[jobs.JobView]) -> PoolView:
@@ -430,7 +445,8 @@ def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, que
         slots_disabled=sum(a.slots - a.busy for a in live if not a.enabled), instances=instances, queue=queue,
         last_decision=row.last_decision, last_decision_at=row.last_decision_at,
         cost_per_hour=round(sum(priced), 4) if priced else None,
-        consolidation_moves=consolidation.recent_moves(s, row.name))
+        consolidation_moves=consolidation.recent_moves(s, row.name),
+        history=scaling_history.recent(s, row.name, POOL_HISTORY_ROWS) if ep is not None and ep.elastic else [])
 
 
 def cluster_view(s: Session, master: Master, now: datetime) -> list[PoolView]:

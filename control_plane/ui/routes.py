@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -559,35 +558,12 @@ def trial_logs(request: Request, trial_id: str) -> Response:
 
 
 # -- cluster -------------------------------------------------------------------------------------
-# The autoscaler keeps only its last decision in the record; the page shows the last few it saw
-# (in memory, per master process, bounded).
-DECISIONS_KEPT = 20
-_decisions: dict[str, deque[dict[str, Any]]] = {}
-
-
-def _remember(pools: list[dashboard.PoolView]) -> dict[str, list[dict[str, Any]]]:
-    out = {}
-    for p in pools:
-        ring = _decisions.setdefault(p.name, deque(maxlen=DECISIONS_KEPT))
-        d = p.last_decision or {}
-        entry = {"at": _time(p.last_decision_at), "reasons": list(d.get("reasons") or []),
-                 "launch": d.get("launch") or 0, "terminate": list(d.get("terminate") or [])}
-        if p.last_decision_at is not None and (not ring or ring[-1]["at"] != entry["at"]):
-            if not ring or (ring[-1]["reasons"], ring[-1]["launch"], ring[-1]["terminate"]) != (
-                    entry["reasons"], entry["launch"], entry["terminate"]):
-                ring.append(entry)
-            else:
-                ring[-1] = entry
-        out[p.name] = list(reversed(ring))
-    return out
-
-
 def _cluster_ctx(master: Master) -> dict[str, Any]:
     with _read(master) as s:
         now = master.clock()
         pools = dashboard.cluster_view(s, master, now)
         s.expunge_all()
-    return {"pools": pools, "decisions": _remember(pools), "now": now}
+    return {"pools": pools, "now": now}  # each pool's history is the database's (p.history)
 
 
 @router.get("/cluster")

@@ -41,8 +41,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 class UICluster:
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, db: str | None = None) -> None:
         self.state = state
+        self.db = db  # None: deploy_local's SQLite file
         self.data: dict[str, Any] = {}
         self.url = ""
         self.password = ""
@@ -58,7 +59,7 @@ class UICluster:
             "resource_pools": [{"name": "default", "description": "elastic local pool", "provider": {
                 "type": "local", "min_instances": 0, "max_instances": 2, "max_idle_agent_period": "60s",
                 "slots_per_instance": 1}}]}))
-        self.data = deploy_local.up(self.state, agents=0, port=free_port(), db=None, slots=1, pool_config=cfg)
+        self.data = deploy_local.up(self.state, agents=0, port=free_port(), db=self.db, slots=1, pool_config=cfg)
         self.url = self.data["master_url"]
         self.password = (self.state / "admin-password").read_text().strip()
         token = httpx.post(self.url + "/api/v1/auth/login",

@@ -37,7 +37,7 @@ from control_plane.loops import placement
 from control_plane.loops.autoscaler.memory import PoolMemory
 from control_plane.loops.autoscaler.records import begin_termination
 from control_plane.master import Master
-from control_plane.services import gangs, lifecycle
+from control_plane.services import gangs, lifecycle, scaling_history
 from shipyard_common import clouds
 
 log = logging.getLogger("shipyard.autoscaler")
@@ -62,7 +62,8 @@ def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consol
     pp = memory.provider
     assert pp is not None
     with transaction(master.sessions) as s:
-        finish_emptied(s, pool, now)
+        emptied = finish_emptied(s, pool, now)
+        scaling_history.record_terminations(s, pool, now, scaling_history.retention_of(master.config), emptied)
     settings = pp.settings.consolidation
     if not settings.enabled:
         return None
@@ -77,6 +78,11 @@ def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consol
     with transaction(master.sessions) as s:
         refused = apply_plan(s, master, pool, decision.plan, now) if decision.plan is not None else None
         _record(s, pool, decision, refused, now)
+        if decision.plan is not None and refused is None:
+            plan = decision.plan
+            scaling_history.record_consolidation(s, pool, now, scaling_history.retention_of(master.config),
+                                                 instance=plan.instance, allocations=plan.allocations,
+                                                 reason=plan.reason, saving=plan.saving, unit=plan.unit)
     return decision
 
 
@@ -136,13 +142,14 @@ def apply_plan(s: Session, master: Master, pool: str, plan: consolidation.Plan, 
     return None
 
 
-def finish_emptied(s: Session, pool: str, now: datetime) -> None:
+def finish_emptied(s: Session, pool: str, now: datetime) -> list[dict[str, str]]:
     """Terminate the instances consolidation emptied: cordoned by a move, live, and holding no
-    allocation now (the moved work has exited)."""
+    allocation now (the moved work has exited). The terminations begun, as the history records them."""
     moved = set(s.scalars(select(ConsolidationMove.launch_id).where(
         ConsolidationMove.pool == pool, ConsolidationMove.at > now - timedelta(days=1))))
+    begun: list[dict[str, str]] = []
     if not moved:
-        return
+        return begun
     for row in s.scalars(select(Instance).where(Instance.launch_id.in_(moved), Instance.state.in_(st.INSTANCE_LIVE))):
         agent = s.get(Agent, row.agent_id) if row.agent_id else None
         if agent is None or agent.enabled:
@@ -151,7 +158,10 @@ def finish_emptied(s: Session, pool: str, now: datetime) -> None:
             continue
         if row.instance_id is None:
             continue
-        begin_termination(s, row, now, f"{CONSOLIDATED}: its work moved to the pool's other instances")
+        reason = f"{CONSOLIDATED}: its work moved to the pool's other instances"
+        begin_termination(s, row, now, reason)
+        begun.append({"id": row.launch_id, "reason": reason, "cause": scaling_history.CAUSE_CONSOLIDATED})
+    return begun
 
 
 def _record(s: Session, pool: str, decision: consolidation.ConsolidationDecision, refused: str | None,

@@ -40,7 +40,7 @@ from control_plane.loops.autoscaler import types
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, close_row
 from control_plane.master import Master
-from control_plane.services import gangs
+from control_plane.services import gangs, scaling_history
 from provisioners.base import CloudInstance
 from provisioners.capacity import cooldowns_of
 from provisioners.factory import PoolProvider
@@ -216,9 +216,10 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
         if row is not None and row.state in st.INSTANCE_LIVE and row.instance_id and claim_idle(s, row) is None:
             reason = row.terminate_reason or "interruption notice"
             begin_termination(s, row, now, reason)
-            terminated.append({"id": launch_id, "reason": reason})
+            terminated.append({"id": launch_id, "reason": reason, "cause": scaling_history.CAUSE_INTERRUPTION})
     launch_ids: list[str] = []
-    for instance_type, capacity in types.planned_rows(decision, launch):  # the type the decider chose
+    planned = types.planned_rows(decision, launch)
+    for instance_type, capacity in planned:  # the type the decider chose
         launch_id = uuid.uuid4().hex
         s.add(Instance(launch_id=launch_id, pool=pool, provider=pp.settings.type, state=InstanceState.REQUESTED,
                        requested_at=now, instance_type=instance_type, capacity=capacity))
@@ -226,6 +227,9 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
     _record_decision(prow, memory, snap, now, launch=launch, terminated=terminated, reasons=reasons,
                      allowance=allowance, launches=decision.launches if launch == decision.launch else (),
                      usd_per_hour=decision.usd_per_hour if launch == decision.launch else None)
+    # The history every API worker reads: this decision, or the steady run it extends.
+    scaling_history.record_decision(s, pool, now, scaling_history.retention_of(master.config), launches=planned,
+                                    terminated=terminated, reasons=reasons)
     return launch_ids
 
 
@@ -250,7 +254,8 @@ def _apply_terminations(s: Session, master: Master, pool: str, decision: ScaleDe
             close_row(s, master, row, now, t.reason)
         else:
             begin_termination(s, row, now, t.reason)
-        terminated.append({"id": t.id, "reason": t.reason})
+        terminated.append({"id": t.id, "reason": t.reason, "cause": scaling_history.CAUSE_IDLE if t.presumes_idle
+                           else scaling_history.CAUSE_DECIDER})
     return terminated
 
 
