@@ -120,6 +120,13 @@ def consolidate_twice(master: Master, scaler: Autoscaler, clock: FakeClock,
     assert row.state in (InstanceState.STOPPING, InstanceState.TERMINATED)
     assert row.terminate_reason and row.terminate_reason.startswith("consolidated")
     assert gone(emptied)
+    # The autoscaler's history (services/scaling_history.py): the move, then the emptied instance's
+    # termination with its cause.
+    history = pool_api(master)["scalingHistory"]
+    [moved] = [e for e in history if e["kind"] == "consolidate"]
+    assert moved["moves"]["allocations"] == [move.allocation_id] and moved["reasons"] == [move.reason]
+    [ended] = [x for e in history for x in e["terminations"] if x["cause"] == "consolidated"]
+    assert ended["id"] == row.launch_id and ended["reason"].startswith("consolidated")
 
     # The remaining two each run one allocation: a second move fits, but the budget is spent.
     clock.advance(minutes=20)

@@ -18,6 +18,7 @@ from control_plane.db.models import Agent, Allocation, Instance, ResourcePool, T
 from control_plane.loops import placement
 from control_plane.loops.autoscaler import REQUEST_GRACE, Autoscaler
 from control_plane.master import Master
+from control_plane.services import scaling_history
 from provisioners.base import (
     CloudInstance,
     CloudState,
@@ -369,6 +370,17 @@ def test_an_idle_instance_is_terminated_after_max_idle_agent_period(
     [row] = instance_rows(loop_master)
     assert row.state == InstanceState.TERMINATED and row.terminate_reason.startswith(IDLE_1M1S)
     assert idle_from < row.terminated_at and len(cloud.launches) == 1
+    # The history every API worker reads (services/scaling_history.py): the launch, the idle
+    # termination with its reason and cause, and the steady ticks between them collapsed.
+    with loop_master.read_sessions() as s:
+        events = scaling_history.recent(s, ELASTIC)
+        kinds = [e.kind for e in reversed(events)]
+        assert [k for k in kinds if k != "steady"] == ["launch", "terminate"], kinds
+        assert all(not (a == b == "steady") for a, b in zip(kinds, kinds[1:], strict=False)), kinds
+        (term,) = [e for e in events if e.kind == "terminate"]
+        [t] = term.detail["terminations"]
+        assert t["cause"] == "idle" and t["reason"].startswith(IDLE_1M1S) and t["id"] == row.launch_id
+        assert sum(e.ticks for e in events if e.kind == "steady") >= 3
 
 
 def test_recent_arrivals_keep_an_idle_instance_up_to_twice_max_idle_agent_period(
