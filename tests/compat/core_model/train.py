@@ -1,5 +1,6 @@
 """A trial written against Determined's own Core API (`determined.core`, 0.38.1), not Shipyard's
-harness: fits w to 3 by SGD; metrics, validations, checkpoints (saved and restored), preemption.
+harness: fits w to 3 by SGD; metrics, validations, checkpoints (saved and restored), preemption;
+with `stop_at`, exits 0 at that step (0.38.1's "just exit 0"); with `report_progress`, reports it.
 TensorboardMode.MANUAL: the compat environment has neither torch nor tensorflow (AUTO needs one)."""
 
 import json
@@ -25,12 +26,18 @@ def main(ctx: core.Context) -> None:
         print(f"restored {info.latest_checkpoint} at step {steps}", flush=True)
     lr = float(info.trial.hparams["lr"])
     sleep = float(info.trial.hparams.get("step_sleep", 0))
+    stop_at = info.trial.hparams.get("stop_at")  # exit 0 there: no validation at max_length, no report_completed
     for op in ctx.searcher.operations():
         while steps < op.length:
             steps += 1
             w -= lr * 2 * (w - 3.0)
             time.sleep(sleep)
             ctx.train.report_training_metrics(steps_completed=steps, metrics={"loss": (w - 3.0) ** 2})
+            if info.trial.hparams.get("report_progress"):
+                ctx.train.report_progress(steps / op.length)
+            if steps == stop_at:
+                print(f"stopping at step {steps} of {op.length}", flush=True)
+                return
             if steps % 5 == 0 or steps == op.length:
                 ctx.train.report_validation_metrics(steps_completed=steps, metrics={"validation_loss": (w - 3.0) ** 2})
                 with ctx.checkpoint.store_path({"steps_completed": steps}) as (path, uuid):
