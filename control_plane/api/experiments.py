@@ -227,8 +227,9 @@ def patch_experiment(
     change = experiments.ExperimentEdit(name=body.name, description=body.description, notes=body.notes,
                                         labels=body.labels)
     experiments.edit(db, exp, change)
-    if body.resources is not None:  # `det e set priority|weight|max-slots`: the job queue's change
-        r = body.resources
+    r = body.resources  # `det e set priority|weight|max-slots`: the job queue's change
+    # (all null, as `det e set max-slots <id> none` sends, changes nothing, as in Determined)
+    if r is not None and any(v is not None for v in (r.priority, r.weight, r.max_slots)):
         jobs.update_experiment(db, master, p, exp, jobs.QueueUpdate(job_id=exp.job_id or "", priority=r.priority,
                                                                      weight=r.weight, max_slots=r.max_slots))
     return {"experiment": serializers.experiments_json(db, [exp])[0]}
