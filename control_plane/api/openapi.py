@@ -134,6 +134,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/api/v1/agents/register"): RegisterResponse,
     ("GET", "/api/v1/agents/{agentId}/commands"): CommandsResponse,
     ("POST", "/api/v1/agents/{agentId}/events"): r.Empty,
+    ("POST", "/api/v1/agents/{agentId}/interruption"): r.Empty,
     ("DELETE", "/api/v1/agents/{agentId}/enrolment"): r.ResetEnrolmentResponse,
     ("GET", "/api/v1/agents"): r.GetAgentsResponse,
     ("GET", "/api/v1/agents/{agentId}"): r.GetAgentResponse,
