@@ -89,8 +89,16 @@ class TrialOut(Wire):
     total_checkpoint_size: str
 
 
+class TrialDetailOut(TrialOut):
+    """One trial's GET adds its summary metrics (Determined's `summaryMetrics`: per group,
+    `avg_metrics` / `validation_metrics` / the group's name, per metric count, sum, min, max,
+    last and type; null before any report)."""
+
+    summary_metrics: dict[str, dict[str, dict[str, Any]]] | None
+
+
 class GetTrialResponse(Wire):
-    trial: TrialOut
+    trial: TrialDetailOut
 
 
 class GetExperimentTrialsResponse(Wire):
