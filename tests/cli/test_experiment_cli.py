@@ -272,9 +272,11 @@ def test_ctrl_c_while_following_exits_130(admin_det: Det, tmp_path: Path, model_
     trial = _describe(admin_det, exp_id)["trials"][0]
     _api(cli_master, "POST", "/api/v1/task/logs", {"logs": [{"taskId": trial["taskId"], "log": "hello\n"}]})
     env = dict(os.environ, SHIPYARD_CLI_DIR=str(cli_env), PYTHONUNBUFFERED="1")
+    # SIGINT as a terminal delivers it: a suite started in the background by a shell without job
+    # control inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "-m", cli_master.url, "trial", "logs", "-f",
                              str(trial["id"])], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # The trial is not over, so the stream stays open after the first line.
         assert proc.stdout is not None
