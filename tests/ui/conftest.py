@@ -5,6 +5,7 @@ launches as processes when trials wait. One cluster and one browser per module."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -132,12 +133,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     OPEN_PAGES.clear()
 
 
-@pytest.fixture(scope="module")
-def ui_cluster(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[UICluster]:
-    root = tmp_path_factory.mktemp("ui-cluster")
-    old = os.environ.get("SHIPYARD_CLI_DIR")
-    os.environ["SHIPYARD_CLI_DIR"] = str(root / "cli")
-    c = UICluster(root / "cluster")
+@contextlib.contextmanager
+def running(c: UICluster) -> Iterator[UICluster]:
+    """The cluster up for the block, registered for the failure report, then down."""
     try:
         c.up()
         CLUSTERS.append(c)
@@ -146,6 +144,17 @@ def ui_cluster(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterat
         if c in CLUSTERS:
             CLUSTERS.remove(c)
         c.down()
+
+
+@pytest.fixture(scope="module")
+def ui_cluster(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[UICluster]:
+    root = tmp_path_factory.mktemp("ui-cluster")
+    old = os.environ.get("SHIPYARD_CLI_DIR")
+    os.environ["SHIPYARD_CLI_DIR"] = str(root / "cli")
+    try:
+        with running(UICluster(root / "cluster")) as c:
+            yield c
+    finally:
         if old is None:
             os.environ.pop("SHIPYARD_CLI_DIR", None)
         else:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.ui.conftest import CLUSTERS, UICluster
+from tests.ui.conftest import UICluster, running
 from tests.ui.test_browser import new_page, submit
 
 pytestmark = pytest.mark.integration
@@ -27,15 +27,8 @@ FETCHES = 12
 def two_workers(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[UICluster]:
     monkeypatch.setenv("SHIPYARD_API_WORKERS", "2")
     monkeypatch.setenv("SHIPYARD_CLI_DIR", str(tmp_path / "cli"))
-    c = UICluster(tmp_path / "cluster", db=db_url)
-    try:
-        c.up()
-        CLUSTERS.append(c)
+    with running(UICluster(tmp_path / "cluster", db=db_url)) as c:
         yield c
-    finally:
-        if c in CLUSTERS:
-            CLUSTERS.remove(c)
-        c.down()
 
 
 def _history(c: UICluster) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
-"""Scaling of elastic resource pools: the pure scale decider (decider.py) and the launch-error
-backoff (backoff.py)."""
+"""Scaling of elastic resource pools: the pure scale decider (decider.py, over the vocabulary of
+model.py) and the launch-error backoff (backoff.py)."""
 
-from control_plane.core.scaling.decider import (
+from control_plane.core.scaling.decider import decide, instances_needed, lower_bound_instances, summarize
+from control_plane.core.scaling.model import (
     DEFAULT_ARRIVAL_WINDOW,
     DEFAULT_MAX_AGENT_STARTING_PERIOD,
     DEFAULT_MAX_DISCONNECTED_PERIOD,
@@ -14,10 +15,6 @@ from control_plane.core.scaling.decider import (
     PoolLimits,
     ScaleDecision,
     Termination,
-    decide,
-    instances_needed,
-    lower_bound_instances,
-    summarize,
 )
 
 __all__ = [

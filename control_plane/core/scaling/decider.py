@@ -49,10 +49,6 @@ from control_plane.core.scaling import mix
 from control_plane.core.scaling.draft import Census, Draft, fmt_duration, is_busy, plural
 from control_plane.core.scaling.idle import reap_idle
 from control_plane.core.scaling.model import (
-    DEFAULT_ARRIVAL_WINDOW,
-    DEFAULT_MAX_AGENT_STARTING_PERIOD,
-    DEFAULT_MAX_DISCONNECTED_PERIOD,
-    DEFAULT_MAX_IDLE_AGENT_PERIOD,
     Arrival,
     InstanceOption,
     InstanceView,
@@ -60,28 +56,10 @@ from control_plane.core.scaling.model import (
     PendingDemand,
     PoolLimits,
     ScaleDecision,
-    Termination,
 )
 from control_plane.core.states import InstanceState
 
-__all__ = [
-    "DEFAULT_ARRIVAL_WINDOW",
-    "DEFAULT_MAX_AGENT_STARTING_PERIOD",
-    "DEFAULT_MAX_DISCONNECTED_PERIOD",
-    "DEFAULT_MAX_IDLE_AGENT_PERIOD",
-    "Arrival",
-    "InstanceOption",
-    "InstanceView",
-    "LaunchPlan",
-    "PendingDemand",
-    "PoolLimits",
-    "ScaleDecision",
-    "Termination",
-    "decide",
-    "instances_needed",
-    "lower_bound_instances",
-    "summarize",
-]
+__all__ = ["decide", "instances_needed", "lower_bound_instances", "summarize"]
 
 
 # --------------------------------------------------------------------------------------------------
