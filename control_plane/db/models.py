@@ -443,3 +443,23 @@ class ConsolidationMove(Base):
     reason: Mapped[str] = mapped_column(Text)
     saving: Mapped[float] = mapped_column(Float)  # estimated, per hour, in `saving_unit`
     saving_unit: Mapped[str] = mapped_column(String(16))  # "$/h", or "slot-h/h" when prices are unknown
+
+
+class Task(Base):
+    """A task other than a trial (issue 29): a command or a notebook, owned by a user, run by one
+    allocation (`allocations.task_id` is this id) that the same placement path schedules. Its state
+    and exit are its allocation's; `proxy_address` is where it serves (the task reports it: `POST
+    /api/v1/allocations/{id}/proxy_address`), which the master's proxy at /proxy/<id>/ forwards to;
+    `last_activity_at` is the latest traffic through that proxy (idle timeouts). Migration 0017."""
+
+    __tablename__ = "tasks"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # command | notebook
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    description: Mapped[str] = mapped_column(Text, default="")
+    config: Mapped[dict[str, Any]] = mapped_column()  # as launched, defaults filled
+    pool: Mapped[str] = mapped_column(String(64))
+    context_id: Mapped[int | None] = mapped_column(ForeignKey("model_definitions.id"), nullable=True)
+    proxy_address: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_activity_at: Mapped[datetime | None] = mapped_column(nullable=True)
