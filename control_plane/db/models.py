@@ -125,6 +125,10 @@ class Experiment(Base):
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
     archived: Mapped[bool] = mapped_column(Boolean, default=False)
     model_definition_id: Mapped[int] = mapped_column(ForeignKey("model_definitions.id"))
+    # Its project (migration 0016; 1 is Uncategorized). No foreign key: SQLite cannot add one to an
+    # existing table in place; services/workspaces.py checks the project exists and keeps a
+    # project with experiments from deletion.
+    project_id: Mapped[int] = mapped_column(Integer, default=1, server_default="1", index=True)
     parent_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     resource_pool: Mapped[str] = mapped_column(String(64))
     priority: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -463,3 +467,49 @@ class Task(Base):
     proxy_address: Mapped[str | None] = mapped_column(String(255), nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_activity_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Workspace(Base):
+    """A team's home: projects (and through them experiments), templates, and defaults for the
+    experiments created in it (compute pool, checkpoint storage). Id 1, `Uncategorized`, is the
+    cluster's own (no owner, immutable). Migration 0016."""
+
+    __tablename__ = "workspaces"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    immutable: Mapped[bool] = mapped_column(Boolean, default=False)
+    default_compute_pool: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    default_aux_pool: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    checkpoint_storage: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Project(Base):
+    """Experiments grouped in a workspace; id 1, `Uncategorized`, in workspace 1. Migration 0016."""
+
+    __tablename__ = "projects"
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(String(32), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"), index=True)
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    immutable: Mapped[bool] = mapped_column(Boolean, default=False)
+    notes: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ConfigTemplate(Base):
+    """A named experiment-config base (`det template`): an experiment created with it gets the
+    template's config under its own (core/expconf/merge.py). Migration 0016."""
+
+    __tablename__ = "templates"
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    config: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
