@@ -1,5 +1,7 @@
-"""The web UI the master serves at `/`: server-rendered pages (routes.py, templates/), htmx for the
-live parts, uPlot for the charts (static/vendor/, copied from ui/ by ui/build.sh)."""
+"""The web UI the master serves at `/`: server-rendered pages (routes.py, templates/), live parts
+refreshed by static/app.js (fragments morphed into place, so focus, selection and scroll survive;
+polling stops when the page's experiment or trial is over), uPlot for the charts (static/vendor/,
+copied from ui/ by ui/build.sh)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The web UI's routes: server-rendered pages (Jinja2), the fragments htmx polls to keep them live,
+"""The web UI's routes: server-rendered pages (Jinja2), the fragments app.js polls to keep them live
+(with htmx's request headers, HX-Request and HX-Current-URL, which the front door also reads),
 the JSON the charts and the log view poll, and the actions (pause, activate, kill, archive, labels).
 
 HTTP only, like `control_plane.api`: each route checks the session, reads through
@@ -38,6 +39,7 @@ from control_plane.services import (
     trials,
     users,
 )
+from control_plane.ui import actions as ui_actions
 from control_plane.ui import session as sess
 from shipyard_common.wire_model import text_problem
 
@@ -382,19 +384,49 @@ def experiments_fragment(request: Request) -> Response:
     return _render(request, "_experiments_table.html", _experiments_ctx(request, _master(request)), ui=ui)
 
 
-def _experiment_ctx(master: Master, experiment_id: int) -> dict[str, Any]:
+def _may_change(ui: sess.UISession, exp: Experiment) -> bool:
+    """Whether the user may change the experiment (the API's own check: its owner or an admin)."""
+    try:
+        access.require_owner(ui.principal, exp)
+    except DomainError:
+        return False
+    return True
+
+
+# A live part's answer says when its object is over: the page's polling then stops (app.js).
+FINAL_HEADER = "X-Shipyard-Final"
+
+
+def _final(response: Response, final: bool) -> Response:
+    response.headers[FINAL_HEADER] = "1" if final else "0"
+    return response
+
+
+def _experiment_ctx(master: Master, experiment_id: int, ui: sess.UISession) -> dict[str, Any]:
     with _read(master) as s:
         exp = access.get_experiment(s, experiment_id)
         view = dashboard.experiment_view(s, exp)
         s.expunge_all()
-    return {"v": view, "exp": view.exp, "terminal": view.exp.state in st.EXP_TERMINAL}
+    e = view.exp
+    return {"v": view, "exp": e, "final": e.state in st.EXP_TERMINAL,
+            "actions": ui_actions.allowed(e.state, bool(e.archived), _may_change(ui, e)),
+            "may_change": _may_change(ui, e), "action_labels": ui_actions.LABELS}
+
+
+def _flash(ctx: dict[str, Any], done: str | None, noop: str | None) -> str | None:
+    """The message of the action just done (`?done=kill`) or skipped (`?noop=kill`): words chosen
+    here, never text from the address (a link must not put its own words on the page)."""
+    action = done or noop
+    if not action or action not in ui_actions.ACTIONS:
+        return None
+    return ui_actions.outcome(action, bool(done), ctx["exp"].id, _state(ctx["exp"].state))
 
 
 @router.get("/experiments/{experiment_id}")
-def experiment_page(request: Request, experiment_id: str, msg: str | None = None) -> Response:
+def experiment_page(request: Request, experiment_id: str, done: str | None = None, noop: str | None = None) -> Response:
     ui = _session(request)
-    ctx = _experiment_ctx(_master(request), _id(experiment_id, "experiment"))
-    return _render(request, "experiment.html", {**ctx, "flash": msg}, ui=ui)
+    ctx = _experiment_ctx(_master(request), _id(experiment_id, "experiment"), ui)
+    return _render(request, "experiment.html", {**ctx, "flash": _flash(ctx, done, noop)}, ui=ui)
 
 
 EXPERIMENT_PARTS = {"summary": "_experiment_summary.html", "tables": "_experiment_tables.html"}
@@ -405,8 +437,8 @@ def experiment_fragment(request: Request, experiment_id: str, part: str = "summa
     ui = _session(request)
     if part not in EXPERIMENT_PARTS:
         raise bad_request(f"unknown part {part[:40]!r}; expected one of {sorted(EXPERIMENT_PARTS)}", "part")
-    ctx = _experiment_ctx(_master(request), _id(experiment_id, "experiment"))
-    return _render(request, EXPERIMENT_PARTS[part], ctx, ui=ui)
+    ctx = _experiment_ctx(_master(request), _id(experiment_id, "experiment"), ui)
+    return _final(_render(request, EXPERIMENT_PARTS[part], ctx, ui=ui), ctx["final"])
 
 
 @router.get("/ui/data/experiments/{experiment_id}/metrics")
@@ -452,28 +484,45 @@ def experiment_curves(request: Request, experiment_id: str) -> Response:
 
 
 # -- actions -------------------------------------------------------------------------------------
-ACTIONS = ("activate", "pause", "cancel", "kill", "archive", "unarchive")
+ACTIONS = ui_actions.ACTIONS
 
 
-@router.post("/experiments/{experiment_id}/actions/{action}")
-async def experiment_action(request: Request, experiment_id: str, action: str) -> Response:
-    ui = _session(request)
-    await sess.check_csrf(request, ui)
-    exp_id = _id(experiment_id, "experiment")
-    if action not in ACTIONS:
-        raise bad_request(f"unknown action {action!r}; expected one of {list(ACTIONS)}", "action")
-    master = _master(request)
+def _act(master: Master, ui: sess.UISession, exp_id: int, action: str) -> bool:
+    """Do the action as the API would (same services, same checks); whether it changed anything."""
     with _write(master) as s:
         exp = access.get_experiment(s, exp_id)
         access.require_owner(ui.principal, exp)
+        before = (exp.state, exp.archived)
         if action == "archive":
             experiments.archive(exp)
         elif action == "unarchive":
             experiments.unarchive(exp)
         else:
             lifecycle.set_experiment_state(s, master, exp, action)
-    log.info("event=experiment_%s experiment_id=%s by=%s via=ui", action, exp_id, ui.principal.username)
-    return RedirectResponse(f"/experiments/{exp_id}?" + urlencode({"msg": f"{action}: done"}), status_code=303)
+        return (exp.state, exp.archived) != before
+
+
+@router.post("/experiments/{experiment_id}/actions/{action}")
+async def experiment_action(request: Request, experiment_id: str, action: str) -> Response:
+    """The action, then its page saying what happened; a refusal (the API's status and message)
+    is shown on the experiment's page, above its actions."""
+    ui = _session(request)
+    await sess.check_csrf(request, ui)
+    exp_id = _id(experiment_id, "experiment")
+    if action not in ACTIONS:
+        raise bad_request(f"unknown action {action!r}; expected one of {list(ACTIONS)}", "action")
+    master = _master(request)
+    try:
+        changed = _act(master, ui, exp_id, action)
+    except DomainError as e:
+        if http_status(e) == 404:
+            raise
+        ctx = _experiment_ctx(master, exp_id, ui)
+        return _render(request, "experiment.html", {**ctx, "refusal": f"{action}: {e.message}"}, http_status(e), ui)
+    log.info("event=experiment_%s experiment_id=%s by=%s via=ui changed=%s", action, exp_id, ui.principal.username,
+             changed)
+    return RedirectResponse(f"/experiments/{exp_id}?" + urlencode({"done" if changed else "noop": action}),
+                            status_code=303)
 
 
 @router.post("/experiments/{experiment_id}/labels")
@@ -492,7 +541,7 @@ async def experiment_labels(request: Request, experiment_id: str) -> Response:
             experiments.remove_label(exp, remove)
         else:
             experiments.add_label(exp, add.strip() if add.strip() else add)
-    return RedirectResponse(f"/experiments/{exp_id}?" + urlencode({"msg": "labels saved"}), status_code=303)
+    return RedirectResponse(f"/experiments/{exp_id}", status_code=303)
 
 
 # -- trials --------------------------------------------------------------------------------------
@@ -501,7 +550,7 @@ def _trial_ctx(master: Master, trial_id: int) -> dict[str, Any]:
         trial = access.get_trial(s, trial_id)
         view = dashboard.trial_view(s, trial)
         s.expunge_all()
-    return {"v": view, "trial": view.trial, "exp": view.exp}
+    return {"v": view, "trial": view.trial, "exp": view.exp, "final": view.trial.state in st.TRIAL_TERMINAL}
 
 
 @router.get("/trials/{trial_id}")
@@ -513,7 +562,8 @@ def trial_page(request: Request, trial_id: str) -> Response:
 @router.get("/ui/fragments/trials/{trial_id}")
 def trial_fragment(request: Request, trial_id: str) -> Response:
     ui = _session(request)
-    return _render(request, "_trial_live.html", _trial_ctx(_master(request), _id(trial_id, "trial")), ui=ui)
+    ctx = _trial_ctx(_master(request), _id(trial_id, "trial"))
+    return _final(_render(request, "_trial_live.html", ctx, ui=ui), ctx["final"])
 
 
 @router.get("/ui/data/trials/{trial_id}/metrics")

@@ -4,7 +4,7 @@ state-changing request must carry.
 The cookie has its own name (not Determined's `auth`, which the API also reads), so the JSON API
 never accepts it: only these pages do, and every POST they take is checked here. The CSRF token is
 bound to the session (an HMAC of the session token, which no script and no other site can read):
-pages put it in their forms and in htmx's headers; a request without it, or with another
+pages put it in their forms (an X-CSRF-Token header is accepted too); a request without it, or with another
 session's, is refused with 403. The login form, before any session, uses a double-submit cookie."""
 
 from __future__ import annotations

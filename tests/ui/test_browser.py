@@ -1,7 +1,9 @@
 """The web UI in a real browser (Debian's Chromium, headless, through playwright) against a real
 master whose elastic local pool launches agents as processes: log in, watch a running experiment's
 curves grow and its pool scale up, follow a trial's logs, pause / activate / kill from the page, the
-refusals (unknown id, another user's kill, a revoked session), log out. Screenshots of every page
+refusals (unknown id, another user's kill, a revoked session), log out; the live parts that keep
+focus and stop when the experiment is over, the actions each state allows, the layout at 360 and
+800 px and the dark theme. Screenshots of every page
 go to the test's tmp_path. SQLite only: the pages' queries run on both databases in
 tests/ui/test_ui_http.py and tests/control_plane/services/test_dashboard.py."""
 
@@ -105,24 +107,108 @@ def test_running_experiment_curves_logs_and_scale_up(browser: Any, ui_cluster: U
     page.context.close()
 
 
-def test_pause_activate_and_kill_from_the_page(browser: Any, ui_cluster: UICluster, tmp_path: Path) -> None:
+def actions_shown(page: Any) -> set[str]:
+    return set(page.eval_on_selector_all("[id^=action-]", "els => els.map(e => e.id.slice(7))"))
+
+
+def no_sideways_scroll(page: Any, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 900})
+    page.wait_for_function("() => document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+
+
+def refreshes(page: Any, selector: str) -> int:
+    return int(page.get_attribute(selector, "data-refreshes") or 0)
+
+
+def wait_refreshes(page: Any, selector: str, n: int) -> None:
+    start = refreshes(page, selector)
+    page.wait_for_function(f"() => Number(document.querySelector('{selector}').dataset.refreshes) >= {start + n}")
+
+
+def test_live_page_actions_layout_and_polling(browser: Any, ui_cluster: UICluster, tmp_path: Path) -> None:
+    """One running experiment, one page: the live refresh keeps focus, typing and a selection; the
+    chart follows its box; no sideways scroll at 800 and 360 px; the actions follow the state and
+    say what they did; a finished experiment's page stops polling."""
     exp = ui_cluster.submit("ui-kill", length=10_000, step_sleep=0.2)
     page = new_page(browser, ui_cluster)
     log_in(page, "admin", ui_cluster.password)
     assert page.goto(f"/experiments/{exp['id']}").status == 200
+    assert actions_shown(page) == {"pause", "cancel", "kill"}
+
+    # Focus and what is typed survive two refreshes of the part they are in: the same element.
+    page.focus("#label-input")
+    page.keyboard.type("half-typed")
+    page.evaluate("() => { window.focusedBefore = document.activeElement; }")
+    wait_refreshes(page, "#experiment-summary", 2)
+    assert page.evaluate("() => document.activeElement === window.focusedBefore && document.activeElement.isConnected")
+    assert page.input_value("#label-input") == "half-typed"
+    # A text selection in the trials table survives a refresh of the table.
+    page.evaluate("""() => { const r = document.createRange(); r.selectNodeContents(document.querySelector('#trials-table th'));
+                             getSelection().removeAllRanges(); getSelection().addRange(r); }""")
+    wait_refreshes(page, "#experiment-tables", 1)
+    assert page.evaluate("() => getSelection().toString()") == "Trial"
+
+    # The chart follows its card when the window narrows; nothing scrolls the page sideways.
+    page.wait_for_function("() => Number(document.querySelector('#curves').dataset.points || 0) > 0")
+    wide = page.evaluate("() => document.querySelector('#curves canvas').getBoundingClientRect().width")
+    no_sideways_scroll(page, 800)
+    page.wait_for_function("""() => { const c = document.querySelector('#curves'); const w = c.querySelector('canvas').getBoundingClientRect().width;
+                                      return w <= c.clientWidth && w > c.clientWidth - 40; }""")
+    assert page.evaluate("() => document.querySelector('#curves canvas').getBoundingClientRect().width") < wide
+    no_sideways_scroll(page, 360)
+    page.screenshot(path=tmp_path / "experiment-360.png", full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+
     submit(page, "#action-pause")
-    assert page.inner_text("#flash") == "pause: done"
-    assert page.inner_text("#exp-state").lower() == "paused"
-    assert ui_cluster.state_of(exp["id"]) == "STATE_PAUSED"
+    assert page.inner_text("#flash") == f"Paused experiment {exp['id']} (now paused)."
+    assert page.inner_text("#exp-state").lower() == "paused" and ui_cluster.state_of(exp["id"]) == "STATE_PAUSED"
+    assert actions_shown(page) == {"activate", "cancel", "kill"}
     submit(page, "#action-activate")
     assert page.inner_text("#exp-state").lower() == "active"
     page.once("dialog", lambda d: d.accept())
     submit(page, "#action-kill")
-    assert page.inner_text("#flash") == "kill: done"
-    # htmx polling brings the end without a reload.
+    assert page.inner_text("#flash").startswith(f"Killing experiment {exp['id']}")
+    # The live refresh brings the end, and the buttons that are left, without a reload.
     page.wait_for_function("() => document.querySelector('#exp-state').textContent.trim() === 'canceled'")
     assert ui_cluster.state_of(exp["id"]) == "STATE_CANCELED"
+    page.wait_for_function("() => !document.querySelector('#action-kill') && !!document.querySelector('#action-archive')")
     page.screenshot(path=tmp_path / "killed.png", full_page=True)
+
+    # A finished experiment's page loads its data once and then asks nothing more.
+    page.reload()
+    page.wait_for_function("() => document.querySelector('#curves').dataset.points !== undefined")
+    page.wait_for_load_state("networkidle")
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url))
+    page.wait_for_timeout(10_000)
+    assert asked == []
+    submit(page, "#action-archive")
+    assert page.inner_text("#flash") == f"Archived experiment {exp['id']} (now canceled)."
+    assert actions_shown(page) == {"unarchive"}
+    page.context.close()
+
+
+def test_dark_theme_and_narrow_list(browser: Any, ui_cluster: UICluster, tmp_path: Path) -> None:
+    page = new_page(browser, ui_cluster)
+    log_in(page, "admin", ui_cluster.password)
+    page.wait_for_selector("#experiments-table")
+    no_sideways_scroll(page, 800)
+    no_sideways_scroll(page, 360)
+    page.screenshot(path=tmp_path / "experiments-360.png", full_page=True)
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    assert page.evaluate(background) == "rgb(246, 247, 249)"
+    page.emulate_media(color_scheme="dark")  # the system's choice, until the user picks one
+    page.reload()
+    assert page.evaluate(background) == "rgb(13, 17, 23)"
+    page.screenshot(path=tmp_path / "experiments-dark.png", full_page=True)
+    page.click("#theme-toggle")  # light, kept across pages
+    assert page.evaluate(background) == "rgb(246, 247, 249)"
+    page.goto("/cluster")
+    assert page.evaluate(background) == "rgb(246, 247, 249)"
+    page.click("#theme-toggle")
+    page.goto("/models")
+    assert page.evaluate(background) == "rgb(13, 17, 23)"
     page.context.close()
 
 
@@ -141,11 +227,14 @@ def test_refusals_are_clear_pages(browser: Any, ui_cluster: UICluster, tmp_path:
     other = new_page(browser, ui_cluster)
     log_in(other, "carol", "carol-password-1")
     assert other.goto(f"/experiments/{exp['id']}").status == 200
-    other.once("dialog", lambda d: d.accept())
+    assert actions_shown(other) == set() and other.locator("#label-input").count() == 0
+    # A kill sent anyway (a page left open from before): the API's refusal, on the page.
     with other.expect_navigation() as nav:
-        other.click("#action-kill")
+        other.evaluate("""id => { const f = document.createElement('form'); f.method = 'post';
+            f.action = `/experiments/${id}/actions/kill`; f.append(document.querySelector('.logout input[name=csrf]').cloneNode());
+            document.body.append(f); f.submit(); }""", exp["id"])
     assert nav.value.status == 403
-    assert "belongs to another user" in other.inner_text("#error-message")
+    assert "kill: experiment" in other.inner_text("#action-error") and "belongs to another user" in other.inner_text("#action-error")
     assert "Traceback" not in other.content()
     other.screenshot(path=tmp_path / "forbidden.png")
     assert ui_cluster.state_of(exp["id"]) == "STATE_ACTIVE"

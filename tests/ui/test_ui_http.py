@@ -212,3 +212,43 @@ def test_login_returns_to_the_page_and_refuses_other_sites(client) -> None:  # t
     client.cookies.set(SESSION_COOKIE, token)
     r = client.get("/ui/fragments/cluster", headers={"HX-Request": "true", "HX-Current-URL": "https://evil.example/x"})
     assert r.headers["HX-Redirect"] == "/login?expired=1"  # another site's page is not one to return to
+
+
+def test_actions_follow_the_state_and_the_role(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
+    exp_id = create_ok(client, admin_headers)["experiment"]["id"]
+    ui_login(client)
+
+    def buttons(text: str) -> set[str]:
+        return set(re.findall(r'id="action-(\w+)"', text))
+
+    page = client.get(f"/experiments/{exp_id}")
+    assert buttons(page.text) == {"pause", "cancel", "kill"} and 'id="label-input"' in page.text
+    fragment = client.get(f"/ui/fragments/experiments/{exp_id}?part=summary")
+    assert buttons(fragment.text) == {"pause", "cancel", "kill"} and fragment.headers["X-Shipyard-Final"] == "0"
+    csrf = page_csrf(client, f"/experiments/{exp_id}")
+    r = client.post(f"/experiments/{exp_id}/actions/pause", data={"csrf": csrf})
+    assert r.status_code == 200 and f"Paused experiment {exp_id} (now paused)." in r.text
+    assert buttons(r.text) == {"activate", "cancel", "kill"}
+    r = client.post(f"/experiments/{exp_id}/actions/kill", data={"csrf": csrf})
+    # Paused with nothing running, it is over at once: only archiving is left, and polling stops.
+    assert r.status_code == 200 and f"Killing experiment {exp_id}" in r.text and buttons(r.text) == {"archive"}
+    assert 'data-final="true"' in r.text
+    assert client.get(f"/ui/fragments/experiments/{exp_id}?part=tables").headers["X-Shipyard-Final"] == "1"
+    # Killing it again does nothing, and the page says so (it used to say "kill: done").
+    r = client.post(f"/experiments/{exp_id}/actions/kill", data={"csrf": csrf})
+    assert r.status_code == 200 and f"Nothing to kill: experiment {exp_id} is" in r.text and "done" not in r.text
+    # A page's address cannot put its own words on the page.
+    assert "hello" not in client.get(f"/experiments/{exp_id}?msg=hello&done=hello").text
+    # The API's refusal is shown on the experiment's page, with its status.
+    r = client.post(f"/experiments/{exp_id}/actions/activate", data={"csrf": csrf})
+    api = client.post(f"/api/v1/experiments/{exp_id}/activate", headers=admin_headers)
+    assert r.status_code == api.status_code == 409 and 'id="action-error"' in r.text
+    assert "activate: " + api.json()["message"] in r.text.replace("&#39;", "'")
+
+    # Another user (not an admin) sees none of the changing actions, nor the label forms.
+    make_user(client, admin_headers)
+    client.cookies.clear()
+    ui_login(client, "bob", "bob-password-1")
+    page = client.get(f"/experiments/{exp_id}")
+    assert page.status_code == 200 and not buttons(page.text) and 'id="label-input"' not in page.text
+    assert 'name="remove"' not in page.text

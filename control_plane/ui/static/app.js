@@ -1,7 +1,9 @@
-// Shipyard's web UI: the charts (uPlot) and the log view. Tables refresh through htmx; these poll JSON.
+// Shipyard's web UI: the live parts of the pages (HTML fragments morphed into place), the charts
+// (uPlot), the log view and the theme toggle. No build step: this file is served as written.
 "use strict";
 const Shipyard = (() => {
   const POLL_MS = 3000;
+  const HIDDEN_MAX_MS = 60000;  // a hidden tab polls ever more slowly, up to once a minute
   const COLORS = ["#1f6feb", "#e5484d", "#30a46c", "#f76b15", "#8e4ec6", "#0091ff", "#d6409f", "#7c6f00", "#12a594", "#6e56cf"];
 
   async function getJSON(url) {
@@ -9,6 +11,100 @@ const Shipyard = (() => {
     if (r.status === 401) { window.location = r.headers.get("X-Login") || "/login?expired=1"; throw new Error("logged out"); }
     if (!r.ok) { let m = r.statusText; try { m = (await r.json()).message; } catch (e) { /* not JSON */ } throw new Error(m); }
     return r.json();
+  }
+
+  // -- polling -----------------------------------------------------------------------------------
+  // The page's object (experiment, trial) is over: the server says so in <body data-final> and in
+  // each live part's X-Shipyard-Final header. A poller then looks once more and stops.
+  const isFinal = () => document.body.dataset.final === "true";
+
+  // `fn` every `ms` (after the previous run ended); doubling the wait while the tab is hidden, back
+  // to `ms` (and at once) when it is shown again; one last run after the page became final.
+  function poll(ms, fn, { immediate = true } = {}) {
+    let delay = ms, timer = null, stopped = false;
+    async function tick() {
+      timer = null;
+      const wasFinal = isFinal();
+      try { await fn(); } catch (e) { /* the next tick tries again */ }
+      if (wasFinal) { stopped = true; return; }
+      delay = document.hidden ? Math.min(delay * 2, HIDDEN_MAX_MS) : ms;
+      timer = setTimeout(tick, delay);
+    }
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden && !stopped && timer !== null && delay > ms) { clearTimeout(timer); delay = ms; timer = setTimeout(tick, 0); }
+    });
+    if (immediate) tick();
+    else if (!isFinal()) timer = setTimeout(tick, ms);
+  }
+  const every = poll;
+
+  // -- morphing -----------------------------------------------------------------------------------
+  // Updates an element's children to a new copy's in place: nodes that stay keep their identity, so
+  // keyboard focus, a text selection, scroll positions and what is typed in an input survive.
+  function sameKind(a, b) {
+    if (a.nodeType !== b.nodeType) return false;
+    if (a.nodeType !== Node.ELEMENT_NODE) return true;
+    return a.tagName === b.tagName && a.id === b.id;
+  }
+  function morphAttributes(el, next) {
+    for (const { name } of [...el.attributes]) if (!next.hasAttribute(name)) el.removeAttribute(name);
+    for (const { name, value } of [...next.attributes]) if (el.getAttribute(name) !== value) el.setAttribute(name, value);
+  }
+  function morphChildren(el, next) {
+    const byId = new Map();
+    for (const c of el.children) if (c.id) byId.set(c.id, c);
+    let cur = el.firstChild;
+    for (const n of [...next.childNodes]) {
+      let match = null;
+      if (n.nodeType === Node.ELEMENT_NODE && n.id && byId.has(n.id)) { match = byId.get(n.id); byId.delete(n.id); }
+      else if (cur && sameKind(cur, n)) match = cur;
+      if (!match) { el.insertBefore(document.importNode(n, true), cur); continue; }
+      if (match === cur) cur = cur.nextSibling; else el.insertBefore(match, cur);
+      morphNode(match, n);
+    }
+    while (cur) { const after = cur.nextSibling; el.removeChild(cur); cur = after; }
+  }
+  function morphNode(el, next) {
+    if (el.nodeType !== Node.ELEMENT_NODE) { if (el.nodeValue !== next.nodeValue) el.nodeValue = next.nodeValue; return; }
+    morphAttributes(el, next);
+    morphChildren(el, next);
+  }
+  function morphHTML(el, html, select) {
+    let next;
+    if (select) next = new DOMParser().parseFromString(html, "text/html").querySelector(select);
+    else { next = document.createElement("template"); next.innerHTML = html; next = next.content; }
+    if (next) morphChildren(el, next);
+  }
+
+  // An element with data-live="URL" is refreshed from that URL (an HTML fragment, or a page whose
+  // data-live-select part is taken) every data-every ms, until the page is final.
+  function live(el) {
+    const url = el.dataset.live, select = el.dataset.liveSelect, ms = Number(el.dataset.every || POLL_MS);
+    el.dataset.refreshes = "0";
+    poll(ms, async () => {
+      const r = await fetch(url, { credentials: "same-origin", headers: { "HX-Request": "true", "HX-Current-URL": location.href } });
+      if (r.status === 401) { window.location = r.headers.get("HX-Redirect") || "/login?expired=1"; return; }
+      if (!r.ok) return;  // keep what is shown; the next tick tries again
+      morphHTML(el, await r.text(), select);
+      if (r.headers.get("X-Shipyard-Final") === "1") document.body.dataset.final = "true";
+      el.dataset.refreshes = String(Number(el.dataset.refreshes) + 1);
+    }, { immediate: false });
+  }
+
+  // -- theme ----------------------------------------------------------------------------------------
+  const css = name => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  function themeToggle() {
+    const button = document.getElementById("theme-toggle");
+    if (!button) return;
+    const show = () => { button.setAttribute("aria-pressed", String(document.documentElement.dataset.theme === "dark")); };
+    show();
+    button.addEventListener("click", () => {
+      const t = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
+      document.documentElement.dataset.theme = t;
+      try { localStorage.setItem("shipyard-theme", t); } catch (e) { /* storage off: this page only */ }
+      show();
+      window.dispatchEvent(new Event("shipyard:theme"));
+    });
   }
 
   // Exponential smoothing with the start-up bias corrected (as core/downsample.moving_average).
@@ -21,25 +117,44 @@ const Shipyard = (() => {
     });
   }
 
-  // A line chart of several series with their own x values, joined on x (uPlot.join).
-  class LineChart {
-    constructor(el, xLabel, { time = false, stepped = false } = {}) {
-      this.el = el; this.xLabel = xLabel; this.time = time; this.stepped = stepped; this.plot = null; this.key = "";
+  // Chart sizes follow their box: the width of the element, redrawn when it changes.
+  const chartWidth = el => Math.max(200, Math.floor(el.clientWidth || 800));
+  function axis(label) {
+    return { label, stroke: css("--fg"), grid: { stroke: css("--line"), width: 1 }, ticks: { stroke: css("--line"), width: 1 } };
+  }
+  class Chart {
+    constructor(el, height) {
+      this.el = el; this.height = height; this.plot = null; this.key = "";
+      if (window.ResizeObserver) {
+        new ResizeObserver(() => {
+          if (this.plot && Math.abs(this.plot.width - chartWidth(this.el)) > 1) this.plot.setSize({ width: chartWidth(this.el), height: this.height });
+        }).observe(el);
+      }
+      window.addEventListener("shipyard:theme", () => { this.key = ""; if (this.redraw) this.redraw(); });
     }
-    draw(series, { log = false, smoothing = 0 } = {}) {
+    destroy() { if (this.plot) { this.plot.destroy(); this.plot = null; } }
+  }
+
+  // A line chart of several series with their own x values, joined on x (uPlot.join).
+  class LineChart extends Chart {
+    constructor(el, xLabel, { time = false, stepped = false } = {}) {
+      super(el, 300); this.xLabel = xLabel; this.time = time; this.stepped = stepped;
+    }
+    draw(series, opts = {}) {
+      this.redraw = () => this.draw(series, opts);
+      const { log = false, smoothing = 0 } = opts;
       const usable = series.filter(s => s.x.length);
       if (!usable.length) { this.destroy(); this.el.textContent = "No data yet."; this.el.dataset.points = "0"; return; }
       const tables = usable.map(s => [s.x, log ? s.y.map(v => (v > 0 ? v : null)) : s.y]);
       const data = uPlot.join(tables);
       for (let i = 1; i < data.length; i++) data[i] = smooth(data[i], smoothing);
       const key = usable.map(s => s.label).join("|") + "|" + log;
-      const width = Math.max(300, this.el.clientWidth || 800);
       if (!this.plot || key !== this.key) {
         this.destroy(); this.el.textContent = ""; this.key = key;
         this.plot = new uPlot({
-          width, height: 300,
+          width: chartWidth(this.el), height: this.height,
           scales: { x: { time: this.time }, y: log ? { distr: 3 } : {} },
-          axes: [{ label: this.xLabel }, {}],
+          axes: [axis(this.xLabel), axis("")],
           series: [{ label: this.xLabel }, ...usable.map((s, i) => ({
             label: s.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: false },
             ...(this.stepped ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}) }))],
@@ -51,26 +166,24 @@ const Shipyard = (() => {
       this.el.dataset.points = String(usable.reduce((n, s) => n + s.x.length, 0));
       this.el.dataset.drawn = String(Date.now());
     }
-    destroy() { if (this.plot) { this.plot.destroy(); this.plot = null; } }
   }
 
   // Hyperparameter value vs the trial's best metric, as points.
-  class Scatter {
-    constructor(el) { this.el = el; this.plot = null; }
+  class Scatter extends Chart {
+    constructor(el) { super(el, 260); }
     draw(xs, ys, xLabel, yLabel) {
+      this.redraw = () => this.draw(xs, ys, xLabel, yLabel);
       const pts = xs.map((x, i) => [x, ys[i]]).filter(p => p[0] != null && p[1] != null).sort((a, b) => a[0] - b[0]);
-      if (this.plot) { this.plot.destroy(); this.plot = null; }
+      this.destroy();
       if (!pts.length) { this.el.textContent = "No validated trials yet."; return; }
       this.el.textContent = "";
       this.plot = new uPlot({
-        width: Math.max(300, this.el.clientWidth || 800), height: 260,
-        scales: { x: { time: false } }, axes: [{ label: xLabel }, { label: yLabel }],
+        width: chartWidth(this.el), height: this.height,
+        scales: { x: { time: false } }, axes: [axis(xLabel), axis(yLabel)],
         series: [{ label: xLabel }, { label: yLabel, stroke: COLORS[0], paths: () => null, points: { show: true, size: 8, fill: COLORS[0] } }],
       }, [pts.map(p => p[0]), pts.map(p => p[1])], this.el);
     }
   }
-
-  function every(ms, fn) { fn(); return setInterval(() => { if (!document.hidden) fn(); }, ms); }
 
   async function experimentPage(expId) {
     const select = document.getElementById("curve-metric");
@@ -220,6 +333,11 @@ const Shipyard = (() => {
     });
   }
 
-  return { experimentPage, trialPage, clusterPage, LineChart };
+  document.addEventListener("DOMContentLoaded", () => {
+    themeToggle();
+    for (const el of document.querySelectorAll("[data-live]")) live(el);
+  });
+
+  return { experimentPage, trialPage, clusterPage, LineChart, morphHTML };
 })();
 window.Shipyard = Shipyard;
