@@ -12,6 +12,7 @@ from harness.core._preempt import PreemptContext
 from harness.core._reporter import MetricsReporter, MetricsReportError, ReporterConfig, ReporterStats
 from harness.core._searcher import SearcherContext, SearcherOperation, Unit
 from harness.core._session import APIError, AuthError, NotFoundError, Session, TransientAPIError
+from harness.core._tensorboard import TensorboardMode
 from harness.core._train import EarlyExitReason, LocalMetricsSink, MetricsReport, TrainContext
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "SearcherContext",
     "SearcherOperation",
     "Session",
+    "TensorboardMode",
     "TransientAPIError",
     "TorchCollectives",
     "TrainContext",

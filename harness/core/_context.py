@@ -44,8 +44,10 @@ from harness.core._searcher import (
     parse_units,
 )
 from harness.core._session import RetryPolicy, Session
+from harness.core._tensorboard import TensorboardMode, build_manager
 from harness.core._train import EarlyExitReason, LocalMetricsSink, TrainContext
 from harness.storage import CheckpointStorage, StorageConfigError, from_config
+from harness.tensorboard.manager import TensorboardManager
 
 log = logging.getLogger("harness.core")
 
@@ -73,6 +75,7 @@ class Context:
         reporter: MetricsReporter | None = None,
         local_sink: LocalMetricsSink | None = None,
         local_searcher: LocalOperationSource | None = None,
+        tensorboard: TensorboardManager | None = None,
     ) -> None:
         self.info = info
         self.distributed = distributed
@@ -82,6 +85,7 @@ class Context:
         self.preempt = preempt
         self._session = session
         self._reporter = reporter
+        self._tensorboard = tensorboard
         # Off-cluster inspection: what was reported and what the searcher op was completed with.
         self.train_sink = local_sink
         self.searcher_results = local_searcher.results if local_searcher is not None else None
@@ -98,6 +102,8 @@ class Context:
     def start(self) -> Context:
         if self._reporter is not None:
             self._reporter.start()
+        if self._tensorboard is not None:
+            self._tensorboard.start()
         self.preempt.start()
         return self
 
@@ -105,12 +111,15 @@ class Context:
         return self
 
     def close(self, flush_timeout_s: float | None = None) -> None:
-        """Flush metrics (with a deadline), stop background threads, close the session."""
+        """Flush metrics (with a deadline), write and upload the TensorBoard files, stop background
+        threads, close the session."""
         if self._closed:
             return
         self._closed = True
         try:
             self.preempt.close()
+            if self._tensorboard is not None:
+                self._tensorboard.close()
             if self._reporter is not None:
                 self._reporter.close(flush_timeout_s)
         finally:
@@ -161,6 +170,7 @@ def init(
     print_metrics: bool = True,
     check_storage: bool = True,
     env: Mapping[str, str] | None = None,
+    tensorboard_mode: TensorboardMode | str = TensorboardMode.AUTO,
 ) -> Context:
     """Build the Core API. Use as `with harness.core.init() as ctx:`.
 
@@ -174,6 +184,8 @@ def init(
     check_storage: write and delete a probe object so an unwritable storage fails here, before
         training starts (StorageNotWritable).
     env: the environment to read (default os.environ).
+    tensorboard_mode: AUTO (on a cluster, every training and validation report is also written as
+        TensorBoard scalars and synced to checkpoint storage) or MANUAL (see _tensorboard.py).
     """
     env = os.environ if env is None else env
     info, off_cluster = _cluster_info(env, off_cluster, hparams)
@@ -183,7 +195,7 @@ def init(
         storage.check_writable()
     if off_cluster:
         return _off_cluster_context(info, dist, storage, max_length=max_length, print_metrics=print_metrics)
-    return _cluster_context(info, dist, storage, reporter_config)
+    return _cluster_context(info, dist, storage, reporter_config, TensorboardMode(tensorboard_mode))
 
 
 def _cluster_info(env: Mapping[str, str], off_cluster: bool | None,
@@ -228,7 +240,7 @@ def _off_cluster_context(info: ClusterInfo, dist: DistributedContext, storage: C
 
 
 def _cluster_context(info: ClusterInfo, dist: DistributedContext, storage: CheckpointStorage,
-                     reporter_config: ReporterConfig | None) -> Context:
+                     reporter_config: ReporterConfig | None, tensorboard_mode: TensorboardMode) -> Context:
     """Everything through the master: one session, the metrics reporter, its searcher and preemption."""
     assert info.master_url is not None and info.trial_id is not None
     config = info.experiment_config
@@ -237,9 +249,10 @@ def _cluster_context(info: ClusterInfo, dist: DistributedContext, storage: Check
     # The spool goes in the trial's own work dir: the agent starts the process there.
     reporter = MetricsReporter(session, info.trial_id, info.trial_run_id,
                                reporter_config or ReporterConfig.for_trial(os.environ, os.getcwd()))
+    tensorboard = build_manager(info, dist, storage, tensorboard_mode)
     train = TrainContext(reporter, dist, session=session, trial_id=info.trial_id,
                          experiment_id=info.experiment_id, searcher_metric=metric_name,
-                         smaller_is_better=smaller_is_better)
+                         smaller_is_better=smaller_is_better, tensorboard=tensorboard)
     preempt = PreemptContext(dist, session, info.allocation_id)
     flush_s = reporter.config.flush_timeout_s
     source = MasterOperationSource(session, info.trial_id, preempt, lambda: reporter.flush(flush_s))
@@ -257,6 +270,7 @@ def _cluster_context(info: ClusterInfo, dist: DistributedContext, storage: Check
         preempt=preempt,
         session=session,
         reporter=reporter,
+        tensorboard=tensorboard,
     ).start()
 
 

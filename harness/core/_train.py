@@ -14,10 +14,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TextIO
 
 from harness.core._distributed import DistributedContext
 from harness.core._session import APIError, NotFoundError, Session
+
+if TYPE_CHECKING:
+    from harness.tensorboard.manager import TensorboardManager
 
 log = logging.getLogger("harness.core")
 
@@ -90,8 +94,10 @@ class TrainContext:
         experiment_id: int | None = None,
         searcher_metric: str | None = None,
         smaller_is_better: bool = True,
+        tensorboard: TensorboardManager | None = None,
     ) -> None:
         self._sink = sink
+        self._tensorboard = tensorboard
         self._dist = dist
         self._session = session
         self._trial_id = trial_id
@@ -115,7 +121,10 @@ class TrainContext:
             if not any_rank:
                 return
             group = f"{group}_rank{self._dist.rank}"
-        self._sink.report(group, steps_completed, dict(metrics), batch_metrics)
+        metrics = dict(metrics)
+        self._sink.report(group, steps_completed, metrics, batch_metrics)
+        if self._tensorboard is not None:
+            self._tensorboard.report(group, steps_completed, metrics, batch_metrics)
 
     def report_training_metrics(self, steps_completed: int, metrics: dict[str, Any],
                                 batch_metrics: list[dict[str, Any]] | None = None, *,
@@ -149,6 +158,22 @@ class TrainContext:
             raise ValueError(f"progress must be between 0 and 1, got {progress}")
         if self._dist.is_chief:
             self._sink.report_progress(progress)
+
+    def get_tensorboard_path(self) -> Path | None:
+        """The directory whose TensorBoard files are synced to checkpoint storage (None off-cluster)."""
+        return None if self._tensorboard is None else self._tensorboard.base_path
+
+    def upload_tensorboard_files(self, selector: Optional[Callable[[Path], bool]] = None,
+                                 mangler: Optional[Callable[[Path, int], Path]] = None) -> None:
+        """MANUAL mode: upload the TensorBoard files under `get_tensorboard_path()` that changed
+        (in the background, at most once a second; `selector` picks files, `mangler(relpath, rank)`
+        renames them). In AUTO mode the harness does this itself: RuntimeError, as in Determined."""
+        if self._tensorboard is None:
+            log.info("event=upload_tensorboard_files off_cluster=true")
+            return
+        if self._tensorboard.write_metrics:
+            raise RuntimeError("upload_tensorboard_files can only be used in MANUAL mode")
+        self._tensorboard.upload(selector, mangler)
 
     def report_early_exit(self, reason: EarlyExitReason) -> None:
         reason = EarlyExitReason(reason)

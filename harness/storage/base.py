@@ -109,6 +109,11 @@ class CheckpointStorage(ABC):
     def check_writable(self) -> None:
         """Write and delete a small probe object; StorageNotWritable with the reason if that fails."""
 
+    @abstractmethod
+    def upload_file(self, src: Path, key: str) -> None:
+        """Copy one file to `key` (a relative POSIX path under the storage's base or prefix,
+        outside any checkpoint: TensorBoard's event files), replacing what is there."""
+
     def direct_path(self, uuid: str) -> Path | None:
         """A local path where the checkpoint lives, for backends that need no copy (shared_fs)."""
         return None

@@ -78,6 +78,12 @@ class GCSStorage(CheckpointStorage):
             self._bucket.blob(prefix + d + "/").upload_from_string(b"", retry=DEFAULT_RETRY)
         log.info("event=checkpoint_uploaded storage=gcs bucket=%s uuid=%s files=%d", self.bucket_name, uuid, n)
 
+    def upload_file(self, src: Path, key: str) -> None:
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        # The same key always gets the same (grown) file from the one trial writing it: retrying is safe.
+        self._bucket.blob(self._key(safe_relpath(key).as_posix())).upload_from_filename(str(src), retry=DEFAULT_RETRY)
+
     def download(self, uuid: str, dst_dir: Path) -> None:
         prefix = self._ckpt_prefix(uuid)
         blobs = list(self._client.list_blobs(self.bucket_name, prefix=prefix))

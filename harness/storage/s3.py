@@ -100,6 +100,9 @@ class S3Storage(CheckpointStorage):
             self._client.put_object(Bucket=self.bucket, Key=prefix + d + "/", Body=b"")
         log.info("event=checkpoint_uploaded storage=s3 bucket=%s uuid=%s files=%d", self.bucket, uuid, n)
 
+    def upload_file(self, src: Path, key: str) -> None:
+        self._client.upload_file(str(src), self.bucket, self._key(safe_relpath(key).as_posix()))
+
     def download(self, uuid: str, dst_dir: Path) -> None:
         prefix = self._ckpt_prefix(uuid)
         keys = self._keys(prefix)

@@ -14,6 +14,7 @@ from harness.storage.base import (
     CheckpointStorage,
     StorageConfigError,
     StorageNotWritable,
+    safe_relpath,
     validate_uuid,
 )
 
@@ -81,6 +82,18 @@ class SharedFSStorage(CheckpointStorage):
                     raise
         # A second upload to the same uuid (sharded writers) merges into the existing tree.
         shutil.copytree(src, dst, symlinks=False, dirs_exist_ok=True)
+
+    def upload_file(self, src: Path, key: str) -> None:
+        dst = self.base / safe_relpath(key)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        # Copy beside it, then rename: a reader (TensorBoard) never sees a half-copied file.
+        tmp = dst.parent / f".tmp-{dst.name}-{uuidlib.uuid4().hex[:8]}"
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def download(self, uuid: str, dst_dir: Path) -> None:
         src = self._dir(uuid)
