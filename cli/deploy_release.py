@@ -67,7 +67,10 @@ def cli_version() -> str:
 
 
 def constraints(root: str = DIST) -> list[str]:
-    """Exact pins of `root`'s dependency closure as installed here (`root` itself left out)."""
+    """Exact pins of `root`'s dependency closure as installed here (`root` itself left out), the
+    dependencies of the extras a requirement asks for included (google-cloud-compute needs
+    `google-api-core[grpc]`, hence grpcio-status: without its pin the master's pip took whatever the
+    index had, and a boot from an index holding exactly the pins failed)."""
     try:
         from packaging.markers import default_environment
         from packaging.requirements import InvalidRequirement, Requirement
@@ -75,13 +78,14 @@ def constraints(root: str = DIST) -> list[str]:
         from pip._vendor.packaging.markers import default_environment  # type: ignore[no-redef]
         from pip._vendor.packaging.requirements import InvalidRequirement, Requirement  # type: ignore[no-redef]
 
-    env = {**default_environment(), "extra": ""}
+    base = default_environment()
     pins: dict[str, str] = {}
-    todo = [root]
-    seen = {_canon(root)}
+    todo: list[tuple[str, frozenset[str]]] = [(root, frozenset())]
+    seen: set[tuple[str, frozenset[str]]] = {(_canon(root), frozenset())}
     while todo:
+        dist_name, extras = todo.pop()
         try:
-            dist = metadata.distribution(todo.pop())
+            dist = metadata.distribution(dist_name)
         except metadata.PackageNotFoundError:
             continue
         for text in dist.requires or []:
@@ -89,17 +93,20 @@ def constraints(root: str = DIST) -> list[str]:
                 req = Requirement(text)
             except InvalidRequirement:
                 continue
-            if req.marker is not None and not req.marker.evaluate(env):
+            if req.marker is not None and not any(req.marker.evaluate({**base, "extra": e})
+                                                  for e in ("", *sorted(extras))):
                 continue
             name = _canon(req.name)
-            if name in seen:
+            wanted = frozenset(_canon(e) for e in req.extras)
+            if (name, wanted) in seen:
                 continue
-            seen.add(name)
+            seen.add((name, wanted))
             try:
                 pins[name] = metadata.version(req.name)
             except metadata.PackageNotFoundError:
                 continue  # not installed here: left to pip on the master
-            todo.append(req.name)
+            todo.append((req.name, wanted))
+    pins.pop(_canon(root), None)
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
 
 

@@ -56,6 +56,8 @@ def test_the_wheel_is_this_cli_and_the_constraints_exact_pins(built: deploy_rele
     # The direct dependencies, the transitive ones, nothing of the dev tools, not shipyard itself.
     assert {"fastapi", "boto3", "botocore", "starlette", "google-cloud-storage", "sqlalchemy"} <= set(pins)
     assert not {"shipyard", "pytest", "moto", "pulumi", "ruff"} & set(pins)
+    # What an extra a requirement asks for brings: google-cloud-compute -> google-api-core[grpc].
+    assert {"grpcio", "grpcio-status"} <= set(pins)
 
 
 def test_without_a_source_tree_the_installed_files_are_packed_back(built: deploy_release.Release,
