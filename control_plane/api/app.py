@@ -21,6 +21,7 @@ from control_plane.api import (
     logs,
     metrics,
     models,
+    ntsc,
     pools,
     prometheus,
     tasks,
@@ -62,8 +63,8 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     )
     app.state.master = master
     install_error_handlers(app)
-    for module in (users, experiments, trials, metrics, logs, checkpoints, agents, tasks, pools, models, agent_package,
-                   compat):
+    for module in (users, experiments, trials, metrics, logs, checkpoints, agents, tasks, ntsc, pools, models,
+                   agent_package, compat):
         app.include_router(module.router)
     app.include_router(jobs.router)  # the job queue (api/jobs.py)
     if master.config.metrics_enabled:

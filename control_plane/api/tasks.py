@@ -211,6 +211,10 @@ def allocation_json(a: Allocation) -> dict[str, Any]:
     return {
         "allocationId": a.id,
         "taskId": a.task_id,
+        "name": f"Trial {a.trial_id}" if a.trial_id is not None else a.task_id,
+        "schedulerType": "priority",
+        "resources": [{"allocationId": a.id, "resourcesId": agent_id, "agentDevices": {agent_id: {"devices": []}}}
+                      for agent_id, _ in gangs.held(a)],
         "trialId": a.trial_id,
         "experimentId": a.experiment_id,
         "resourcePool": a.pool,

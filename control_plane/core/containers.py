@@ -4,33 +4,44 @@ to bind (shared_fs checkpoint storage at its own path, then `bind_mounts`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import PurePosixPath
 
-from control_plane.core.expconf import ExperimentConfig, SharedFSStorage, byte_size
+from control_plane.core.expconf import BindMount, Environment, ExperimentConfig, SharedFSStorage, byte_size
+from control_plane.core.task_config import TaskConfig
 from shipyard_common.agent_protocol import ContainerMount, ContainerSpec
 
 
+def task_container_spec(cfg: TaskConfig, device: str) -> ContainerSpec:
+    """A command's or notebook's container: the same sections as an experiment's, no checkpoints."""
+    return _spec(cfg.environment, cfg.bind_mounts, device, cfg.resources.shm_size, cfg.resources.memory)
+
+
 def container_spec(cfg: ExperimentConfig, device: str) -> ContainerSpec:
-    env = cfg.environment
+    return _spec(cfg.environment, cfg.bind_mounts, device, cfg.resources.shm_size, cfg.resources.memory,
+                 cfg.checkpoint_storage)
+
+
+def _spec(env: Environment, bind_mounts: Sequence[BindMount], device: str, shm_size: int | str | None,
+          memory: int | str | None, storage: object = None) -> ContainerSpec:
     auth = None
     if env.registry_auth is not None:
         auth = {k: v for k, v in env.registry_auth.model_dump().items() if v is not None}
     mounts: list[ContainerMount] = []
     checkpoint_path = None
-    storage = cfg.checkpoint_storage
     if isinstance(storage, SharedFSStorage):
         # At the same path inside: the harness resolves host_path/storage_path as on the host.
         mounts.append(ContainerMount(host_path=storage.host_path, container_path=storage.host_path))
         checkpoint_path = str(PurePosixPath(storage.host_path) / (storage.storage_path or ""))
-    for bm in cfg.bind_mounts:
+    for bm in bind_mounts:
         mounts.append(ContainerMount(host_path=bm.host_path, container_path=bm.container_path,
                                      read_only=bm.read_only))
     return ContainerSpec(
         image=getattr(env.image, device, None) or None,
         force_pull=env.force_pull_image,
         registry_auth=auth or None,
-        shm_size_bytes=byte_size(cfg.resources.shm_size),
-        memory_bytes=byte_size(cfg.resources.memory),
+        shm_size_bytes=byte_size(shm_size),
+        memory_bytes=byte_size(memory),
         mounts=mounts,
         checkpoint_path=checkpoint_path,
     )

@@ -30,7 +30,7 @@ from control_plane.core.scheduling import (
     scheduling_policy,
 )
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Allocation, Experiment, Instance
+from control_plane.db.models import Agent, Allocation, Experiment, Instance, Task
 from control_plane.master import Master
 from control_plane.services import allocations, gangs, lifecycle
 from control_plane.services.agents import expire_drains
@@ -118,7 +118,7 @@ class _Snapshot:
 
     agents: list[Agent]
     on_agents: list[Allocation]
-    pending: list[Any]  # rows: id, slots_needed, priority, weight, created_at, experiment_id, waiting_reason
+    pending: list[Any]  # rows: id, slots_needed, priority, weight, created_at, experiment_id, waiting_reason, task_id
     used: dict[str, set[str]]  # agent id -> slot ids in use
 
 
@@ -154,7 +154,7 @@ def _read(s: Session, pool: str) -> _Snapshot:
     # The queue as plain rows (it can be long): ORM objects only for what gets assigned.
     pending = list(s.execute(
         select(Allocation.id, Allocation.slots_needed, Allocation.priority, Allocation.weight,
-               Allocation.created_at, Allocation.experiment_id, Allocation.waiting_reason)
+               Allocation.created_at, Allocation.experiment_id, Allocation.waiting_reason, Allocation.task_id)
         .where(Allocation.pool == pool, Allocation.state == st.AllocationState.PENDING)))
     used: dict[str, set[str]] = {}
     for a in on_agents:
@@ -179,9 +179,14 @@ def _queue_and_running(s: Session, snap: _Snapshot,
     jobs = _jobs(s, {a.experiment_id for a in snap.pending} | {a.experiment_id for a in snap.on_agents},
                  default_priority)
 
+    # A command or notebook (services/tasks.py) is its own job and is not preempted: it cannot checkpoint.
+    interactive = _task_ids(s, {a.task_id for a in (*snap.pending, *snap.on_agents) if a.experiment_id is None})
+
     def job_of(a: Any) -> dict[str, Any]:
-        return jobs.get(a.experiment_id or -1) or {"job_id": "", "priority": a.priority, "weight": a.weight,
-                                                    "queue_position": None, "max_slots": None, "preemptible": True}
+        return jobs.get(a.experiment_id or -1) or {"job_id": a.task_id if a.task_id in interactive else "",
+                                                    "priority": a.priority, "weight": a.weight,
+                                                    "queue_position": None, "max_slots": None,
+                                                    "preemptible": a.task_id not in interactive}
 
     queue = []
     for a in snap.pending:
@@ -276,6 +281,15 @@ def _jobs(s: Session, experiment_ids: set[int | None], default_priority: int) ->
                         "queue_position": position, "max_slots": resources.max_slots,
                         "preemptible": resources.preemptible}
     return out
+
+
+def _task_ids(s: Session, ids: set[str]) -> set[str]:
+    """Which of these task ids are commands' or notebooks' (rows of `tasks`)."""
+    found: set[str] = set()
+    listed = sorted(ids)
+    for n in range(0, len(listed), 1000):
+        found.update(s.scalars(select(Task.id).where(Task.id.in_(listed[n:n + 1000]))))
+    return found
 
 
 def claim_agents(s: Session, agent_ids: list[str]) -> set[str]:

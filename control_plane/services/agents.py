@@ -26,7 +26,7 @@ from control_plane.core.expconf import ConfigInvalid, ExperimentConfig
 from control_plane.db.models import Agent, Allocation, Checkpoint, Experiment, Instance, Token, Trial, User
 from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import allocations, gangs, interruptions, lifecycle
+from control_plane.services import allocations, gangs, interruptions, lifecycle, tasks
 from shipyard_common.agent_protocol import (
     Command,
     EventsRequest,
@@ -313,7 +313,10 @@ def _move(s: Session, master: Master, alloc: Allocation, alloc_state: st.Allocat
 
 def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> TaskSpec:
     """What the agent needs to run the allocation's trial: the entrypoint, the environment the
-    harness reads (harness/core/_info.py), the allocation's token and where the code is."""
+    harness reads (harness/core/_info.py), the allocation's token and where the code is. A command's
+    or notebook's (no trial) comes from services/tasks.py."""
+    if alloc.trial_id is None and alloc.experiment_id is None:
+        return tasks.task_spec(s, master, alloc, agent, _slots_on(alloc, agent.id), agent_device_type(agent))
     trial = s.get(Trial, alloc.trial_id) if alloc.trial_id else None
     exp = s.get(Experiment, alloc.experiment_id) if alloc.experiment_id else None
     if trial is None or exp is None:

@@ -1,0 +1,139 @@
+"""Commands and notebooks in Determined 0.38.1's wire format (`/api/v1/commands`,
+`/api/v1/notebooks`, `GET /api/v1/tasks/{taskId}`), the address a task reports
+(`POST /api/v1/allocations/{id}/proxy_address`) and its context archive. Parse, authorize, call
+services/tasks.py, serialize."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query
+from sqlalchemy.orm import Session
+
+from control_plane.api import deps
+from control_plane.api.wire import ProtoWire, ts
+from control_plane.auth import Principal
+from control_plane.core import states as st
+from control_plane.core.task_config import TASK_TYPES
+from control_plane.master import Master
+from control_plane.services import tasks
+from control_plane.services.tasks import TaskView
+
+router = APIRouter()
+
+# Determined's resource names: the path, the list's key, one item's key.
+_KINDS = {"command": ("commands", "command"), "notebook": ("notebooks", "notebook")}
+_STATES = {
+    st.AllocationState.PENDING: "STATE_QUEUED",
+    st.AllocationState.ASSIGNED: "STATE_PULLING",
+    st.AllocationState.PULLING: "STATE_PULLING",
+    st.AllocationState.STARTING: "STATE_STARTING",
+    st.AllocationState.RUNNING: "STATE_RUNNING",
+    st.AllocationState.TERMINATED: "STATE_TERMINATED",
+}
+DEFAULT_WORKSPACE_ID = 1
+
+
+class LaunchRequest(ProtoWire):
+    config: dict[str, Any] | None = None
+    files: list[dict[str, Any]] = []
+    template_name: str | None = None
+    workspace_id: int | None = None
+    data: str | None = None
+    preview: bool = False
+
+
+def task_state(v: TaskView) -> str:
+    if v.alloc.state in st.ALLOC_ON_AGENT and v.alloc.kill_requested:
+        return "STATE_TERMINATING"
+    return _STATES.get(st.AllocationState(v.alloc.state), "STATE_UNSPECIFIED")
+
+
+def exit_status(v: TaskView) -> str | None:
+    a = v.alloc
+    if a.state != st.AllocationState.TERMINATED:
+        return None
+    if a.end_cause == st.ExitCause.EXITED and a.exit_code is not None:
+        return f"exited with code {a.exit_code}"
+    return a.exit_reason or a.end_cause or "ended"
+
+
+def task_json(v: TaskView) -> dict[str, Any]:
+    """v1Command / v1Notebook, with Shipyard's exitCode and isReady beside."""
+    out = {
+        "id": v.task.id, "description": v.task.description, "state": task_state(v), "username": v.username,
+        "userId": v.task.owner_id, "displayName": v.username, "resourcePool": v.task.pool,
+        "startTime": ts(v.task.created_at), "jobId": v.task.id, "workspaceId": DEFAULT_WORKSPACE_ID,
+        "exitStatus": exit_status(v), "exitCode": v.alloc.exit_code, "isReady": v.ready,
+        "slots": v.alloc.slots_needed, "agentId": v.alloc.agent_id,
+    }
+    if v.task.kind == "notebook":
+        out["serviceAddress"] = f"/proxy/{v.task.id}/"
+    return out
+
+
+def _one(kind: str, v: TaskView) -> dict[str, Any]:
+    return {_KINDS[kind][1]: task_json(v), "config": v.task.config}
+
+
+def _routes(kind: str) -> None:
+    plural, _single = _KINDS[kind]
+
+    @router.post(f"/api/v1/{plural}", name=f"launch_{kind}")
+    def launch(body: LaunchRequest, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+               db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+        return _one(kind, tasks.launch(db, master, p, kind, body.config, body.files))
+
+    @router.get(f"/api/v1/{plural}", name=f"list_{kind}s")
+    def list_(p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"),
+              users: list[str] = Query([])) -> dict[str, Any]:  # noqa: B008
+        return {plural: [task_json(v) for v in tasks.list_tasks(db, p, kind, users)]}
+
+    @router.get(f"/api/v1/{plural}/{{taskId}}", name=f"get_{kind}")
+    def get(taskId: str, p: Principal = Depends(deps.user),
+            db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+        return _one(kind, tasks.get(db, p, taskId, kind))
+
+    @router.post(f"/api/v1/{plural}/{{taskId}}/kill", name=f"kill_{kind}")
+    def kill(taskId: str, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+             db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+        return {_single: task_json(tasks.kill(db, master, p, taskId, kind))}
+
+
+for _kind in _KINDS:
+    _routes(_kind)
+
+
+@router.get("/api/v1/tasks/{taskId}")
+def get_task(taskId: str, p: Principal = Depends(deps.user_or_allocation),
+             db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+    """Determined's v1Task: `det notebook start` waits on `allocations[0].isReady`."""
+    v = tasks.get(db, p, taskId)
+    a = v.alloc
+    return {"task": {
+        "taskId": v.task.id, "taskType": f"TASK_TYPE_{TASK_TYPES[v.task.kind]}", "startTime": ts(v.task.created_at),
+        "endTime": ts(a.ended_at),
+        "allocations": [{"allocationId": a.id, "taskId": v.task.id, "state": task_state(v), "slots": a.slots_needed,
+                         "isReady": v.ready, "startTime": ts(a.started_at), "endTime": ts(a.ended_at),
+                         "exitReason": a.exit_reason, "statusCode": a.exit_code}],
+    }}
+
+
+@router.get("/api/v1/tasks/{taskId}/context")
+def task_context(taskId: str, p: Principal = Depends(deps.user_or_allocation),
+                 db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+    """The uploaded context (`-c DIR`), which the agent unpacks into the task's directory."""
+    return {"b64Tgz": base64.b64encode(tasks.context_archive(db, p, taskId)).decode()}
+
+
+class ProxyAddress(ProtoWire):
+    allocation_id: str | None = None
+    proxy_address: str
+
+
+@router.post("/api/v1/allocations/{allocationId}/proxy_address")
+def post_proxy_address(allocationId: str, body: ProxyAddress, p: Principal = Depends(deps.principal),
+                       db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+    tasks.set_proxy_address(db, p, allocationId, body.proxy_address)
+    return {}

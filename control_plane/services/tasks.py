@@ -1,0 +1,228 @@
+"""Tasks other than trials (issue 29): commands and notebooks. Launched into a pool as one pending
+allocation, which the placement loop schedules like a trial's (priority, queue, fair share; not
+preempted: it cannot checkpoint), the agent runs with its runtime (process or Docker) and whose
+logs, exit and kill go the allocations' ways. A task's state and exit are its allocation's.
+
+Every function works inside the caller's transaction and raises control_plane.errors."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.auth import Principal, TokenKind
+from control_plane.core import states as st
+from control_plane.core.containers import task_container_spec
+from control_plane.core.expconf import ConfigInvalid
+from control_plane.core.task_config import (
+    TASK_TYPES,
+    TaskConfig,
+    config_dict,
+    description_of,
+    parse_task_config,
+)
+from control_plane.db.models import Agent, Allocation, ModelDefinition, Task, User
+from control_plane.errors import FieldProblem, Invalid, bad_request, forbidden, not_found
+from control_plane.master import Master
+from control_plane.services import allocations, pool_capacity
+from shipyard_common.agent_protocol import TaskSpec
+from shipyard_common.model_def import ModelDefInvalid, pack_model_definition, validate_model_definition
+
+log = logging.getLogger("shipyard.tasks")
+
+_LAUNCHER = Path(__file__).resolve().parents[2] / "shipyard_common" / "jupyter_launch.py"
+
+
+@dataclass(frozen=True)
+class TaskView:
+    task: Task
+    alloc: Allocation
+    username: str
+
+    @property
+    def ready(self) -> bool:
+        """Serving: a notebook once it reported its address, a command once running."""
+        if self.alloc.state != st.AllocationState.RUNNING:
+            return False
+        return self.task.kind != "notebook" or self.task.proxy_address is not None
+
+
+def _problems(e: ConfigInvalid) -> Invalid:
+    details = [FieldProblem(f"config.{fe.path}" if fe.path else "config", fe.reason) for fe in e.errors]
+    return Invalid("invalid task configuration: " + "; ".join(f"{d.field}: {d.reason}" for d in details), details)
+
+
+def _context(s: Session, master: Master, files: Sequence[dict[str, Any]]) -> int | None:
+    """The uploaded context (`-c DIR`, Determined's file list) as an archive row, or None."""
+    if not files:
+        return None
+    try:
+        checked = validate_model_definition(list(files), max_bytes=master.config.model_def_max_bytes)
+        archive = pack_model_definition(checked)
+    except ModelDefInvalid as e:
+        raise Invalid(f"files: {e.path}: {e.reason}", [FieldProblem(f"files.{e.path}", e.reason)]) from None
+    md = ModelDefinition(archive=archive, size_bytes=len(archive), sha256=hashlib.sha256(archive).hexdigest(),
+                         file_count=len(checked))
+    s.add(md)
+    s.flush()
+    return md.id
+
+
+def launch(s: Session, master: Master, p: Principal, kind: str, raw_config: Any,
+           files: Sequence[dict[str, Any]] = ()) -> TaskView:
+    """Store the task and its pending allocation (one transaction); placement does the rest."""
+    if p.kind is not TokenKind.USER or p.user_id is None:
+        raise forbidden(f"a {p.kind.value} token cannot launch tasks")
+    try:
+        cfg = parse_task_config(kind, raw_config, default_pool=master.config.default_resource_pool)
+    except ConfigInvalid as e:
+        raise _problems(e) from None
+    pool = master.config.pool(cfg.resources.resource_pool)
+    if pool is None:
+        names = [x.name for x in master.config.resource_pools]
+        raise bad_request(f"no resource pool named {cfg.resources.resource_pool!r}; pools are {names}",
+                          "config.resources.resource_pool")
+    if cfg.resources.slots:
+        unservable = pool_capacity.unservable_reason(s, master, pool.name, cfg.resources.slots)
+        if unservable is not None:
+            raise bad_request(unservable, "config.resources.slots")
+    if cfg.bind_mounts and not master.config.allow_task_host_access:
+        raise bad_request("refused: host paths need allow_task_host_access in the master config",
+                          "config.bind_mounts")
+    task_id = str(uuid.uuid4())
+    now = master.clock()
+    cfg = cfg.model_copy(update={"description": description_of(kind, cfg, task_id)})
+    task = Task(id=task_id, kind=kind, owner_id=p.user_id, description=cfg.description or "",
+                config=config_dict(cfg), pool=pool.name, context_id=_context(s, master, files), created_at=now)
+    s.add(task)
+    default_priority = pool.scheduler.default_priority
+    alloc = Allocation(id=f"{task_id}.1", task_id=task_id, pool=pool.name, slots_needed=cfg.resources.slots,
+                       priority=cfg.resources.priority or default_priority, weight=cfg.resources.weight,
+                       state=st.AllocationState.PENDING, run_id=1, created_at=now)
+    s.add(alloc)
+    log.info("event=task_launched task_id=%s kind=%s pool=%s slots=%s", task_id, kind, pool.name, alloc.slots_needed)
+    master.notify(s)
+    return TaskView(task, alloc, p.username or "")
+
+
+def _view(s: Session, task: Task) -> TaskView:
+    alloc = s.scalars(select(Allocation).where(Allocation.task_id == task.id).order_by(Allocation.run_id.desc())).first()
+    if alloc is None:
+        raise not_found(f"task {task.id} has no allocation")
+    user = s.get(User, task.owner_id)
+    return TaskView(task, alloc, user.username if user else "")
+
+
+def get(s: Session, p: Principal, task_id: str, kind: str | None = None) -> TaskView:
+    """The task, for its owner or an admin; another user's is not found (as if absent)."""
+    task = s.get(Task, task_id)
+    if task is None or (kind is not None and task.kind != kind) or not _may_see(p, task):
+        raise not_found(f"{kind or 'task'} {task_id}")
+    return _view(s, task)
+
+
+def _may_see(p: Principal, task: Task) -> bool:
+    if p.kind is TokenKind.ALLOCATION:
+        return p.allocation_id is not None and p.allocation_id.startswith(task.id + ".")
+    return p.kind is TokenKind.USER and (p.admin or p.user_id == task.owner_id)
+
+
+def list_tasks(s: Session, p: Principal, kind: str, usernames: Sequence[str] = ()) -> list[TaskView]:
+    """A user's own tasks of `kind` (an admin's: everyone's), optionally of the named users only."""
+    q = select(Task).where(Task.kind == kind).order_by(Task.created_at)
+    if not p.admin:
+        q = q.where(Task.owner_id == p.user_id)
+    if usernames:
+        q = q.join(User, User.id == Task.owner_id).where(User.username.in_(list(usernames)))
+    return [_view(s, t) for t in s.scalars(q)]
+
+
+def kill(s: Session, master: Master, p: Principal, task_id: str, kind: str | None = None) -> TaskView:
+    """A queued task ends now; a placed one is killed by its agent (its exit ends it)."""
+    view = get(s, p, task_id, kind)
+    alloc = view.alloc
+    if alloc.state == st.AllocationState.PENDING:
+        allocations.end_allocation(s, master, alloc, cause=st.ExitCause.KILLED, reason="killed before it started",
+                                   exit_code=None)
+    elif alloc.state in st.ALLOC_ON_AGENT and not alloc.kill_requested:
+        alloc.kill_requested = True
+        log.info("event=kill_requested allocation_id=%s reason=%r", alloc.id, "task killed by its user")
+        master.notify(s)
+    return view
+
+
+def set_proxy_address(s: Session, p: Principal, allocation_id: str, address: str) -> None:
+    """The task says where it serves (host:port): only its own allocation may."""
+    if p.kind is not TokenKind.ALLOCATION or p.allocation_id != allocation_id:
+        raise forbidden("only the task's own allocation token can set its address")
+    alloc = s.get(Allocation, allocation_id)
+    task = s.get(Task, alloc.task_id) if alloc is not None else None
+    if alloc is None or task is None:
+        raise not_found(f"allocation {allocation_id}")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise bad_request("must be host:port", "proxyAddress")
+    task.proxy_address = address
+    log.info("event=task_address task_id=%s address=%s", task.id, address)
+
+
+def context_archive(s: Session, p: Principal, task_id: str) -> bytes:
+    task = s.get(Task, task_id)
+    if task is None or not _may_see(p, task) or task.context_id is None:
+        raise not_found(f"context of task {task_id}")
+    md = s.get(ModelDefinition, task.context_id)
+    assert md is not None
+    return md.archive
+
+
+def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> str:
+    """Where /proxy/<task id>/ forwards (host:port) for its owner or an admin; marks the use."""
+    task = s.get(Task, task_id)
+    if task is None or p.kind is not TokenKind.USER or not _may_see(p, task):
+        raise not_found(f"task {task_id}")
+    alloc = _view(s, task).alloc
+    if alloc.state != st.AllocationState.RUNNING or task.proxy_address is None:
+        raise not_found(f"task {task_id} is not serving ({alloc.state})")
+    task.last_activity_at = now
+    return task.proxy_address
+
+
+def jupyter_token(master: Master, task_id: str) -> str:
+    """The token Jupyter requires (the master adds it to proxied requests; never given out)."""
+    return master.derived_token(f"jupyter:{task_id}")
+
+
+def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_ids: list[str],
+              device: str) -> TaskSpec:
+    """What the agent runs for a command or a notebook: its entrypoint, the environment Determined
+    gives tasks (DET_MASTER, DET_SESSION_TOKEN, DET_TASK_ID, ...) and its context archive."""
+    task = s.get(Task, alloc.task_id)
+    if task is None:
+        raise not_found(f"task {alloc.task_id}")
+    cfg = TaskConfig.model_validate(task.config)
+    token = allocations.ensure_allocation_token(s, master, alloc)
+    owner = s.get(User, task.owner_id)
+    env = cfg.environment.environment_variables.as_dict(device)
+    env.update({"DET_MASTER": master.config.advertised_url, "DET_CLUSTER_ID": master.cluster_id,
+                "DET_TASK_ID": task.id, "DET_ALLOCATION_ID": alloc.id, "DET_SESSION_TOKEN": token,
+                "DET_TASK_TYPE": TASK_TYPES.get(task.kind, "GENERIC"), "DET_USER": owner.username if owner else "",
+                "DET_RESOURCES_ID": agent.id})
+    if task.kind == "notebook":
+        argv: list[str] | str = ["python3", "-c", _LAUNCHER.read_text()]
+        env.update({"SHIPYARD_PROXY_BASE": f"/proxy/{task.id}/", "JUPYTER_TOKEN": jupyter_token(master, task.id)})
+    else:
+        argv = cfg.entrypoint if isinstance(cfg.entrypoint, str) else list(cfg.entrypoint or [])
+    return TaskSpec(allocation_id=alloc.id, task_id=task.id, run_id=alloc.run_id, entrypoint=argv, env=env,
+                    slot_ids=slot_ids, token=token,
+                    model_definition_path=f"/api/v1/tasks/{task.id}/context" if task.context_id else None,
+                    kill_grace_seconds=master.config.task_kill_grace_s, user_id=task.owner_id,
+                    container=task_container_spec(cfg, device))

@@ -1,0 +1,96 @@
+"""Commands and notebooks over HTTP (api/ntsc.py → services/tasks.py), both databases: Determined
+0.38.1's shapes, the queue (placed by the placement loop like a trial's allocation, not preempted),
+the agent's task spec, who may see and kill what, refusals naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from control_plane.core.scheduling import RunningAllocation  # noqa: F401 (documents the seam)
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, Allocation
+from control_plane.loops import placement
+from control_plane.services import agents as agent_service
+from tests.control_plane.api.test_experiments import make_user
+
+# Required constructor fields of 0.38.1's v1Command (v1Notebook adds serviceAddress).
+V1_COMMAND_REQUIRED = {"description", "id", "jobId", "resourcePool", "startTime", "state", "username", "workspaceId"}
+
+
+def launch(client: Any, headers: dict[str, str], kind: str = "commands", **config: Any) -> dict[str, Any]:
+    r = client.post(f"/api/v1/{kind}", headers=headers, json={"config": config})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _agent(master: Any, agent_id: str = "a1", slots: int = 1) -> None:
+    with transaction(master.sessions) as s:
+        s.add(Agent(id=agent_id, pool="default", session_id="s", slots=[{"id": str(i), "type": "cpu"} for i in range(slots)],
+                    last_seen=master.clock()))
+
+
+def test_command_launch_list_get_kill_and_owner_only(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    body = launch(client, admin_headers, entrypoint=["echo", "hi"], resources={"slots": 0})
+    cmd = body["command"]
+    assert V1_COMMAND_REQUIRED <= set(cmd)
+    assert (cmd["state"], cmd["username"], cmd["resourcePool"]) == ("STATE_QUEUED", "admin", "default")
+    assert body["config"]["entrypoint"] == ["echo", "hi"] and body["config"]["resources"]["slots"] == 0
+    assert [c["id"] for c in client.get("/api/v1/commands", headers=admin_headers).json()["commands"]] == [cmd["id"]]
+    other = make_user(client, admin_headers, "bob")
+    assert client.get("/api/v1/commands", headers=other).json()["commands"] == []
+    for r in (client.get(f"/api/v1/commands/{cmd['id']}", headers=other),
+              client.post(f"/api/v1/commands/{cmd['id']}/kill", headers=other),
+              client.get(f"/api/v1/tasks/{cmd['id']}/logs", headers=other)):
+        assert r.status_code == 404, r.text
+    # The same allocation list det task list reads.
+    summary = client.get("/api/v1/tasks", headers=admin_headers).json()["allocationIdToSummary"]
+    assert [s["taskId"] for s in summary.values()] == [cmd["id"]]
+    task = client.get(f"/api/v1/tasks/{cmd['id']}", headers=admin_headers).json()["task"]
+    assert task["taskType"] == "TASK_TYPE_COMMAND" and task["allocations"][0]["isReady"] is False
+    killed = client.post(f"/api/v1/commands/{cmd['id']}/kill", headers=admin_headers).json()["command"]
+    assert killed["state"] == "STATE_TERMINATED" and killed["exitStatus"] == "killed before it started"
+    assert client.get(f"/api/v1/notebooks/{cmd['id']}", headers=admin_headers).status_code == 404
+
+
+def test_refusals_name_the_field(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
+    for config, field in (({"entrypoint": ["x"], "resources": {"slots": "two"}}, "config.resources.slots"),
+                          ({"description": "no entrypoint"}, "config.entrypoint"),
+                          ({"entrypoint": "x", "resources": {"resource_pool": "nope"}}, "config.resources.resource_pool"),
+                          ({"entrypoint": "x", "idle_timeout": "soon"}, "config.idle_timeout")):
+        r = client.post("/api/v1/commands", headers=admin_headers, json={"config": config})
+        assert r.status_code == 400, r.text
+        assert field in r.text, r.text
+
+
+def test_placed_like_a_trial_with_its_spec_and_not_preempted(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    _agent(master)
+    cmd = launch(client, admin_headers, entrypoint="echo $DET_TASK_ID", description="mine",
+                 resources={"priority": 50})["command"]
+    nb = launch(client, admin_headers, "notebooks", resources={"slots": 0})["notebook"]
+    assert nb["serviceAddress"] == f"/proxy/{nb['id']}/"
+    placement.tick(master)
+    with transaction(master.sessions) as s:
+        allocs = {a.task_id: a for a in s.scalars(select(Allocation))}
+        assert allocs[cmd["id"]].state == "assigned" and allocs[nb["id"]].state == "assigned"
+        assert (allocs[cmd["id"]].priority, allocs[nb["id"]].slots_needed) == (50, 0)
+        agent = s.get(Agent, "a1")
+        spec = agent_service.task_spec(s, master, allocs[cmd["id"]], agent)
+        nb_spec = agent_service.task_spec(s, master, allocs[nb["id"]], agent)
+    assert spec.argv == ["sh", "-c", "echo $DET_TASK_ID"] and spec.slot_ids == ["0"]
+    assert (spec.env["DET_TASK_ID"], spec.env["DET_TASK_TYPE"]) == (cmd["id"], "COMMAND")
+    assert spec.token and spec.model_definition_path is None
+    assert nb_spec.argv[:2] == ["python3", "-c"] and nb_spec.env["SHIPYARD_PROXY_BASE"] == f"/proxy/{nb['id']}/"
+    assert nb_spec.env["JUPYTER_TOKEN"] and nb_spec.env["DET_TASK_TYPE"] == "NOTEBOOK"
+    # A trial of higher priority (a lower number) waits: the command is not preempted for it.
+    r = client.post("/api/v1/experiments", headers=admin_headers, json={"config": (
+        "name: e\nentrypoint: python3 train.py\nsearcher: {name: single, metric: loss, max_length: {batches: 1}}\n"
+        "resources: {priority: 1}\n"), "modelDefinition": []})
+    assert r.status_code == 200, r.text
+    placement.tick(master)
+    with transaction(master.sessions) as s:
+        cmd_alloc = s.scalar(select(Allocation).where(Allocation.task_id == cmd["id"]))
+        assert not cmd_alloc.preempt_requested and not cmd_alloc.kill_requested
+        trial_alloc = s.scalar(select(Allocation).where(Allocation.trial_id.is_not(None)))
+        assert trial_alloc.state == "pending"
