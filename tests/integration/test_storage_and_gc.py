@@ -14,10 +14,12 @@ pytestmark = pytest.mark.integration
 
 
 def _stored_uuids(storage: dict[str, Any]) -> set[str]:
-    """Checkpoint ids present in the storage itself, asked of the storage directly."""
+    """Checkpoint ids present in the storage itself, asked of the storage directly (TensorBoard's
+    files, under <cluster_id>/tensorboard/ beside the checkpoints, are not checkpoints)."""
     if storage["type"] == "shared_fs":
         root = Path(storage["host_path"])
-        return {p.name for p in root.iterdir() if not p.name.startswith(".")} if root.exists() else set()
+        return {p.name for p in root.iterdir() if not p.name.startswith(".")
+                and not (p / "tensorboard").is_dir()} if root.exists() else set()
     if storage["type"] == "s3":
         import boto3
 
@@ -33,7 +35,7 @@ def _stored_uuids(storage: dict[str, Any]) -> set[str]:
         keys = [b.name for b in client.list_blobs(storage["bucket"])]
     prefix = storage["prefix"].rstrip("/") + "/"
     return {k[len(prefix):].split("/", 1)[0] for k in keys if k.startswith(prefix)
-            and not k[len(prefix):].startswith(".")}
+            and not k[len(prefix):].startswith(".") and k[len(prefix):].split("/")[1:2] != ["tensorboard"]}
 
 
 @pytest.mark.parametrize("backend", ["shared_fs", "s3", "gcs"])
