@@ -3,8 +3,10 @@
 When the task imports Determined's package (`determined`, 0.38.x), point it at this task's info
 files instead of the fixed `/run/determined/info/`, at the shared_fs storage's host path
 instead of the container mount `/determined_shared_fs` (there is no container), and its launcher's
-pid server socket into the task's directory instead of the host's /tmp. Only the default
-arguments and a constant change; nothing is imported that the task does not import itself.
+pid server socket into the task's directory instead of the host's /tmp, and give TensorBoard's
+AUTO mode a writer when neither TensorFlow nor torch's is installed. Only the default arguments,
+a constant and that fallback change; nothing is imported that the task does not import itself
+(the harness's writer only when the fallback is taken).
 Then run the environment's own `sitecustomize`, if it has one.
 """
 
@@ -65,8 +67,30 @@ def _patch_ipc(module):  # type: ignore[no-untyped-def]
     module.read_pid_server_addr = read_pid_server_addr
 
 
+def _patch_tensorboard(module):  # type: ignore[no-untyped-def]
+    """`core.init()` in TensorboardMode AUTO (its default) asks `get_metric_writer()` for
+    TensorFlow's writer, else torch's, and fails when the interpreter has neither (with the
+    `tensorboard` package). Fall back to the harness's own tfevents writer (standard library only,
+    shipped beside this shim); Determined's TensorboardManager syncs its files as usual."""
+    original = getattr(module, "get_metric_writer", None)
+    if original is None:
+        return
+
+    def get_metric_writer():  # type: ignore[no-untyped-def]
+        try:
+            return original()
+        except ImportError as missing:
+            try:
+                from harness.tensorboard.determined_compat import metric_writer
+            except ImportError:
+                raise missing from None
+            return metric_writer()
+
+    module.get_metric_writer = get_metric_writer
+
+
 _PATCHES = {"determined._info": _patch_info, "determined.common.constants": _patch_constants,
-            "determined.ipc": _patch_ipc}
+            "determined.ipc": _patch_ipc, "determined.tensorboard.base": _patch_tensorboard}
 
 
 class _Loader(importlib.abc.Loader):
