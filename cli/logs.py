@@ -42,9 +42,12 @@ def _line(entry: dict[str, Any]) -> str:
 
 
 def print_logs(s: Any, trial_id: int, *, follow: bool, tail: int | None = None) -> None:
-    """With `tail`, the last N lines first (newest-first query, printed oldest first); following then
-    skips every line up to the newest one already printed."""
-    path = f"/api/v1/trials/{trial_id}/logs"
+    print_stream(s, f"/api/v1/trials/{trial_id}/logs", follow=follow, tail=tail)
+
+
+def print_stream(s: Any, path: str, *, follow: bool, tail: int | None = None) -> None:
+    """A log stream (a trial's, a task's). With `tail`, the last N lines first (newest-first query,
+    printed oldest first); following then skips every line up to the newest one already printed."""
     last_id = -1
     if tail is not None:
         if tail < 0:

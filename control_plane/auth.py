@@ -40,6 +40,10 @@ MIN_PASSWORD_LENGTH = 8
 _hasher = PasswordHasher()
 
 
+# The web UI's session cookie (ui/session.py sets it; the task proxy, api/proxy.py, reads it too).
+UI_SESSION_COOKIE = "shipyard_session"
+
+
 class TokenKind(enum.StrEnum):
     USER = "user"
     AGENT = "agent"

@@ -24,6 +24,7 @@ from control_plane.api import (
     ntsc,
     pools,
     prometheus,
+    proxy,
     tasks,
     trials,
     users,
@@ -63,7 +64,7 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     )
     app.state.master = master
     install_error_handlers(app)
-    for module in (users, experiments, trials, metrics, logs, checkpoints, agents, tasks, ntsc, pools, models,
+    for module in (users, experiments, trials, metrics, logs, checkpoints, agents, tasks, ntsc, proxy, pools, models,
                    agent_package, compat):
         app.include_router(module.router)
     app.include_router(jobs.router)  # the job queue (api/jobs.py)

@@ -12,7 +12,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -184,16 +184,26 @@ def context_archive(s: Session, p: Principal, task_id: str) -> bytes:
     return md.archive
 
 
-def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> str:
-    """Where /proxy/<task id>/ forwards (host:port) for its owner or an admin; marks the use."""
+# Proxy traffic refreshes a task's last activity at most this often (one write, not one per request).
+ACTIVITY_RESOLUTION = timedelta(seconds=10)
+
+
+def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> tuple[str, bool]:
+    """Where /proxy/<task id>/ forwards (host:port) for its owner or an admin, and whether its last
+    activity is older than ACTIVITY_RESOLUTION (the caller then records this use: `touch`)."""
     task = s.get(Task, task_id)
     if task is None or p.kind is not TokenKind.USER or not _may_see(p, task):
         raise not_found(f"task {task_id}")
     alloc = _view(s, task).alloc
     if alloc.state != st.AllocationState.RUNNING or task.proxy_address is None:
         raise not_found(f"task {task_id} is not serving ({alloc.state})")
-    task.last_activity_at = now
-    return task.proxy_address
+    return task.proxy_address, task.last_activity_at is None or now - task.last_activity_at >= ACTIVITY_RESOLUTION
+
+
+def touch(s: Session, task_id: str, now: datetime) -> None:
+    task = s.get(Task, task_id)
+    if task is not None and (task.last_activity_at is None or task.last_activity_at < now):
+        task.last_activity_at = now
 
 
 def jupyter_token(master: Master, task_id: str) -> str:

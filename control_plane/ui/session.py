@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import Response
 
-from control_plane.auth import Principal, resolve_token
+from control_plane.auth import UI_SESSION_COOKIE, Principal, resolve_token
 from control_plane.master import Master
 
-SESSION_COOKIE = "shipyard_session"
+SESSION_COOKIE = UI_SESSION_COOKIE
 LOGIN_CSRF_COOKIE = "shipyard_login_csrf"
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"

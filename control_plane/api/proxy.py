@@ -1,0 +1,143 @@
+"""The master's proxy to a task's own server (issue 29): `/proxy/<task id>/...`, HTTP and
+WebSocket, to the address the task reported (services/tasks.py `proxy_target`). The caller is the
+task's owner or an admin, by the session they already have (a bearer token, Determined's `auth`
+cookie, or the web UI's session cookie): no token in the URL, nothing that outlives the session.
+Another user's request is answered 404, as for a task that does not exist. The master adds the
+task's Jupyter token to the upstream request; the browser never sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.concurrency import run_in_threadpool
+from starlette.background import BackgroundTask
+from starlette.requests import HTTPConnection
+from starlette.responses import Response, StreamingResponse
+from starlette.websockets import WebSocketDisconnect
+
+from control_plane.api import deps
+from control_plane.auth import UI_SESSION_COOKIE, resolve_token
+from control_plane.db.engine import transaction
+from control_plane.errors import DomainError, http_status, unauthenticated
+from control_plane.frontdoor.error_shape import domain_error_response
+from control_plane.master import Master
+from control_plane.services import tasks
+
+log = logging.getLogger("shipyard.proxy")
+router = APIRouter()
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and what the master replaces: never passed through.
+_DROP_UP = frozenset({"host", "connection", "keep-alive", "proxy-authorization", "te", "trailer", "upgrade",
+                      "transfer-encoding", "authorization", "cookie", "content-length"})
+_DROP_DOWN = frozenset({"connection", "keep-alive", "transfer-encoding", "trailer", "upgrade", "content-length",
+                        "set-cookie"})
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def _target(master: Master, conn: HTTPConnection, task_id: str) -> tuple[str, str]:
+    """(host:port, jupyter token) for the caller, or a DomainError (401, 404)."""
+    token = deps.bearer_token(conn) or conn.cookies.get(UI_SESSION_COOKIE)  # type: ignore[arg-type]
+    if not token:
+        raise unauthenticated()
+    now = master.clock()
+    with master.read_sessions() as s:
+        p = resolve_token(s, token, now=now)
+        if p is None:
+            raise unauthenticated("invalid or expired token")
+        address, stale = tasks.proxy_target(s, p, task_id, now)
+    if stale:
+        with transaction(master.sessions) as s:
+            tasks.touch(s, task_id, now)
+    return address, tasks.jupyter_token(master, task_id)
+
+
+def _client(master: Master) -> httpx.AsyncClient:
+    client = getattr(master, "_proxy_client", None)
+    if client is None:
+        client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
+        master._proxy_client = client  # type: ignore[attr-defined]
+    return client
+
+
+@router.api_route("/proxy/{taskId}/{path:path}", methods=METHODS, include_in_schema=False)
+async def proxy_http(taskId: str, path: str, request: Request) -> Response:
+    master: Master = request.app.state.master
+    try:
+        address, jtoken = await run_in_threadpool(_target, master, request, taskId)
+    except DomainError as e:
+        return domain_error_response(e)
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_UP]
+    headers.append(("authorization", f"token {jtoken}"))
+    url = httpx.URL(f"http://{address}{request.url.path}", query=request.url.query.encode())
+    upstream = _client(master).build_request(request.method, url, headers=headers, content=request.stream())
+    try:
+        answer = await _client(master).send(upstream, stream=True)
+    except httpx.HTTPError as e:
+        log.warning("event=proxy_upstream_error task_id=%s error=%r", taskId, str(e))
+        return Response(f"task {taskId} did not answer: {type(e).__name__}", status_code=502)
+    down = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in _DROP_DOWN]
+
+    async def body() -> AsyncIterator[bytes]:
+        async for chunk in answer.aiter_raw():
+            yield chunk
+
+    response = StreamingResponse(body(), status_code=answer.status_code, background=BackgroundTask(answer.aclose))
+    response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in down]
+    return response
+
+
+@router.websocket("/proxy/{taskId}/{path:path}")
+async def proxy_websocket(websocket: WebSocket, taskId: str, path: str) -> None:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    master: Master = websocket.app.state.master
+    try:
+        address, jtoken = await run_in_threadpool(_target, master, websocket, taskId)
+    except DomainError as e:
+        await websocket.close(code=4000 + http_status(e), reason=str(e)[:120])
+        return
+    query = websocket.url.query
+    url = f"ws://{address}{websocket.url.path}" + (f"?{query}" if query else "")
+    offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    try:
+        upstream = await connect(url, additional_headers={"Authorization": f"token {jtoken}"},
+                                 subprotocols=offered or None, max_size=None, open_timeout=15)  # type: ignore[arg-type]
+    except (OSError, TimeoutError, ConnectionClosed, Exception) as e:  # noqa: BLE001 (any refusal: close with why)
+        log.warning("event=proxy_ws_upstream_error task_id=%s error=%r", taskId, str(e))
+        await websocket.close(code=1011, reason="the task did not accept the connection")
+        return
+    await websocket.accept(subprotocol=upstream.subprotocol)
+
+    async def down() -> None:
+        async for message in upstream:
+            if isinstance(message, bytes):
+                await websocket.send_bytes(message)
+            else:
+                await websocket.send_text(message)
+
+    async def up() -> None:
+        while True:
+            message: Any = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("bytes") is not None:
+                await upstream.send(message["bytes"])
+            elif message.get("text") is not None:
+                await upstream.send(message["text"])
+
+    pumps = [asyncio.create_task(down()), asyncio.create_task(up())]
+    try:
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in pumps:
+            t.cancel()
+        await upstream.close()
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await websocket.close()
