@@ -26,8 +26,10 @@ from control_plane.api import (
     prometheus,
     proxy,
     tasks,
+    templates,
     trials,
     users,
+    workspaces,
 )
 from control_plane.api.errors import install_error_handlers
 from control_plane.api.users import master_info
@@ -68,6 +70,8 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
                    agent_package, compat):
         app.include_router(module.router)
     app.include_router(jobs.router)  # the job queue (api/jobs.py)
+    app.include_router(workspaces.router)  # workspaces and projects (api/workspaces.py)
+    app.include_router(templates.router)  # config templates (api/templates.py)
     if master.config.metrics_enabled:
         app.include_router(prometheus.router)  # GET /metrics (api/prometheus.py)
     for router in extra_routers or []:

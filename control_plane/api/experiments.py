@@ -56,11 +56,9 @@ def create_experiment(
 ) -> dict[str, Any]:
     if body.unmanaged:
         raise bad_request("unmanaged experiments are not supported by Shipyard", "unmanaged")
-    if body.template:
-        raise bad_request("config templates are not supported by Shipyard", "template")
     new = experiments.NewExperiment(
         config_text=body.config, model_definition=body.model_definition or [], activate=body.activate,
-        parent_id=body.parent_id,
+        parent_id=body.parent_id, project_id=body.project_id or None, template=body.template or None,
     )
     if body.validate_only:
         v = experiments.validate(db, master, new)
@@ -111,7 +109,7 @@ def list_experiments(
     flt = experiments.ExperimentFilter(
         archived=archived, states=serializers.parse_states(states, st.EXPERIMENT_STATES, "states"), labels=labels,
         usernames=users, user_ids=userIds, name=name, description=description, id_gt=id_gt, id_gte=id_gte,
-        id_lt=id_lt, id_lte=id_lte, id_in=id_incl, id_not_in=id_not_in,
+        id_lt=id_lt, id_lte=id_lte, id_in=id_incl, id_not_in=id_not_in, project_id=projectId,
     )
     total = experiments.count_experiments(db, flt)
     effective = {0: _DEFAULT_LIMIT, -1: 0, -2: -2}.get(limit, limit)

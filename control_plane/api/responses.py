@@ -625,3 +625,91 @@ class RPQueueStatOut(Wire):
 
 class GetJobQueueStatsResponse(Wire):
     results: list[RPQueueStatOut]
+
+
+# -- workspaces, projects, templates (api/workspaces.py, api/templates.py) -------------------------
+class WorkspaceOut(Wire):
+    """Determined's v1Workspace."""
+
+    id: int
+    name: str
+    archived: bool
+    immutable: bool
+    user_id: int
+    username: str
+    num_projects: int
+    num_experiments: int
+    pinned: bool
+    state: str
+    error_message: str
+    checkpoint_storage_config: dict[str, Any] | None
+    default_compute_pool: str
+    default_aux_pool: str
+
+
+class WorkspaceResponse(Wire):
+    workspace: WorkspaceOut
+
+
+class PostWorkspaceResponse(Wire):
+    workspace: WorkspaceOut
+    namespace_bindings: dict[str, Any]
+
+
+class GetWorkspacesResponse(Wire):
+    workspaces: list[WorkspaceOut]
+    pagination: Pagination
+
+
+class ProjectOut(Wire):
+    """Determined's v1Project."""
+
+    id: int
+    name: str
+    key: str
+    description: str
+    notes: list[dict[str, Any]]
+    workspace_id: int
+    workspace_name: str
+    archived: bool
+    immutable: bool
+    user_id: int
+    username: str
+    num_experiments: int
+    num_active_experiments: int
+    num_runs: int
+    last_experiment_started_at: str | None
+    state: str
+    error_message: str
+
+
+class ProjectResponse(Wire):
+    project: ProjectOut
+
+
+class GetProjectsResponse(Wire):
+    projects: list[ProjectOut]
+    pagination: Pagination
+
+
+class DeleteResponse(Wire):
+    """Determined's v1DeleteWorkspaceResponse / v1DeleteProjectResponse: deleted at once."""
+
+    completed: bool
+
+
+class TemplateOut(Wire):
+    """Determined's v1Template."""
+
+    name: str
+    config: dict[str, Any]
+    workspace_id: int
+
+
+class TemplateResponse(Wire):
+    template: TemplateOut
+
+
+class GetTemplatesResponse(Wire):
+    templates: list[TemplateOut]
+    pagination: Pagination

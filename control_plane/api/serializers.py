@@ -20,7 +20,7 @@ from control_plane.core.metrics import wire_float
 from control_plane.db.models import Checkpoint, Experiment, ModelDefinition, Trial, User
 from control_plane.errors import bad_request
 from control_plane.master import Master
-from control_plane.services import checkpoints, experiments, lifecycle, pool_capacity
+from control_plane.services import checkpoints, experiments, lifecycle, pool_capacity, workspaces
 
 
 def parse_states(values: Sequence[str], allowed: Iterable[str], field_name: str) -> set[str]:
@@ -97,6 +97,11 @@ class ExperimentExtras:
     checkpoint_count: int = 0
     checkpoint_size: int = 0
     model_definition_size: int | None = None
+    project_id: int = 1
+    project_name: str = ""
+    project_owner_id: int = 0
+    workspace_id: int = 1
+    workspace_name: str = ""
 
 
 def experiment_extras(s: Session, exps: Sequence[Experiment]) -> dict[int, ExperimentExtras]:
@@ -131,6 +136,13 @@ def experiment_extras(s: Session, exps: Sequence[Experiment]) -> dict[int, Exper
     )
     for exp_id, size in sizes:
         out[exp_id].model_definition_size = int(size)
+    homes = workspaces.homes(s, [e.project_id for e in exps])
+    for e in exps:
+        home = homes.get(e.project_id)
+        if home is not None:
+            x = out[e.id]
+            x.project_id, x.project_name, x.project_owner_id = home.project.id, home.project.name, home.project.owner_id or 0
+            x.workspace_id, x.workspace_name = home.workspace.id, home.workspace.name
     return out
 
 
@@ -161,11 +173,11 @@ def experiment_json(exp: Experiment, extra: ExperimentExtras, pending_reason: st
         "jobId": exp.job_id,
         "forkedFrom": exp.parent_id,
         "progress": float(exp.progress or 0.0),
-        "projectId": 1,
-        "projectName": "Uncategorized",
-        "projectOwnerId": 1,
-        "workspaceId": 1,
-        "workspaceName": "Uncategorized",
+        "projectId": extra.project_id,
+        "projectName": extra.project_name,
+        "projectOwnerId": extra.project_owner_id,
+        "workspaceId": extra.workspace_id,
+        "workspaceName": extra.workspace_name,
         "parentArchived": False,
         "config": redact_config(exp.config),
         "originalConfig": redact_config_text(exp.original_config),

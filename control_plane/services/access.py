@@ -1,4 +1,5 @@
-"""Loading experiments and trials, and who may read or change them."""
+"""Loading experiments and trials, and who may read or change them (and workspaces, projects and
+templates: `require_changer`)."""
 
 from __future__ import annotations
 
@@ -54,10 +55,27 @@ def require_owner(p: Principal, exp: Experiment) -> None:
 
 def require_owner_of(p: Principal, experiment_id: int, owner_id: int | None) -> None:
     """`require_owner` from the experiment's id and owner (hot paths read just those)."""
+    require_changer(p, f"experiment {experiment_id}", owner_id)
+
+
+def require_changer(p: Principal, what: str, owner_id: int | None) -> None:
+    """Who may change or delete a record (an experiment, a workspace, a project, a template): its
+    owner or an admin; one without an owner (the cluster's own, such as workspace 1) only an
+    admin. The one owner rule, which roles per workspace will replace."""
     if p.kind is not TokenKind.USER:
         raise forbidden(f"a {p.kind.value} token cannot do this")
-    if not p.admin and p.user_id != owner_id:
-        raise forbidden(f"experiment {experiment_id} belongs to another user")
+    if p.admin:
+        return
+    if owner_id is None:
+        raise forbidden(f"{what} belongs to the cluster; only an admin can change it")
+    if p.user_id != owner_id:
+        raise forbidden(f"{what} belongs to another user")
+
+
+def require_user(p: Principal) -> None:
+    """Reading and creating workspaces, projects and templates: any user (Determined without RBAC)."""
+    if p.kind is not TokenKind.USER:
+        raise forbidden(f"a {p.kind.value} token cannot do this")
 
 
 def require_trial_writer(p: Principal, trial: Trial, exp: Experiment) -> None:

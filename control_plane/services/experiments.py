@@ -26,6 +26,7 @@ from control_plane.core.expconf import (
     config_to_dict,
     parse_experiment_config,
 )
+from control_plane.core.expconf.defaults import merge_storage
 from control_plane.core.metrics import better
 from control_plane.db.models import (
     Allocation,
@@ -41,7 +42,7 @@ from control_plane.db.models import (
 )
 from control_plane.errors import FieldProblem, Invalid, bad_request, conflict, not_found
 from control_plane.master import Master
-from control_plane.services import lifecycle, pool_capacity
+from control_plane.services import lifecycle, pool_capacity, templates, workspaces
 from control_plane.services.metrics import searcher_goal
 from control_plane.services.text import clean_text
 from shipyard_common.model_def import (
@@ -66,6 +67,8 @@ class NewExperiment:
     model_definition: Sequence[dict[str, Any]] = ()
     activate: bool = True
     parent_id: int | None = None
+    project_id: int | None = None  # None: Uncategorized
+    template: str | None = None  # a config template to merge under the config
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class ValidatedExperiment:
     warnings: list[str]
     files: list[ModelFile]
     archive: bytes
+    project_id: int = workspaces.DEFAULT_PROJECT_ID
 
 
 def _config_problems(e: ConfigInvalid) -> Invalid:
@@ -100,12 +104,16 @@ def validate(s: Session, master: Master, new: NewExperiment) -> ValidatedExperim
         raise bad_request("is not valid UTF-8 text", "config")
     if new.parent_id is not None and s.get(Experiment, new.parent_id) is None:
         raise bad_request(f"experiment {new.parent_id} does not exist", "parentId")
+    home = workspaces.home_for_new_experiment(s, new.project_id)
+    ws = home.workspace
 
     try:
+        text = templates.apply(s, new.template, new.config_text) if new.template else new.config_text
         cfg, warnings = parse_experiment_config(
-            new.config_text,
-            default_checkpoint_storage=master.config.default_checkpoint_storage,
-            default_resource_pool=master.config.default_resource_pool,
+            text,
+            # Determined's order: the config, then its workspace's storage, then the master's.
+            default_checkpoint_storage=merge_storage(ws.checkpoint_storage, master.config.default_checkpoint_storage),
+            default_resource_pool=ws.default_compute_pool or master.config.default_resource_pool,
             experiment_seed=secrets.randbelow(2**31),
             max_grid_trials=master.config.max_grid_trials,
             # Like Determined, an ASHA max_length too short for max_rungs lowers the rung count,
@@ -147,7 +155,7 @@ def validate(s: Session, master: Master, new: NewExperiment) -> ValidatedExperim
         archive = pack_model_definition(files)
     except ModelDefInvalid as e:
         raise Invalid(f"{e.path}: {e.reason}", [FieldProblem(e.path, e.reason)]) from None
-    return ValidatedExperiment(cfg, config_to_dict(cfg), list(warnings), files, archive)
+    return ValidatedExperiment(cfg, config_to_dict(cfg), list(warnings), files, archive, home.project.id)
 
 
 def create(s: Session, master: Master, owner: Principal, new: NewExperiment) -> tuple[Experiment, ValidatedExperiment]:
@@ -173,6 +181,7 @@ def create(s: Session, master: Master, owner: Principal, new: NewExperiment) -> 
         owner_id=owner.user_id,
         archived=False,
         model_definition_id=md.id,
+        project_id=v.project_id,
         parent_id=new.parent_id,
         resource_pool=v.config.resources.resource_pool,
         priority=v.config.resources.priority,
@@ -341,6 +350,7 @@ class ExperimentFilter:
     id_lte: int | None = None
     id_in: list[int] = field(default_factory=list)
     id_not_in: list[int] = field(default_factory=list)
+    project_id: int | None = None  # None or 0: every project
 
 
 def _sort_column(sort_by: str) -> Any:
@@ -364,6 +374,7 @@ def _sort_column(sort_by: str) -> Any:
         "SORT_BY_NAME": Experiment.name,
         "SORT_BY_FORKED_FROM": Experiment.parent_id,
         "SORT_BY_RESOURCE_POOL": Experiment.resource_pool,
+        "SORT_BY_PROJECT_ID": Experiment.project_id,
         "SORT_BY_CHECKPOINT_SIZE": ckpt_size,
         "SORT_BY_CHECKPOINT_COUNT": ckpt_count,
     }.get(sort_by, Experiment.id)
@@ -395,6 +406,8 @@ def _filtered(s: Session, flt: ExperimentFilter) -> Select[tuple[Experiment]]:
         q = q.where(Experiment.id.in_(flt.id_in))
     if flt.id_not_in:
         q = q.where(Experiment.id.not_in(flt.id_not_in))
+    if flt.project_id:
+        q = q.where(Experiment.project_id == flt.project_id)
     if flt.labels:
         # Labels live in a JSON list; match them here rather than with dialect-specific JSON SQL.
         wanted = set(flt.labels)

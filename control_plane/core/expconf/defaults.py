@@ -4,7 +4,7 @@ storage (merged like Determined merges it), its default resource pool and the ex
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["merge_defaults"]
+__all__ = ["merge_defaults", "merge_storage"]
 
 _STORAGE_COMMON = ("save_experiment_best", "save_trial_best", "save_trial_latest")
 _SCHEMA_SECTIONS = (
@@ -19,7 +19,7 @@ _SCHEMA_SECTIONS = (
 )
 
 
-def _merge_storage(exp: Any, default: Mapping[str, Any] | None) -> Any:
+def merge_storage(exp: Any, default: Mapping[str, Any] | None) -> Any:
     """Determined's union merge: the experiment's storage wins; the master's fills the gaps. GC
     fields always merge; type-specific fields only when both name the same type (or the
     experiment names none, e.g. ``checkpoint_storage: {save_trial_best: 3}``)."""
@@ -58,7 +58,7 @@ def merge_defaults(
             {k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m
             for m in out["bind_mounts"]
         ]
-    storage = _merge_storage(out.get("checkpoint_storage"), default_checkpoint_storage)
+    storage = merge_storage(out.get("checkpoint_storage"), default_checkpoint_storage)
     if storage is None:
         out.pop("checkpoint_storage", None)  # reported as missing, with advice
     else:

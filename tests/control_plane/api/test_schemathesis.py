@@ -183,7 +183,9 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     assert r.status_code == 200, r.text
     values: dict[str, Any] = {"experimentId": exp_id, "trialId": trial.id, "id": exp_id, "checkpointUuid": ckpt,
                               "modelName": "m", "modelVersionNum": 1, "username": "admin", "name": "default",
-                              "label": "l1", "agentId": "a1", "resourcesId": "a1"}
+                              "label": "l1", "agentId": "a1", "resourcesId": "a1", "templateName": "t",
+                              "workspaceId": 1, "projectId": 1}
+    check("POST", "/api/v1/templates/{templateName}", json={"name": "t", "config": {"max_restarts": 1}})
     # An agent enrols and the trial is placed on it: the commands carry a start with its task spec.
     pool_token = check("POST", "/api/v1/agents/tokens", json={"resourcePool": "default"})["token"]
     enrolled = check("POST", "/api/v1/agents/register", headers={"Authorization": f"Bearer {pool_token}"}, json={
