@@ -1,0 +1,89 @@
+"""Workspaces, projects and templates with the real determined==0.38.1 CLI (issue 30): `det
+workspace create|list|describe|edit`, `det project create|list|describe`, `det e create
+--project_id` lands there, `det e move`, `det template create|list|describe|set|remove` and `det e
+create --template` merged as Determined merges them. Experiments are created paused: nothing here
+needs a trial to run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from tests.compat.conftest import MODEL_DIR, CompatCluster, Det, experiment_config
+
+
+def _create(det: Det, cfg: Path, *flags: str) -> int:
+    out = det.ok("experiment", "create", "--paused", *flags, cfg, MODEL_DIR)
+    return int(re.search(r"Created experiment (\d+)", out).group(1))  # type: ignore[union-attr]
+
+
+def test_workspaces_projects_and_moves(det: Det, compat_cluster: CompatCluster, tmp_path: Path) -> None:
+    storage = {"type": "shared_fs", "host_path": str(tmp_path / "team-ckpts")}
+    out = det.ok("workspace", "create", "compat-team", "--default-compute-pool", "default",
+                 "--checkpoint-storage-config", json.dumps(storage), "--json")
+    ws = json.loads(out)
+    assert (ws["name"], ws["defaultComputePool"], ws["checkpointStorageConfig"]) == ("compat-team", "default", storage)
+    listed = det.ok("workspace", "list")
+    assert re.search(r"^\s*1 \| Uncategorized", listed, re.M) and "compat-team" in listed, listed
+    described = det.ok("workspace", "describe", "compat-team")
+    assert "compat-team" in described and "team-ckpts" in described, described
+    r = det("workspace", "create", "compat-team")
+    assert r.code != 0 and "already exists" in (r.out + r.err), (r.out, r.err)
+
+    out = det.ok("project", "create", "compat-team", "vision", "--description", "boxes and masks")
+    assert re.search(r"\| VISIO\s+\| vision\s+\| boxes and masks", out), out
+    det.ok("project", "create", "compat-team", "audio")
+    projects = det.ok("project", "list", "compat-team")
+    assert "vision" in projects and "audio" in projects, projects
+    vision = compat_cluster.get(f"/api/v1/workspaces/{ws['id']}/projects", name="vision")["projects"][0]
+
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(experiment_config("compat-in-project")))
+    exp_id = _create(det, cfg, "--project_id", vision["id"])
+    exp = compat_cluster.experiment(exp_id)
+    assert (exp["projectId"], exp["workspaceName"]) == (vision["id"], "compat-team")
+    assert exp["config"]["checkpoint_storage"]["host_path"] == storage["host_path"]  # the workspace's storage
+    described = det.ok("project", "describe", "compat-team", "vision")
+    assert re.search(rf"^\s*{exp_id} \|", described, re.M), described
+
+    out = det.ok("experiment", "move", exp_id, "compat-team", "audio")
+    assert 'Moved experiment' in out, out
+    assert compat_cluster.experiment(exp_id)["projectName"] == "audio"
+    det.ok("project", "delete", "compat-team", "vision", "--yes")
+    r = det("project", "delete", "compat-team", "audio", "--yes")
+    assert r.code != 0 and "still holds 1 experiments" in (r.out + r.err), (r.out, r.err)
+    det.ok("experiment", "move", exp_id, "Uncategorized", "Uncategorized")
+    det.ok("project", "archive", "compat-team", "audio")
+    r = det("experiment", "move", exp_id, "compat-team", "audio")
+    assert r.code != 0 and "archived" in (r.out + r.err), (r.out, r.err)
+    det.ok("experiment", "kill", exp_id)
+
+
+def test_templates_with_e_create(det: Det, compat_cluster: CompatCluster, tmp_path: Path) -> None:
+    tpl = tmp_path / "tpl.yaml"
+    tpl.write_text(yaml.safe_dump({"description": "from the template", "labels": ["team"], "max_restarts": 4,
+                                   "resources": {"priority": 9}}))
+    det.ok("template", "create", "compat-base", tpl)
+    listed = det.ok("template", "list")
+    assert "compat-base" in listed and "Uncategorized" in listed, listed
+    assert "max_restarts: 4" in det.ok("template", "describe", "compat-base")
+
+    cfg = experiment_config("compat-templated", labels=["mine"])
+    cfg.pop("max_restarts")
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    exp_id = _create(det, path, "--template", "compat-base")
+    merged = compat_cluster.experiment(exp_id)["config"]
+    assert (merged["max_restarts"], merged["resources"]["priority"], merged["description"]) == (4, 9, "from the template")
+    assert merged["labels"] == ["mine", "team"]
+
+    tpl.write_text(yaml.safe_dump({"max_restarts": 2}))
+    det.ok("template", "set", "compat-base", tpl)
+    assert compat_cluster.get("/api/v1/templates/compat-base")["template"]["config"] == {"max_restarts": 2}
+    det.ok("template", "remove", "compat-base")
+    r = det("experiment", "create", "--paused", "--template", "compat-base", path, MODEL_DIR)
+    assert r.code != 0 and "no template named 'compat-base'" in (r.out + r.err), (r.out, r.err)
+    det.ok("experiment", "kill", exp_id)
