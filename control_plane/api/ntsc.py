@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps
@@ -78,7 +78,8 @@ def _one(kind: str, v: TaskView) -> dict[str, Any]:
 
 
 def _routes(kind: str) -> None:
-    plural, _single = _KINDS[kind]
+    plural, single = _KINDS[kind]
+    one = f"/api/v1/{plural}/{{{single}Id}}"  # Determined's names: {commandId}, {notebookId}
 
     @router.post(f"/api/v1/{plural}", name=f"launch_{kind}")
     def launch(body: LaunchRequest, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
@@ -90,15 +91,16 @@ def _routes(kind: str) -> None:
               users: list[str] = Query([])) -> dict[str, Any]:  # noqa: B008
         return {plural: [task_json(v) for v in tasks.list_tasks(db, p, kind, users)]}
 
-    @router.get(f"/api/v1/{plural}/{{taskId}}", name=f"get_{kind}")
-    def get(taskId: str, p: Principal = Depends(deps.user),
+    @router.get(one, name=f"get_{kind}")
+    def get(task_id: str = Path(alias=f"{single}Id"), p: Principal = Depends(deps.user),
             db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-        return _one(kind, tasks.get(db, p, taskId, kind))
+        return _one(kind, tasks.get(db, p, task_id, kind))
 
-    @router.post(f"/api/v1/{plural}/{{taskId}}/kill", name=f"kill_{kind}")
-    def kill(taskId: str, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+    @router.post(f"{one}/kill", name=f"kill_{kind}")
+    def kill(task_id: str = Path(alias=f"{single}Id"), p: Principal = Depends(deps.user),
+             master: Master = Depends(deps.get_master),
              db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-        return {_single: task_json(tasks.kill(db, master, p, taskId, kind))}
+        return {single: task_json(tasks.kill(db, master, p, task_id, kind))}
 
 
 for _kind in _KINDS:

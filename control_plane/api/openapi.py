@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
-from control_plane.api import deps
+from control_plane.api import deps, task_responses
 from control_plane.api import responses as r
 from control_plane.api.streams import STREAM_MEDIA_TYPE
 from shipyard_common.agent_protocol import COMMANDS_PATH, CommandsResponse, RegisterResponse
@@ -97,6 +97,8 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("PUT", "/api/v1/templates/{templateName}"): r.TemplateResponse,
     ("PATCH", "/api/v1/templates/{templateName}"): r.TemplateResponse,
     ("DELETE", "/api/v1/templates/{templateName}"): r.Empty,
+    # commands and notebooks (api/ntsc.py)
+    **task_responses.RESPONSES,
     # health and the master
     ("GET", "/health"): r.HealthResponse,
     ("GET", "/info"): r.MasterInfo,

@@ -200,6 +200,12 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     report = {"group": "training", "metrics": {"trialId": trial.id, "trialRunId": 1, "stepsCompleted": 5,
                                                "metrics": {"avgMetrics": {"loss": 0.5}, "batchMetrics": [{"loss": 1}]}}}
     check("POST", "/api/v1/trials/{trialId}/metrics/batch", headers=trial_auth, json={"reports": [report]})
+    # A command with an uploaded context and a notebook (api/ntsc.py), queued.
+    context = [{"path": "hello.txt", "type": 48, "content": "aGk=", "mode": 0o644, "mtime": 0, "uid": 0, "gid": 0}]
+    cmd = check("POST", "/api/v1/commands", json={"config": {"entrypoint": ["true"], "resources": {"slots": 0}},
+                                                  "files": context})["command"]
+    nb = check("POST", "/api/v1/notebooks", json={"config": {"resources": {"slots": 0}}})["notebook"]
+    values.update(commandId=cmd["id"], notebookId=nb["id"], taskId=cmd["id"])
     me = check("GET", "/api/v1/me")
     values["userId"] = me["user"]["id"]
     for (method, path) in RESPONSES:
@@ -222,5 +228,7 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     login_answer = check("POST", "/api/v1/auth/login", headers={}, json={"username": "typed", "password": "typed-password-2"})
     check("POST", "/api/v1/auth/logout", headers={"Authorization": f"Bearer {login_answer['token']}"})
     check("DELETE", "/api/v1/agents/{agentId}/enrolment")
+    check("POST", "/api/v1/commands/{commandId}/kill")
+    check("POST", "/api/v1/notebooks/{notebookId}/kill")
     gets = {k for k in RESPONSES if k[0] == "GET"}
     assert gets <= checked and len(checked) >= len(gets) + 14
