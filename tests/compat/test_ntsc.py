@@ -1,0 +1,47 @@
+"""The real `det` of determined==0.38.1 against Shipyard's commands, notebooks and task list
+(api/ntsc.py): `det cmd run` (context uploaded, output followed), `det cmd list`, `det task list`,
+`det cmd kill`, `det notebook start|list|kill` (JupyterLab ready behind the master's proxy)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.compat.conftest import CompatCluster, Det, wait_for
+
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+def test_det_cmd_run_list_kill_and_task_list(det: Det, compat_cluster: CompatCluster, tmp_path: Path) -> None:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "hello.txt").write_text("hello from the context\n")
+    out = det.ok("cmd", "run", "-c", ctx, "--config", "resources.slots=0", "sh", "-c", "cat hello.txt")
+    m = re.search(rf"Launched command \(id: ({UUID})", out)
+    assert m, out
+    assert "hello from the context" in out
+    done = m.group(1)
+    cmd = compat_cluster.get(f"/api/v1/commands/{done}")["command"]
+    assert (cmd["state"], cmd["exitCode"]) == ("STATE_TERMINATED", 0)
+    running = det.ok("cmd", "run", "-d", "--config", "resources.slots=0", "sleep", "120").strip()
+    assert re.fullmatch(UUID, running), running
+    listed = det.ok("cmd", "list")
+    assert done in listed and running in listed and "TERMINATED" in listed
+    wait_for(lambda: running in det.ok("task", "list"), "the running command in det task list")
+    assert "Killed command" in det.ok("cmd", "kill", running)
+    wait_for(lambda: compat_cluster.get(f"/api/v1/commands/{running}")["command"]["state"] == "STATE_TERMINATED",
+             "the killed command to end")
+
+
+def test_det_notebook_start_list_kill(det: Det, compat_cluster: CompatCluster) -> None:
+    out = det.ok("notebook", "start", "--no-browser", "--config", "resources.slots=0", timeout=180)
+    m = re.search(rf"Launched notebook \(id: ({UUID})", out)
+    assert m, out
+    nb_id = m.group(1)
+    assert "Jupyter Notebook is running at" in out and f"/proxy/{nb_id}/" in out
+    status = compat_cluster.client.get(f"/proxy/{nb_id}/api/status")
+    assert status.status_code == 200 and "last_activity" in status.json(), status.text
+    assert nb_id in det.ok("notebook", "list")
+    assert "Killed notebook" in det.ok("notebook", "kill", nb_id)
+    wait_for(lambda: compat_cluster.get(f"/api/v1/notebooks/{nb_id}")["notebook"]["state"] == "STATE_TERMINATED",
+             "the killed notebook to end")
