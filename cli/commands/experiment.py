@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model_dir", help="directory with the training code (honours .detignore)")
     p.add_argument("--validate-only", action="store_true", help="only validate the config and files")
     p.add_argument("--paused", action="store_true", help="create the experiment paused")
+    p.add_argument("--project_id", "--project-id", type=int, dest="project_id", default=None,
+                   help="create it in this project (default: Uncategorized)")
+    p.add_argument("--template", help="a config template to merge under the config")
     p.add_argument("-f", "--follow", action="store_true",
                    help="stream the first trial's logs until the experiment ends; exit 1 unless it completed")
     p.set_defaults(func=create)
@@ -72,6 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("experiment_id", type=int)
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=delete)
+
+    p = g.add_parser("move", help="move an experiment to another project")
+    p.add_argument("experiment_id", type=int)
+    p.add_argument("workspace_name")
+    p.add_argument("project_name")
+    p.set_defaults(func=move)
 
     p = g.add_parser("gc", help="run checkpoint GC now (the config's checkpoint_storage save_* policy)")
     p.add_argument("experiment_id", type=int)
@@ -240,6 +249,10 @@ def create(args: Any) -> int:
     s = authed(args)
     body = {"config": config, "modelDefinition": files, "validateOnly": bool(args.validate_only),
             "activate": not args.paused}
+    if args.project_id is not None:
+        body["projectId"] = args.project_id
+    if args.template:
+        body["template"] = args.template
     resp = s.post("/api/v1/experiments", body)
     warnings = resp.get("configWarnings") or []
     if args.validate_only:
@@ -253,6 +266,17 @@ def create(args: Any) -> int:
         print(f"Warning: {w}")
     if args.follow and not args.paused:
         return follow_experiment(s, exp_id)
+    return 0
+
+
+def move(args: Any) -> int:
+    from cli.commands.workspace import project_by_name
+
+    s = authed(args)
+    project = project_by_name(s, args.workspace_name, args.project_name)
+    s.post(f"/api/v1/experiments/{args.experiment_id}/move",
+           {"destinationProjectId": project["id"], "experimentId": args.experiment_id})
+    print(f"Moved experiment {args.experiment_id} to project {args.project_name} of workspace {args.workspace_name}")
     return 0
 
 
