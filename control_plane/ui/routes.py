@@ -480,7 +480,11 @@ def experiment_curves(request: Request, experiment_id: str) -> Response:
         out = [_series_json(dashboard.series(s, t.id, group, metric)) for t in rows]
         hp = [{"trialId": t.id, "hparams": t.hparams or {}, "best": t.best_validation, "state": t.state}
               for t in rows]
-    return JSONResponse({"group": group, "metric": metric, "series": out, "trials": hp})
+        best = experiments.best_trials(s, [exp]).get(exp.id)
+        log_hparams = [name for name, spec in ((exp.config or {}).get("hyperparameters") or {}).items()
+                       if isinstance(spec, dict) and spec.get("type") == "log"]
+    return JSONResponse({"group": group, "metric": metric, "series": out, "trials": hp,
+                         "bestTrialId": best.trial_id if best else None, "logHparams": log_hparams})
 
 
 # -- actions -------------------------------------------------------------------------------------
@@ -559,11 +563,16 @@ def trial_page(request: Request, trial_id: str) -> Response:
     return _render(request, "trial.html", _trial_ctx(_master(request), _id(trial_id, "trial")), ui=ui)
 
 
+TRIAL_PARTS = {"summary": "_trial_live.html", "checkpoints": "_trial_checkpoints.html"}
+
+
 @router.get("/ui/fragments/trials/{trial_id}")
-def trial_fragment(request: Request, trial_id: str) -> Response:
+def trial_fragment(request: Request, trial_id: str, part: str = "summary") -> Response:
     ui = _session(request)
+    if part not in TRIAL_PARTS:
+        raise bad_request(f"unknown part {part[:40]!r}; expected one of {sorted(TRIAL_PARTS)}", "part")
     ctx = _trial_ctx(_master(request), _id(trial_id, "trial"))
-    return _final(_render(request, "_trial_live.html", ctx, ui=ui), ctx["final"])
+    return _final(_render(request, TRIAL_PARTS[part], ctx, ui=ui), ctx["final"])
 
 
 @router.get("/ui/data/trials/{trial_id}/metrics")

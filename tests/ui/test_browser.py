@@ -9,6 +9,7 @@ tests/ui/test_ui_http.py and tests/control_plane/services/test_dashboard.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,19 @@ def test_running_experiment_curves_logs_and_scale_up(browser: Any, ui_cluster: U
     first = points(page, "#curves")
     page.wait_for_function(f"() => Number(document.querySelector('#curves').dataset.points || 0) > {first}")
     page.wait_for_function("() => document.querySelectorAll('#trials-table tbody tr[data-trial]').length == 2")
+    # Hovering a curve names its trial and hyperparameters; the two trials have different colours.
+    box = page.locator("#curves .u-over").bounding_box()
+    for step in range(1, 20):
+        page.mouse.move(box["x"] + box["width"] * step / 20, box["y"] + box["height"] / 2)
+        if page.get_attribute("#curves", "data-tip"):
+            break
+    assert re.match(r"trial \d+( \(best\))? · .*lr=[0-9.e-]+.* · step \d+ · validation_loss ", page.get_attribute("#curves", "data-tip"))
+    markers = page.eval_on_selector_all("#curves .u-legend .u-series:not(:first-child) .u-marker",
+                                        "els => els.map(e => getComputedStyle(e).borderColor)")
+    assert len(markers) == 2 and markers[0] != markers[1]
+    # The log-sampled learning rate is on a log axis against the trials' best metric.
+    page.wait_for_function("() => Number(document.querySelector('#hparams').dataset.points || 0) > 0")
+    assert page.input_value("#hp-name") == "lr" and page.get_attribute("#hparams", "data-log-x") == "true"
     page.screenshot(path=tmp_path / "experiment.png", full_page=True)
     page.screenshot(path=tmp_path / "experiment-view.png")  # the first screen (docs/ui-experiment.png)
 
@@ -102,6 +116,8 @@ def test_running_experiment_curves_logs_and_scale_up(browser: Any, ui_cluster: U
     page.fill("#log-search", "")
     page.wait_for_function(f"() => document.querySelector('#logs').textContent.length >= {before}")
     page.screenshot(path=tmp_path / "trial.png", full_page=True)
+    top = "s => document.querySelector(s).getBoundingClientRect().top"
+    assert page.evaluate(top, "#trial-checkpoints") > page.evaluate(top, "#chart-validation")  # below the charts
     # It completes, and the page says so without a reload.
     page.wait_for_function("() => document.querySelector('#trial-state').textContent.includes('completed')")
     page.context.close()
@@ -267,3 +283,28 @@ def test_log_out_and_be_refused(browser: Any, ui_cluster: UICluster, tmp_path: P
     r = page.goto("/")
     assert r.status == 401 and "expired or was revoked" in page.inner_text("#login-message")
     page.context.close()
+
+
+def test_charts_draw_one_point_label_each_metric_and_name_what_is_hovered(browser: Any, ui_cluster: UICluster) -> None:
+    """The chart code itself on a served page (app.js and uPlot, as every page loads them)."""
+    page = new_page(browser, ui_cluster)
+    page.goto("/login")
+    page.wait_for_function("() => window.Shipyard && window.uPlot")
+    got = page.evaluate("""async () => {
+      const frame = () => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)));
+      const el = document.createElement('div'); el.style.width = '600px'; document.body.append(el);
+      const chart = new Shipyard.LineChart(el, 'steps');
+      chart.draw([{ label: 'loss', x: [10], y: [0.5] }, { label: 'accuracy', x: [10, 20], y: [70, 90] }], { axes: 'each' });
+      await frame();  // uPlot draws on its next turn
+      const u = chart.plot, canvas = el.querySelector('canvas');
+      const b = u.bbox;  // the plotting area only (the loss axis's labels share the colour)
+      const px = canvas.getContext('2d').getImageData(b.left, b.top, b.width, b.height).data;
+      let dot = 0;  // pixels of the first colour (#4e79a7): the lone point of 'loss'
+      for (let i = 0; i < px.length; i += 4) if (Math.abs(px[i] - 78) < 12 && Math.abs(px[i + 1] - 121) < 12 && Math.abs(px[i + 2] - 167) < 12) dot++;
+      u.setCursor({ left: u.valToPos(10, 'x'), top: u.valToPos(0.5, 'loss') });
+      await frame();
+      return { dot, axes: u.axes.map(a => a.label), scales: u.series.slice(1).map(s => s.scale), tip: el.dataset.tip };
+    }""")
+    assert got["dot"] > 20, got
+    assert got["axes"] == ["steps", "loss", "accuracy"] and got["scales"] == ["loss", "accuracy"], got
+    assert got["tip"] == "loss · steps 10 · 0.5000", got

@@ -100,12 +100,15 @@ def test_pages_and_data(client, admin_headers) -> None:  # type: ignore[no-untyp
     trial_id = exp["trialIds"][0]
     assert client.get(f"/trials/{trial_id}").status_code == 200
     for path in (f"/ui/fragments/experiments/{exp['id']}?part=tables", f"/ui/fragments/experiments/{exp['id']}",
-                 f"/ui/fragments/trials/{trial_id}", "/ui/fragments/cluster", "/cluster", "/models"):
+                 f"/ui/fragments/trials/{trial_id}", f"/ui/fragments/trials/{trial_id}?part=checkpoints",
+                 "/ui/fragments/cluster", "/cluster", "/models"):
         assert client.get(path).status_code == 200, path
     assert client.get(f"/ui/fragments/experiments/{exp['id']}?part=nope").status_code == 400
     assert client.get(f"/ui/data/experiments/{exp['id']}/metrics").json() == {"groups": {}, "searcherMetric": "val_loss"}
     curves = client.get(f"/ui/data/experiments/{exp['id']}/curves", params={"group": "validation", "metric": "val_loss"})
     assert curves.json()["series"] == [{"trialId": trial_id, "x": [], "y": [], "total": 0}]
+    assert curves.json()["bestTrialId"] is None  # nothing validated yet
+    assert client.get(f"/ui/fragments/trials/{trial_id}?part=nope").status_code == 400
     assert client.get(f"/ui/data/experiments/{exp['id']}/curves").status_code == 400  # no metric named
     assert client.get(f"/ui/data/trials/{trial_id}/metrics").json() == {"groups": {}}
     logs = client.get(f"/ui/data/trials/{trial_id}/logs", params={"search": "x"}).json()

@@ -4,7 +4,10 @@
 const Shipyard = (() => {
   const POLL_MS = 3000;
   const HIDDEN_MAX_MS = 60000;  // a hidden tab polls ever more slowly, up to once a minute
-  const COLORS = ["#1f6feb", "#e5484d", "#30a46c", "#f76b15", "#8e4ec6", "#0091ff", "#d6409f", "#7c6f00", "#12a594", "#6e56cf"];
+  // Trials apart: ten categorical colours (Tableau 10, no two blues), then hues a golden angle apart.
+  const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#7f7f7f"];
+  const color = i => (i < PALETTE.length ? PALETTE[i] : `hsl(${Math.round((i * 137.508) % 360)}, 65%, 50%)`);
+  const fmt = v => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v));
 
   async function getJSON(url) {
     const r = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
@@ -20,13 +23,14 @@ const Shipyard = (() => {
 
   // `fn` every `ms` (after the previous run ended); doubling the wait while the tab is hidden, back
   // to `ms` (and at once) when it is shown again; one last run after the page became final.
-  function poll(ms, fn, { immediate = true } = {}) {
+  // `more()`: whether to go on after the end all the same (log lines still arriving).
+  function poll(ms, fn, { immediate = true, more = () => false } = {}) {
     let delay = ms, timer = null, stopped = false;
     async function tick() {
       timer = null;
       const wasFinal = isFinal();
       try { await fn(); } catch (e) { /* the next tick tries again */ }
-      if (wasFinal) { stopped = true; return; }
+      if (wasFinal && !more()) { stopped = true; return; }
       delay = document.hidden ? Math.min(delay * 2, HIDDEN_MAX_MS) : ms;
       timer = setTimeout(tick, delay);
     }
@@ -119,8 +123,33 @@ const Shipyard = (() => {
 
   // Chart sizes follow their box: the width of the element, redrawn when it changes.
   const chartWidth = el => Math.max(200, Math.floor(el.clientWidth || 800));
-  function axis(label) {
-    return { label, stroke: css("--fg"), grid: { stroke: css("--line"), width: 1 }, ticks: { stroke: css("--line"), width: 1 } };
+  function axis(label, extra = {}) {
+    return { label, stroke: css("--fg"), grid: { stroke: css("--line"), width: 1 }, ticks: { stroke: css("--line"), width: 1 }, ...extra };
+  }
+  // The hover note: the series nearest the cursor at its x, described by the chart's `tip(series, idx)`.
+  function tipPlugin(el, tip) {
+    const box = document.createElement("div");
+    box.className = "chart-tip"; box.hidden = true; box.setAttribute("role", "status");
+    return { hooks: {
+      init: u => { u.over.append(box); },
+      setCursor: u => {
+        const { left, top, idx } = u.cursor;
+        if (idx == null || left == null || left < 0) { box.hidden = true; return; }
+        let best = 0, dist = Infinity;
+        for (let i = 1; i < u.series.length; i++) {
+          const v = u.data[i][idx];
+          if (v == null || !u.series[i].show) continue;
+          const d = Math.abs(u.valToPos(v, u.series[i].scale) - top);
+          if (d < dist) { dist = d; best = i; }
+        }
+        if (!best) { box.hidden = true; return; }
+        box.textContent = tip(best, idx, u.data[0][idx], u.data[best][idx]);
+        box.hidden = false;
+        box.style.left = Math.min(left + 12, Math.max(0, u.over.clientWidth - box.offsetWidth)) + "px";
+        box.style.top = Math.max(0, top - box.offsetHeight - 8) + "px";
+        el.dataset.tip = box.textContent;
+      },
+    } };
   }
   class Chart {
     constructor(el, height) {
@@ -135,30 +164,48 @@ const Shipyard = (() => {
     destroy() { if (this.plot) { this.plot.destroy(); this.plot = null; } }
   }
 
-  // A line chart of several series with their own x values, joined on x (uPlot.join).
+  // A line chart of several series with their own x values, joined on x (uPlot.join). A series
+  // with one point is drawn as a dot. `axes: "each"`: every series on its own y axis, labelled
+  // with its name (metrics of different units); else one y axis labelled `yLabel`.
   class LineChart extends Chart {
-    constructor(el, xLabel, { time = false, stepped = false } = {}) {
-      super(el, 300); this.xLabel = xLabel; this.time = time; this.stepped = stepped;
+    constructor(el, xLabel, { time = false, stepped = false, yLabel = "" } = {}) {
+      super(el, 300); this.xLabel = xLabel; this.time = time; this.stepped = stepped; this.yLabel = yLabel;
     }
     draw(series, opts = {}) {
       this.redraw = () => this.draw(series, opts);
-      const { log = false, smoothing = 0 } = opts;
+      const { log = false, smoothing = 0, axes = "one", yLabel = this.yLabel, tip = null } = opts;
       const usable = series.filter(s => s.x.length);
       if (!usable.length) { this.destroy(); this.el.textContent = "No data yet."; this.el.dataset.points = "0"; return; }
       const tables = usable.map(s => [s.x, log ? s.y.map(v => (v > 0 ? v : null)) : s.y]);
       const data = uPlot.join(tables);
       for (let i = 1; i < data.length; i++) data[i] = smooth(data[i], smoothing);
-      const key = usable.map(s => s.label).join("|") + "|" + log;
+      const each = axes === "each";
+      const key = usable.map(s => `${s.label}/${s.x.length === 1}/${s.width || 1.5}/${s.color || ""}`).join("|") + `|${log}|${each}|${yLabel}`;
       if (!this.plot || key !== this.key) {
         this.destroy(); this.el.textContent = ""; this.key = key;
+        const scales = { x: { time: this.time } };
+        const yAxes = [];
+        if (each) {
+          usable.forEach((s, i) => {
+            scales[s.label] = log ? { distr: 3 } : {};
+            yAxes.push(axis(s.label, { scale: s.label, side: i % 2 ? 1 : 3, stroke: s.color || color(i) }));
+          });
+        } else {
+          scales.y = log ? { distr: 3 } : {};
+          yAxes.push(axis(yLabel));
+        }
+        const describe = tip || ((si, idx, x, y) => `${usable[si - 1].label} · ${this.xLabel} ${fmt(x)} · ${fmt(y)}`);
         this.plot = new uPlot({
-          width: chartWidth(this.el), height: this.height,
-          scales: { x: { time: this.time }, y: log ? { distr: 3 } : {} },
-          axes: [axis(this.xLabel), axis("")],
-          series: [{ label: this.xLabel }, ...usable.map((s, i) => ({
-            label: s.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: false },
-            ...(this.stepped ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}) }))],
+          width: chartWidth(this.el), height: this.height, scales,
+          axes: [axis(this.xLabel), ...yAxes],
+          series: [{ label: this.xLabel }, ...usable.map((s, i) => {
+            const c = s.color || color(i);
+            return { label: s.label, stroke: c, width: s.width || 1.5, spanGaps: true, ...(each ? { scale: s.label } : {}),
+                     points: { show: s.x.length === 1, size: 8, fill: c, stroke: c },
+                     ...(this.stepped ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}) };
+          })],
           legend: { live: true },
+          plugins: [tipPlugin(this.el, describe)],
         }, data, this.el);
       } else {
         this.plot.setData(data);
@@ -168,20 +215,27 @@ const Shipyard = (() => {
     }
   }
 
-  // Hyperparameter value vs the trial's best metric, as points.
+  // A hyperparameter's value vs each trial's best metric: one dot per trial, in its curve's colour,
+  // on a log axis when the hyperparameter is sampled on one.
   class Scatter extends Chart {
     constructor(el) { super(el, 260); }
-    draw(xs, ys, xLabel, yLabel) {
-      this.redraw = () => this.draw(xs, ys, xLabel, yLabel);
-      const pts = xs.map((x, i) => [x, ys[i]]).filter(p => p[0] != null && p[1] != null).sort((a, b) => a[0] - b[0]);
+    draw(points, xLabel, yLabel, { log = false, tip = null } = {}) {
+      this.redraw = () => this.draw(points, xLabel, yLabel, { log, tip });
+      const usable = points.filter(p => p.x != null && p.y != null && (!log || p.x > 0));
       this.destroy();
-      if (!pts.length) { this.el.textContent = "No validated trials yet."; return; }
+      if (!usable.length) { this.el.textContent = "No validated trials yet."; this.el.dataset.points = "0"; return; }
       this.el.textContent = "";
+      const data = uPlot.join(usable.map(p => [[p.x], [p.y]]));
       this.plot = new uPlot({
         width: chartWidth(this.el), height: this.height,
-        scales: { x: { time: false } }, axes: [axis(xLabel), axis(yLabel)],
-        series: [{ label: xLabel }, { label: yLabel, stroke: COLORS[0], paths: () => null, points: { show: true, size: 8, fill: COLORS[0] } }],
-      }, [pts.map(p => p[0]), pts.map(p => p[1])], this.el);
+        scales: { x: { time: false, ...(log ? { distr: 3 } : {}) } }, axes: [axis(xLabel + (log ? " (log)" : "")), axis(yLabel)],
+        series: [{ label: xLabel }, ...usable.map(p => ({ label: p.label, stroke: p.color, paths: () => null,
+                                                          points: { show: true, size: p.size || 9, fill: p.color, stroke: p.color } }))],
+        legend: { show: false },
+        plugins: [tipPlugin(this.el, (si, idx, x, y) => (tip ? tip(usable[si - 1], x, y) : `${usable[si - 1].label}: ${fmt(x)}, ${fmt(y)}`))],
+      }, data, this.el);
+      this.el.dataset.points = String(usable.length);
+      this.el.dataset.logX = String(log);
     }
   }
 
@@ -207,11 +261,19 @@ const Shipyard = (() => {
       }
       if (options.includes(current)) select.value = current;
     }
+    const hpText = hp => Object.entries(hp || {}).map(([k, v]) => `${k}=${fmt(v)}`).join(", ");
     function render() {
       if (!last) return;
       const metric = last.metric;
-      chart.draw(last.series.map(s => ({ label: `trial ${s.trialId}`, x: s.x, y: s.y })),
-                 { log: logBox.checked, smoothing: Number(smoothBox.value) });
+      // Each trial keeps its colour (by its place among the experiment's trials); the best is drawn thicker.
+      const place = new Map(last.trials.map((t, i) => [t.trialId, i]));
+      const byId = new Map(last.trials.map(t => [t.trialId, t]));
+      const shown = last.series.filter(s => s.x.length);
+      chart.draw(last.series.map(s => ({ label: `trial ${s.trialId}`, x: s.x, y: s.y, color: color(place.get(s.trialId) || 0),
+                                        width: s.trialId === last.bestTrialId ? 3.5 : 1.5 })),
+                 { log: logBox.checked, smoothing: Number(smoothBox.value), yLabel: metric,
+                   tip: (si, idx, x, y) => { const id = shown[si - 1].trialId;
+                     return `trial ${id}${id === last.bestTrialId ? " (best)" : ""} · ${hpText((byId.get(id) || {}).hparams)} · step ${fmt(x)} · ${metric} ${fmt(y)}`; } });
       const total = last.series.reduce((n, s) => n + s.total, 0);
       info.textContent = `${last.series.length} trials, ${total} points stored`;
       if (!hpChosen && last.trials.length) {
@@ -227,8 +289,12 @@ const Shipyard = (() => {
       if (hp) {
         const values = last.trials.map(t => t.hparams[hp]);
         const cats = [...new Set(values.filter(v => typeof v !== "number"))];
-        const xs = values.map(v => (typeof v === "number" ? v : cats.indexOf(v)));
-        scatter.draw(xs, last.trials.map(t => t.best), hp + (cats.length ? ` (${cats.join(", ")})` : ""), metric);
+        const points = last.trials.map((t, i) => ({
+          label: `trial ${t.trialId}`, trial: t, color: color(i), size: t.trialId === last.bestTrialId ? 13 : 9,
+          x: typeof values[i] === "number" ? values[i] : cats.indexOf(values[i]), y: t.best }));
+        scatter.draw(points, hp + (cats.length ? ` (${cats.join(", ")})` : ""), `best ${metric}`, {
+          log: !cats.length && (last.logHparams || []).includes(hp),
+          tip: (p, x, y) => `trial ${p.trial.trialId}${p.trial.trialId === last.bestTrialId ? " (best)" : ""} · ${hpText(p.trial.hparams)} · best ${metric} ${fmt(y)}` });
       }
     }
     async function refresh() {
@@ -261,7 +327,7 @@ const Shipyard = (() => {
       for (const [group, chart] of Object.entries(charts)) {
         const list = last.groups[group] || [];
         total += list.reduce((n, s) => n + s.total, 0);
-        chart.draw(list.map(s => ({ label: s.metric, x: s.x, y: s.y })), { log: logBox.checked, smoothing: Number(smoothBox.value) });
+        chart.draw(list.map(s => ({ label: s.metric, x: s.x, y: s.y })), { log: logBox.checked, smoothing: Number(smoothBox.value), axes: "each" });
       }
       info.textContent = `${total} points stored`;
     }
@@ -280,7 +346,7 @@ const Shipyard = (() => {
     const follow = document.getElementById("log-follow");
     const search = document.getElementById("log-search");
     const info = document.getElementById("log-info");
-    let cursor = "", query = "", busy = false, count = 0;
+    let cursor = "", query = "", busy = false, count = 0, fresh = 0;
     function mark(text) {
       const span = document.createElement("span");
       if (!query) { span.textContent = text; return span; }
@@ -295,14 +361,14 @@ const Shipyard = (() => {
       return span;
     }
     async function poll() {
-      if (busy) return; busy = true;
+      if (busy) return; busy = true; fresh = 0;
       try {
         for (let round = 0; round < 20; round++) {
           const params = new URLSearchParams({ after: cursor }); if (query) params.set("search", query);
           const page = await getJSON(`/ui/data/trials/${trialId}/logs?` + params);
           const frag = document.createDocumentFragment();
           for (const l of page.lines) { frag.append(mark(`${l.t} ${l.level.padEnd(7)} ${l.log}`), "\n"); }
-          pre.append(frag); count += page.lines.length;
+          pre.append(frag); count += page.lines.length; fresh += page.lines.length;
           if (page.cursor != null) cursor = String(page.cursor);
           info.textContent = `${count} lines${query ? ` matching "${query}"` : ""}${page.over ? " · trial ended" : ""}`;
           if (!page.more) break;
@@ -317,11 +383,12 @@ const Shipyard = (() => {
       timer = setTimeout(() => { query = search.value.trim(); cursor = ""; count = 0; pre.textContent = ""; poll(); }, 300);
     });
     follow.addEventListener("change", () => { if (follow.checked) pre.scrollTop = pre.scrollHeight; });
-    every(2000, poll);
+    // After the trial's end, on until a look finds no new line (the last ones may come late).
+    every(2000, poll, { more: () => fresh > 0 });
   }
 
   function clusterPage() {
-    const charts = [...document.querySelectorAll(".pool-history")].map(el => ({ el, chart: new LineChart(el, "time", { time: true, stepped: true }) }));
+    const charts = [...document.querySelectorAll(".pool-history")].map(el => ({ el, chart: new LineChart(el, "time", { time: true, stepped: true, yLabel: "slots" }) }));
     every(5000, async () => {
       for (const { el, chart } of charts) {
         try {
