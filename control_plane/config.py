@@ -155,6 +155,9 @@ class MasterConfig(_Strict):
     agent_reconnect_cap_s: float = Field(15.0, gt=0, le=3600)
     scheduler_interval_s: float = Field(0.5, gt=0)
     task_kill_grace_s: float = Field(10.0, ge=0)
+    # A notebook with no traffic through the master's proxy and no kernel activity for this long is
+    # stopped (loops/task_idle.py); its own config's idle_timeout wins. None: never (Determined's default).
+    notebook_idle_timeout_s: float | None = Field(None, gt=0)
     # A trial reaches only its task directory and its checkpoint storage (issue 27): experiment
     # configs with bind_mounts, resources.devices or environment.add_capabilities are refused (400)
     # unless the admin sets this.

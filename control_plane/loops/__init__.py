@@ -4,12 +4,13 @@
   on every `master.notify()`;
 - `autoscaler`: per elastic pool, observe the cloud and the database, decide (the scale decider
   core), launch and terminate through the pool's provider;
-- `checkpoint_gc`: delete the files of checkpoints the GC policy dropped."""
+- `checkpoint_gc`: delete the files of checkpoints the GC policy dropped;
+- `task_idle`: stop notebooks idle past their timeout (core/task_idle.py)."""
 
 from __future__ import annotations
 
 from control_plane.db.wakebus import WakeBus
-from control_plane.loops import autoscaler, checkpoint_gc, placement
+from control_plane.loops import autoscaler, checkpoint_gc, placement, task_idle
 from control_plane.master import Master
 from control_plane.services.leadership import Leadership
 
@@ -22,6 +23,7 @@ def start_background(master: Master, *, wrap_provider: autoscaler.ProviderWrappe
     `wrap_provider` wraps each elastic pool's provider (tests inject cloud failures with it)."""
     placement.register(master)
     checkpoint_gc.register(master)
+    task_idle.register(master)  # notebooks past their idle timeout
     scaler = autoscaler.register(master, autoscaler.Autoscaler(master, wrap_provider=wrap_provider))
     master.autoscaler = scaler
     master.on_leading(scaler.pools.clear)  # rebuilt from the database: another leader may have acted

@@ -257,7 +257,7 @@ def on_allocation_exited(s: Session, master: Master, alloc: Allocation) -> None:
         # it (ASHA) counts it as stopped early. An exit the master asked for (a preemption, a
         # pause) ended PREEMPTED (allocations.end_allocation) and runs again.
         done = trial.searcher_completed_length or 0
-        _master_line(s, master, alloc, f"exited with code 0: the trial is complete (the searcher asked for length "
+        master_line(s, master, alloc, f"exited with code 0: the trial is complete (the searcher asked for length "
                                        f"{trial.searcher_target_length}; {done} completed).", level="INFO")
         log.info("event=trial_exited_complete trial_id=%s target=%s completed=%s", trial.id,
                  trial.searcher_target_length, done)
@@ -276,7 +276,7 @@ def on_allocation_exited(s: Session, master: Master, alloc: Allocation) -> None:
         _apply(s, master, exp, method, method.trial_exited_early(trial.request_id, ExitedReason.ERRORED))
 
 
-def _master_line(s: Session, master: Master, alloc: Allocation, text: str, level: str = "WARNING") -> None:
+def master_line(s: Session, master: Master, alloc: Allocation, text: str, level: str = "WARNING") -> None:
     """A line from the master in the trial's logs (source "master")."""
     s.add(TaskLog(task_id=alloc.task_id, allocation_id=alloc.id, timestamp=master.clock(), level=level,
                   stdtype="stderr", source="master", log=text + "\n"))

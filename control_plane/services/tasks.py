@@ -28,12 +28,13 @@ from control_plane.core.task_config import (
     TaskConfig,
     config_dict,
     description_of,
+    idle_seconds,
     parse_task_config,
 )
 from control_plane.db.models import Agent, Allocation, ModelDefinition, Task, User
 from control_plane.errors import FieldProblem, Invalid, bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import allocations, pool_capacity
+from control_plane.services import allocations, lifecycle, pool_capacity
 from shipyard_common.agent_protocol import TaskSpec
 from shipyard_common.model_def import ModelDefInvalid, pack_model_definition, validate_model_definition
 
@@ -236,3 +237,40 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_
                     model_definition_path=f"/api/v1/tasks/{task.id}/context" if task.context_id else None,
                     kill_grace_seconds=master.config.task_kill_grace_s, user_id=task.owner_id,
                     container=task_container_spec(cfg, device))
+
+
+@dataclass(frozen=True)
+class IdleCandidate:
+    task_id: str
+    address: str
+    timeout_s: float
+    ready_at: datetime
+    proxy_at: datetime | None
+
+
+def idle_candidates(s: Session, master: Master) -> list[IdleCandidate]:
+    """Serving notebooks with an idle timeout (their config's idle_timeout, else the master's
+    notebook_idle_timeout_s)."""
+    out = []
+    rows = s.execute(select(Task, Allocation).join(Allocation, Allocation.task_id == Task.id).where(
+        Task.kind == "notebook", Task.proxy_address.is_not(None), Allocation.state == st.AllocationState.RUNNING,
+        Allocation.kill_requested.is_(False)))
+    for task, alloc in rows:
+        timeout = idle_seconds(task.config.get("idle_timeout")) or master.config.notebook_idle_timeout_s
+        if timeout and task.proxy_address:
+            out.append(IdleCandidate(task.id, task.proxy_address, float(timeout),
+                                     alloc.started_at or alloc.assigned_at or alloc.created_at, task.last_activity_at))
+    return out
+
+
+def stop_idle(s: Session, master: Master, task_id: str, reason: str) -> None:
+    """Stop a notebook found idle, with a line in its logs saying why."""
+    alloc = s.scalars(select(Allocation).where(Allocation.task_id == task_id,
+                                               Allocation.state == st.AllocationState.RUNNING)).first()
+    if alloc is None or alloc.kill_requested:
+        return
+    alloc.kill_requested = True
+    lifecycle.master_line(s, master, alloc, reason, level="INFO")
+    log.info("event=task_idle_stop task_id=%s reason=%r", task_id, reason)
+    master.notify(s)
+

@@ -110,3 +110,43 @@ def test_notebook_through_the_master_proxy_http_and_kernel_websocket(cluster_fac
         assert time.monotonic() < deadline, "the notebook did not stop"
         time.sleep(0.3)
     assert admin.get(f"/proxy/{nb_id}/api/status").status_code == 404
+
+
+def test_idle_notebook_is_stopped_but_not_while_a_cell_runs(cluster_factory: Any,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import uuid
+
+    from websockets.sync.client import connect
+
+    try:
+        import jupyterlab  # noqa: F401
+    except ImportError:
+        missing_part("jupyterlab is not installed (pip install -e '.[dev]')")
+    cluster = cluster_factory(agents=1)
+    login(capsys, cluster)
+    code, out, err = det(capsys, cluster.url, "notebook", "start", "--config", "resources.slots=0",
+                         "--config", "idle_timeout=4")
+    assert code == 0, (out, err)
+    nb_id = out.split("Launched notebook ")[1].split()[0]
+    admin = cluster.client
+    assert admin is not None
+    kernel = admin.post(f"/proxy/{nb_id}/api/kernels", json={"name": "python3"}).json()
+    ws_url = cluster.url.replace("http://", "ws://") + f"/proxy/{nb_id}/api/kernels/{kernel['id']}/channels"
+    with connect(ws_url, additional_headers={"Authorization": admin.headers["Authorization"]}) as ws:
+        # A cell that runs longer than the timeout, with no traffic meanwhile: the notebook stays.
+        ws.send(json.dumps({
+            "header": {"msg_id": uuid.uuid4().hex, "username": "t", "session": uuid.uuid4().hex,
+                       "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": "import time; time.sleep(9)", "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
+        time.sleep(8)
+        assert cluster.get(f"/api/v1/notebooks/{nb_id}")["notebook"]["state"] == "STATE_RUNNING"
+    # Tab closed, kernel quiet: stopped after the timeout, its logs saying why.
+    deadline = time.monotonic() + 40
+    while cluster.get(f"/api/v1/notebooks/{nb_id}")["notebook"]["state"] != "STATE_TERMINATED":
+        assert time.monotonic() < deadline, "the idle notebook was not stopped"
+        time.sleep(0.5)
+    code, out, _ = det(capsys, cluster.url, "notebook", "logs", nb_id)
+    assert code == 0 and "stopped: idle for" in out and "idle timeout 4s" in out, out
