@@ -19,6 +19,7 @@ from control_plane.api import (
     experiments,
     jobs,
     logs,
+    master_config,
     metrics,
     models,
     ntsc,
@@ -72,6 +73,7 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     app.include_router(jobs.router)  # the job queue (api/jobs.py)
     app.include_router(workspaces.router)  # workspaces and projects (api/workspaces.py)
     app.include_router(templates.router)  # config templates (api/templates.py)
+    app.include_router(master_config.router)  # GET /api/v1/master/config (api/master_config.py)
     if master.config.metrics_enabled:
         app.include_router(prometheus.router)  # GET /metrics (api/prometheus.py)
     for router in extra_routers or []:

@@ -97,6 +97,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("PUT", "/api/v1/templates/{templateName}"): r.TemplateResponse,
     ("PATCH", "/api/v1/templates/{templateName}"): r.TemplateResponse,
     ("DELETE", "/api/v1/templates/{templateName}"): r.Empty,
+    ("GET", "/api/v1/master/config"): r.MasterConfigResponse,
     # commands and notebooks (api/ntsc.py)
     **task_responses.RESPONSES,
     # health and the master

@@ -713,3 +713,9 @@ class TemplateResponse(Wire):
 class GetTemplatesResponse(Wire):
     templates: list[TemplateOut]
     pagination: Pagination
+
+
+class MasterConfigResponse(Wire):
+    """Determined's v1GetMasterConfigResponse: the effective master config, secrets hidden."""
+
+    config: dict[str, Any]

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from control_plane.api import deps, serializers
 from control_plane.api.wire import Count32, Int32, ProtoWire
 from control_plane.auth import Principal
+from control_plane.core.expconf.secrets import redact_config
 from control_plane.db.models import ConfigTemplate
 from control_plane.errors import bad_request
 from control_plane.master import Master
@@ -21,8 +22,8 @@ router = APIRouter()
 
 
 def template_json(t: ConfigTemplate) -> dict[str, Any]:
-    """Determined's v1Template."""
-    return {"name": t.name, "config": t.config, "workspaceId": t.workspace_id}
+    """Determined's v1Template; a storage secret key is hidden, as in experiment configs."""
+    return {"name": t.name, "config": redact_config(t.config), "workspaceId": t.workspace_id}
 
 
 class TemplateBody(ProtoWire):

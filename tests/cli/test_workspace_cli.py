@@ -62,3 +62,9 @@ def test_workspaces_projects_templates(admin_det: Det, tmp_path: Path, model_dir
     assert admin_det("template", "remove", name).code == 0
     r = admin_det("experiment", "create", _config(tmp_path, "gone"), model_dir, "--template", name)
     assert f"no template named '{name}'" in one_error_line(r)
+
+
+def test_master_config(admin_det: Det) -> None:
+    r = admin_det("master", "config")
+    assert r.code == 0, r.err
+    assert "resource_pools:" in r.out and "token_ttl_hours: 168" in r.out, r.out

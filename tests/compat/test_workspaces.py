@@ -1,7 +1,7 @@
 """Workspaces, projects and templates with the real determined==0.38.1 CLI (issue 30): `det
 workspace create|list|describe|edit`, `det project create|list|describe`, `det e create
 --project_id` lands there, `det e move`, `det template create|list|describe|set|remove` and `det e
-create --template` merged as Determined merges them. Experiments are created paused: nothing here
+create --template` merged as Determined merges them; `det master config` (secrets hidden). Experiments are created paused: nothing here
 needs a trial to run."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from tests.compat.conftest import MODEL_DIR, CompatCluster, Det, experiment_config
+from tests.conftest import ADMIN_PASSWORD
 
 
 def _create(det: Det, cfg: Path, *flags: str) -> int:
@@ -87,3 +88,9 @@ def test_templates_with_e_create(det: Det, compat_cluster: CompatCluster, tmp_pa
     r = det("experiment", "create", "--paused", "--template", "compat-base", path, MODEL_DIR)
     assert r.code != 0 and "no template named 'compat-base'" in (r.out + r.err), (r.out, r.err)
     det.ok("experiment", "kill", exp_id)
+
+
+def test_master_config_shows_no_secret(det: Det) -> None:
+    out = det.ok("master", "config")
+    assert "resource_pools:" in out and "cluster_name:" in out, out
+    assert ADMIN_PASSWORD not in out, out
