@@ -90,6 +90,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/api/v1/projects/{id}/archive"): r.Empty,
     ("POST", "/api/v1/projects/{id}/unarchive"): r.Empty,
     ("POST", "/api/v1/projects/{projectId}/move"): r.Empty,
+    ("PUT", "/api/v1/projects/{projectId}/notes"): r.ProjectNotesResponse,
     ("POST", "/api/v1/experiments/{experimentId}/move"): r.Empty,
     ("GET", "/api/v1/templates"): r.GetTemplatesResponse,
     ("GET", "/api/v1/templates/{templateName}"): r.TemplateResponse,

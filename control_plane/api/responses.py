@@ -692,6 +692,10 @@ class GetProjectsResponse(Wire):
     pagination: Pagination
 
 
+class ProjectNotesResponse(Wire):
+    notes: list[dict[str, Any]]
+
+
 class DeleteResponse(Wire):
     """Determined's v1DeleteWorkspaceResponse / v1DeleteProjectResponse: deleted at once."""
 

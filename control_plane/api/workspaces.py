@@ -251,6 +251,26 @@ for _kind in ("workspaces", "projects"):
         router.post(f"/api/v1/{_kind}/{{id}}/{'' if _archived else 'un'}archive")(_archiving(_kind, _archived))
 
 
+class Note(ProtoWire):
+    name: str = ""
+    contents: str = ""
+
+
+class PutProjectNotes(ProtoWire):
+    notes: list[Note] = Field(default_factory=list)
+    project_id: Int32 | None = None
+
+
+@router.put("/api/v1/projects/{projectId}/notes")
+def put_project_notes(projectId: Id, body: PutProjectNotes, p: Principal = Depends(deps.user),
+                      db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+    """`Project.add_note` / `remove_note` of Determined's SDK send the whole list."""
+    if body.project_id not in (None, 0, projectId):
+        raise bad_request("does not match the project in the path", "projectId")
+    project = workspaces.get_project(db, projectId)
+    return {"notes": workspaces.set_project_notes(db, p, project, [(n.name, n.contents) for n in body.notes])}
+
+
 class MoveProject(ProtoWire):
     destination_workspace_id: Id
     project_id: Int32 | None = None

@@ -274,6 +274,24 @@ def edit_project(s: Session, by: Principal, p: Project, change: ProjectEdit) -> 
     s.flush()
 
 
+NOTES_MAX = 100
+NOTE_MAX = 100_000
+
+
+def set_project_notes(s: Session, by: Principal, p: Project, notes: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+    """Replace the project's notes (Determined's PutProjectNotes: the whole list at once)."""
+    access.require_changer(by, f"project {p.id}", p.owner_id)
+    if len(notes) > NOTES_MAX:
+        raise bad_request(f"at most {NOTES_MAX} notes", "notes")
+    for i, (name, contents) in enumerate(notes):
+        if len(name) > NAME_MAX or len(contents) > NOTE_MAX:
+            raise bad_request(f"a note's name is at most {NAME_MAX} characters, its contents {NOTE_MAX}",
+                              f"notes[{i}]")
+    p.notes = [{"name": clean_text(n), "contents": clean_text(c)} for n, c in notes]
+    s.flush()
+    return list(p.notes)
+
+
 def set_project_archived(s: Session, by: Principal, p: Project, archived: bool) -> None:
     _may_reshape(by, p)
     if not archived and get_workspace(s, p.workspace_id).archived:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -94,3 +95,22 @@ def test_master_config_shows_no_secret(det: Det) -> None:
     out = det.ok("master", "config")
     assert "resource_pools:" in out and "cluster_name:" in out, out
     assert ADMIN_PASSWORD not in out, out
+
+
+def test_sdk_workspaces_and_projects(sdk: Any) -> None:
+    got = sdk("""
+        ws = client.create_workspace("compat-sdk-ws")
+        p = ws.create_project("sdk-proj", description="from the SDK")
+        p.add_note("readme", "hello")
+        p.set_description("changed")
+        p.reload()
+        names = [w.name for w in client.list_workspaces()]
+        projects = [(q.name, q.description, q.notes) for q in client.get_workspace("compat-sdk-ws").list_projects()]
+        ws.delete_project("sdk-proj")
+        client.delete_workspace("compat-sdk-ws")
+        print(json.dumps({"names": names, "projects": projects,
+                          "after": [w.name for w in client.list_workspaces()]}))
+    """)
+    assert {"Uncategorized", "compat-sdk-ws"} <= set(got["names"])
+    assert got["projects"] == [["sdk-proj", "changed", [{"name": "readme", "contents": "hello"}]]]
+    assert "compat-sdk-ws" not in got["after"]

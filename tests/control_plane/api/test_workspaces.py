@@ -119,9 +119,14 @@ def test_only_the_owner_or_an_admin_changes(client, admin_headers) -> None:  # t
               client.delete(f"/api/v1/workspaces/{ws['id']}", headers=bob),
               client.patch(f"/api/v1/projects/{proj['id']}", headers=bob, json={"description": "x"}),
               client.post(f"/api/v1/projects/{proj['id']}/archive", headers=bob),
+              client.put(f"/api/v1/projects/{proj['id']}/notes", headers=bob, json={"notes": []}),
               client.post(f"/api/v1/experiments/{exp['id']}/move", headers=bob,
                           json={"destinationProjectId": bobs["id"]})):
         assert "belongs to another user" in _refused(r, 403)
+    notes = [{"name": "readme", "contents": "how we label"}]
+    assert _ok(client.put(f"/api/v1/projects/{proj['id']}/notes", headers=alice, json={"notes": notes})) \
+        == {"notes": notes}
+    assert _ok(client.get(f"/api/v1/projects/{proj['id']}", headers=bob))["project"]["notes"] == notes
     # The admin may.
     _ok(client.patch(f"/api/v1/projects/{proj['id']}", headers=admin_headers, json={"description": "by admin"}))
     _ok(client.post(f"/api/v1/experiments/{exp['id']}/move", headers=admin_headers,
