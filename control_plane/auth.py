@@ -37,6 +37,8 @@ log = logging.getLogger("shipyard.auth")
 DETERMINED_PASSWORD_SALT = "GubPEmmotfiK9TMD6Zdw"
 MIN_PASSWORD_LENGTH = 8
 
+# The process's Argon2id parameters: argon2-cffi's defaults until the master configures its own
+# (configure_password_hashing, from MasterConfig.password_hash_*).
 _hasher = PasswordHasher()
 
 
@@ -56,6 +58,25 @@ class TokenKind(enum.StrEnum):
 
 def client_hash(password: str) -> str:
     return hashlib.sha512((DETERMINED_PASSWORD_SALT + password).encode()).hexdigest()
+
+
+def configure_password_hashing(*, time_cost: int, memory_kib: int, parallelism: int) -> None:
+    """Hash new passwords with these Argon2id parameters. Stored hashes carry their own, so the
+    ones made before still verify (and `needs_rehash` says so at their next login)."""
+    global _hasher, _dummy_hash
+    params = (time_cost, memory_kib, parallelism)
+    if (_hasher.time_cost, _hasher.memory_cost, _hasher.parallelism) == params:
+        return
+    _hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=parallelism)
+    _dummy_hash = None  # an unknown user's verification must cost what a known user's does
+
+
+def needs_rehash(stored: str) -> bool:
+    """Whether `stored` was made with other parameters than the configured ones."""
+    try:
+        return _hasher.check_needs_rehash(stored)
+    except InvalidHashError:
+        return True
 
 
 def hash_password(password: str, *, is_hashed: bool = False) -> str:

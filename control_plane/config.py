@@ -123,6 +123,12 @@ class MasterConfig(_Strict):
     login_max_failures_per_user: int = Field(10, ge=1)
     login_max_failures_per_address: int = Field(50, ge=1)
     login_failure_window_s: float = Field(300.0, gt=0)
+    # Argon2id's work factor for stored password hashes; the defaults are argon2-cffi's (RFC 9106's
+    # low-memory profile: 3 passes over 64 MiB, 4 lanes). A hash made with other parameters still
+    # verifies, and is re-made with these at the user's next login (auth.verify_login).
+    password_hash_time_cost: int = Field(3, ge=1, le=32)
+    password_hash_memory_kib: int = Field(65536, ge=1024, le=4 * 1024 * 1024)
+    password_hash_parallelism: int = Field(4, ge=1, le=64)
     # The reverse proxies (addresses or CIDR networks) whose X-Forwarded-For and X-Forwarded-Proto
     # are believed: a request from one of them counts as coming from the first address in
     # X-Forwarded-For, read from the right, that is not a trusted proxy (for the login throttle,
@@ -337,6 +343,9 @@ _ENV_FIELDS = (
     "body_spool_bytes",
     "body_budget_per_caller_bytes",
     "body_budget_bytes",
+    "password_hash_time_cost",
+    "password_hash_memory_kib",
+    "password_hash_parallelism",
 )
 
 

@@ -74,6 +74,9 @@ class Master:
         self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
         self._waiters_lock = threading.Lock()
         self.token_secret = b""  # loaded by prepare() from config.token_secret_path, never from the db
+        auth.configure_password_hashing(time_cost=config.password_hash_time_cost,
+                                        memory_kib=config.password_hash_memory_kib,
+                                        parallelism=config.password_hash_parallelism)
         self.login_throttle = auth.LoginThrottle(self.sessions, per_user=config.login_max_failures_per_user,
                                                  per_address=config.login_max_failures_per_address,
                                                  window_s=config.login_failure_window_s)

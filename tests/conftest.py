@@ -29,6 +29,15 @@ MASTER_PYTHON = os.environ.get("SHIPYARD_MASTER_PYTHON") or sys.executable
 # `make demo` run.
 os.environ.setdefault("SHIPYARD_API_WORKERS", "1")
 
+# Argon2id at its smallest work factor for the masters the tests start (in process through
+# `master_config`, as processes through the environment). The product's default (3 passes over
+# 64 MiB, 4 lanes) costs 0.1-0.2 s a hash here, and the suite hashes and verifies thousands of
+# passwords (every master's admin, every login). tests/control_plane/test_auth.py runs the
+# defaults, and the re-hash of a stored hash made under other parameters at login.
+TEST_PASSWORD_HASHING = {"password_hash_time_cost": 1, "password_hash_memory_kib": 1024, "password_hash_parallelism": 1}
+for _name, _value in TEST_PASSWORD_HASHING.items():
+    os.environ.setdefault("SHIPYARD_" + _name.upper(), str(_value))
+
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
@@ -56,7 +65,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def master_config(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     from control_plane.config import load_config
 
-    return load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD)
+    return load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
+                       **TEST_PASSWORD_HASHING)
 
 
 @pytest.fixture

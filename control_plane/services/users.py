@@ -60,6 +60,8 @@ def login(s: Session, master: Master, username: str, password: str, *, is_hashed
     u = s.get(User, found.id)
     if u is None or not u.active:  # removed or deactivated in the meantime
         raise PermissionDenied("invalid credentials")
+    if auth.needs_rehash(u.password_hash):  # made under other Argon2 parameters than the master's
+        u.password_hash = auth.hash_password(password, is_hashed=is_hashed)
     now = master.clock()
     u.last_auth_at = now
     token = auth.issue_token(s, TokenKind.USER, now=now, ttl=timedelta(hours=master.config.token_ttl_hours),

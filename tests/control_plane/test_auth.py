@@ -79,3 +79,45 @@ def test_a_bad_token_key_file_is_refused_with_its_name(tmp_path: Path, content: 
     with pytest.raises(auth.TokenKeyError) as err:
         auth.load_token_key(path)
     assert str(path) in str(err.value) and reason in str(err.value)
+
+
+def test_the_default_argon2_parameters_are_rfc_9106s_low_memory_profile() -> None:
+    from control_plane.config import load_config
+
+    cfg = load_config(env={})
+    default = PasswordHasher()  # argon2-cffi's RFC 9106 low-memory profile
+    assert (cfg.password_hash_time_cost, cfg.password_hash_memory_kib, cfg.password_hash_parallelism) == (
+        default.time_cost, default.memory_cost, default.parallelism) == (3, 65536, 4)
+
+
+def test_too_little_argon2_memory_is_refused_naming_the_setting() -> None:
+    from control_plane.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="password_hash_memory_kib"):
+        load_config(env={"SHIPYARD_PASSWORD_HASH_MEMORY_KIB": "64"})
+
+
+def _params(stored: str) -> str:
+    return stored.split("$")[3]  # m=...,t=...,p=...
+
+
+def test_a_hash_made_under_other_parameters_verifies_and_is_remade_at_login(master, client) -> None:  # type: ignore[no-untyped-def]
+    from datetime import datetime, timezone
+
+    from sqlalchemy import select
+
+    from tests.conftest import TEST_PASSWORD_HASHING, login
+
+    old = PasswordHasher(time_cost=2, memory_cost=2048, parallelism=2).hash(auth.client_hash("carols-password"))
+    now = datetime.now(timezone.utc)
+    with master.sessions() as s, s.begin():
+        s.add(User(username="carol", password_hash=old, admin=False, created_at=now, modified_at=now))
+    login(client, "carol", "carols-password")
+    with master.sessions() as s:
+        stored = s.scalar(select(User.password_hash).where(User.username == "carol"))
+    t, m, p = (TEST_PASSWORD_HASHING[f"password_hash_{k}"] for k in ("time_cost", "memory_kib", "parallelism"))
+    assert _params(old) == "m=2048,t=2,p=2" and _params(stored) == f"m={m},t={t},p={p}"
+    assert not auth.needs_rehash(stored)
+    login(client, "carol", "carols-password")  # the new hash verifies the same password
+    r = client.post("/api/v1/auth/login", json={"username": "carol", "password": "not-carols-password"})
+    assert r.status_code == 403 and r.json()["message"] == "invalid credentials", r.text

@@ -37,7 +37,7 @@ from control_plane.loops import placement
 from control_plane.master import Master
 from harness.core._session import RetryPolicy
 from harness.core._session import Session as HarnessSession
-from tests.conftest import ADMIN_PASSWORD
+from tests.conftest import ADMIN_PASSWORD, TEST_PASSWORD_HASHING
 from tests.control_plane.api.test_experiments import create_ok, only_trial
 from tests.control_plane.services.test_agents import submit
 from tests.control_plane.services.test_preempt_polls import _running
@@ -103,7 +103,7 @@ def serve(db_url: str, tmp_path: Path) -> Iterator[Any]:
     started: list[tuple[uvicorn.Server, threading.Thread, Master]] = []
 
     def start(**settings: Any) -> Served:
-        config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
+        config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD, **TEST_PASSWORD_HASHING,
                              **settings)
         master = Master(config)
         master.prepare()

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from control_plane import auth
 from control_plane.db.engine import transaction
 from control_plane.db.models import User
-from tests.conftest import ADMIN_PASSWORD
+from tests.conftest import ADMIN_PASSWORD, TEST_PASSWORD_HASHING
 from tests.control_plane.api.test_checkpoints import ckpt_body, report_ckpt
 from tests.control_plane.api.test_experiments import allocation_headers, create_ok, make_user, only_trial
 
@@ -53,7 +53,8 @@ def fuzzed_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         db_url = f"sqlite:///{tmp / 'shipyard.db'}"
     else:
         db_url = request.getfixturevalue("postgres_server").create_database()
-    master = Master(load_config(env={}, db_url=db_url, state_dir=str(tmp / "state"), admin_password=ADMIN_PASSWORD))
+    master = Master(load_config(env={}, db_url=db_url, state_dir=str(tmp / "state"), admin_password=ADMIN_PASSWORD,
+                                **TEST_PASSWORD_HASHING))
     master.prepare()
     app = create_app(master)
     with TestClient(app) as client:

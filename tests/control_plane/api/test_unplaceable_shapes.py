@@ -16,7 +16,7 @@ from control_plane.config import load_config
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent
 from control_plane.master import Master
-from tests.conftest import ADMIN_PASSWORD, login
+from tests.conftest import ADMIN_PASSWORD, TEST_PASSWORD_HASHING, login
 from tests.control_plane.api.test_experiments import CONFIG, create, create_ok, only_trial
 
 POOLS: list[dict[str, Any]] = [
@@ -27,7 +27,7 @@ POOLS: list[dict[str, Any]] = [
 
 @pytest.fixture
 def pool_master(db_url: str, tmp_path: Path) -> Iterator[Master]:
-    config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
+    config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD, **TEST_PASSWORD_HASHING,
                          resource_pools=POOLS)
     m = Master(config)
     m.prepare()
@@ -100,7 +100,7 @@ def test_an_aws_pool_without_instance_slots_refuses_before_its_first_tick(db_url
     type the catalogue lists (p3.8xlarge: 4 GPUs) is known at once."""
     aws = {"type": "aws", "region": "us-east-1", "image_id": "ami-12345678", "instance_type": "p3.8xlarge",
            "max_instances": 2}
-    config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
+    config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD, **TEST_PASSWORD_HASHING,
                          resource_pools=[{"name": "default"}, {"name": "aws4", "provider": aws}])
     m = Master(config)
     m.prepare()

@@ -28,7 +28,7 @@ from provisioners.base import (
     LaunchSpec,
     ProviderError,
 )
-from tests.conftest import ADMIN_PASSWORD
+from tests.conftest import ADMIN_PASSWORD, TEST_PASSWORD_HASHING
 
 _Row = TypeVar("_Row")
 
@@ -155,7 +155,7 @@ def clock() -> FakeClock:
 
 def make_master(db_url: str, state_dir: Path, clock: FakeClock, provider: dict[str, Any] | None = None) -> Master:
     pools = [{"name": "default"}, {"name": ELASTIC, "provider": provider or ELASTIC_PROVIDER}]
-    config = load_config(env={}, db_url=db_url, state_dir=str(state_dir), admin_password=ADMIN_PASSWORD,
+    config = load_config(env={}, db_url=db_url, state_dir=str(state_dir), admin_password=ADMIN_PASSWORD, **TEST_PASSWORD_HASHING,
                          resource_pools=pools)
     m = Master(config, clock=clock)
     m.prepare()

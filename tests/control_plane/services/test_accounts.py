@@ -19,7 +19,7 @@ from control_plane.errors import Conflict, PermissionDenied, TooManyRequests
 from control_plane.master import Master
 from control_plane.services import allocations, users
 from control_plane.services.users import NewUser, UserChange
-from tests.conftest import ADMIN_PASSWORD
+from tests.conftest import ADMIN_PASSWORD, TEST_PASSWORD_HASHING
 from tests.control_plane.loops.conftest import FakeClock
 from tests.control_plane.services.builders import admin, create_experiment
 
@@ -31,7 +31,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def strict_master(db_url: str, tmp_path: Path, clock: FakeClock) -> Iterator[Master]:
-    config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
+    config = load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD, **TEST_PASSWORD_HASHING,
                          login_max_failures_per_user=3, login_max_failures_per_address=5,
                          login_failure_window_s=60)
     m = Master(config, clock=clock)
