@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from control_plane import auth
 from control_plane.core import states as st
@@ -239,6 +240,10 @@ def _read(master: Master) -> Iterator[Session]:
 
 @contextmanager
 def _write(master: Master) -> Iterator[Session]:
+    """A write transaction. Never on the event loop (the `async` handlers run it through
+    `run_in_threadpool`): waiting there for SQLite's write lock stalls every request of the
+    worker, the one holding the lock too when its commit waits on the loop (a deadlock until the
+    busy timeout: a 60 s stall and a 500)."""
     with master.sessions() as s, s.begin():
         yield s
 
@@ -295,9 +300,12 @@ async def login(request: Request) -> Response:
         return _login_page(request, "The username or password contains a character that is not allowed.", 400, nxt)
     master = _master(request)
     address = request.client.host if request.client else None
-    try:
+    def log_in() -> str:
         with _write(master) as s:
-            token, _u = users.login(s, master, username, password, is_hashed=False, address=address)
+            return users.login(s, master, username, password, is_hashed=False, address=address)[0]
+
+    try:
+        token = await run_in_threadpool(log_in)
     except DomainError as e:
         return _login_page(request, e.message, http_status(e), nxt)
     resp = RedirectResponse(nxt, status_code=303)
@@ -308,11 +316,15 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    ui = _session(request)
+    ui = await run_in_threadpool(_session, request)
     await sess.check_csrf(request, ui)
     master = _master(request)
-    with _write(master) as s:
-        auth.revoke_token(s, ui.principal.token_id, now=master.clock())
+
+    def revoke() -> None:
+        with _write(master) as s:
+            auth.revoke_token(s, ui.principal.token_id, now=master.clock())
+
+    await run_in_threadpool(revoke)
     resp = RedirectResponse("/login?out=1", status_code=303)
     sess.clear_session(resp)
     return resp
@@ -510,18 +522,18 @@ def _act(master: Master, ui: sess.UISession, exp_id: int, action: str) -> bool:
 async def experiment_action(request: Request, experiment_id: str, action: str) -> Response:
     """The action, then its page saying what happened; a refusal (the API's status and message)
     is shown on the experiment's page, above its actions."""
-    ui = _session(request)
+    ui = await run_in_threadpool(_session, request)
     await sess.check_csrf(request, ui)
     exp_id = _id(experiment_id, "experiment")
     if action not in ACTIONS:
         raise bad_request(f"unknown action {action!r}; expected one of {list(ACTIONS)}", "action")
     master = _master(request)
     try:
-        changed = _act(master, ui, exp_id, action)
+        changed = await run_in_threadpool(_act, master, ui, exp_id, action)
     except DomainError as e:
         if http_status(e) == 404:
             raise
-        ctx = _experiment_ctx(master, exp_id, ui)
+        ctx = await run_in_threadpool(_experiment_ctx, master, exp_id, ui)
         return _render(request, "experiment.html", {**ctx, "refusal": f"{action}: {e.message}"}, http_status(e), ui)
     log.info("event=experiment_%s experiment_id=%s by=%s via=ui changed=%s", action, exp_id, ui.principal.username,
              changed)
@@ -531,20 +543,24 @@ async def experiment_action(request: Request, experiment_id: str, action: str) -
 
 @router.post("/experiments/{experiment_id}/labels")
 async def experiment_labels(request: Request, experiment_id: str) -> Response:
-    ui = _session(request)
+    ui = await run_in_threadpool(_session, request)
     await sess.check_csrf(request, ui)
     exp_id = _id(experiment_id, "experiment")
     form = await request.form()
     add = str(form.get("add") or "")
     remove = str(form.get("remove") or "")
     master = _master(request)
-    with _write(master) as s:
-        exp: Experiment = access.get_experiment(s, exp_id)
-        access.require_owner(ui.principal, exp)
-        if remove:
-            experiments.remove_label(exp, remove)
-        else:
-            experiments.add_label(exp, add.strip() if add.strip() else add)
+
+    def change() -> None:
+        with _write(master) as s:
+            exp: Experiment = access.get_experiment(s, exp_id)
+            access.require_owner(ui.principal, exp)
+            if remove:
+                experiments.remove_label(exp, remove)
+            else:
+                experiments.add_label(exp, add.strip() if add.strip() else add)
+
+    await run_in_threadpool(change)
     return RedirectResponse(f"/experiments/{exp_id}", status_code=303)
 
 

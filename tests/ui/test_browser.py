@@ -308,3 +308,26 @@ def test_charts_draw_one_point_label_each_metric_and_name_what_is_hovered(browse
     assert got["dot"] > 20, got
     assert got["axes"] == ["steps", "loss", "accuracy"] and got["scales"] == ["loss", "accuracy"], got
     assert got["tip"] == "loss · steps 10 · 0.5000", got
+
+
+def test_polling_backs_off_in_a_hidden_tab_and_stops_when_final(browser: Any, ui_cluster: UICluster) -> None:
+    """app.js's poller, at a 50 ms pace on a served page: a hidden tab is asked ever less often, a
+    shown one at the pace again; a page that turns final is looked at once more, then never."""
+    page = new_page(browser, ui_cluster)
+    page.goto("/login")
+    page.wait_for_function("() => window.Shipyard")
+    got = page.evaluate("""async () => {
+      const sleep = ms => new Promise(r => setTimeout(r, ms));
+      let hidden = false, calls = 0;
+      Object.defineProperty(document, 'hidden', { configurable: true, get: () => hidden });
+      Shipyard.poll(50, async () => { calls++; });
+      await sleep(1000); const shown = calls;
+      hidden = true; document.dispatchEvent(new Event('visibilitychange'));
+      calls = 0; await sleep(1000); const whileHidden = calls;
+      hidden = false; document.dispatchEvent(new Event('visibilitychange'));
+      calls = 0; await sleep(500); const again = calls;
+      document.body.dataset.final = 'true';
+      await sleep(300); calls = 0; await sleep(500);
+      return { shown, whileHidden, again, afterFinal: calls };
+    }""")
+    assert got["shown"] >= 8 and got["whileHidden"] <= 5 and got["again"] >= 4 and got["afterFinal"] == 0, got

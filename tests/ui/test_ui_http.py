@@ -255,3 +255,42 @@ def test_actions_follow_the_state_and_the_role(client, admin_headers) -> None:  
     page = client.get(f"/experiments/{exp_id}")
     assert page.status_code == 200 and not buttons(page.text) and 'id="label-input"' not in page.text
     assert 'name="remove"' not in page.text
+
+
+def test_an_action_waiting_for_a_lock_leaves_the_other_requests_served(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    """The action's write waits off the event loop: while another transaction holds the experiment
+    (SQLite's write lock, PostgreSQL's row lock), the worker still answers other requests. It
+    used to block the loop, and with it the request holding the lock whenever that one's commit
+    needed the loop: every request of the worker stalled until the busy timeout, then a 500."""
+    import threading
+
+    from control_plane.services import access
+
+    exp_id = create_ok(client, admin_headers)["experiment"]["id"]
+    ui_login(client)
+    csrf = page_csrf(client, f"/experiments/{exp_id}")
+    held, served, done = threading.Event(), threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def hold() -> None:
+        with master.sessions() as s, s.begin():
+            access.get_experiment(s, exp_id, for_update=True)
+            held.set()
+            outcome["served_while_held"] = served.wait(10)
+
+    def act() -> None:
+        outcome["action"] = client.post(f"/experiments/{exp_id}/actions/pause", data={"csrf": csrf},
+                                        follow_redirects=False).status_code
+        done.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    actor = threading.Thread(target=act)
+    actor.start()
+    assert not done.wait(0.5)  # the action waits for the lock
+    assert client.get("/ui/static/app.css").status_code == 200
+    served.set()
+    holder.join(15)
+    actor.join(15)
+    assert outcome == {"served_while_held": True, "action": 303}

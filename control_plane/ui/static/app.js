@@ -405,6 +405,6 @@ const Shipyard = (() => {
     for (const el of document.querySelectorAll("[data-live]")) live(el);
   });
 
-  return { experimentPage, trialPage, clusterPage, LineChart, morphHTML };
+  return { experimentPage, trialPage, clusterPage, LineChart, morphHTML, poll };
 })();
 window.Shipyard = Shipyard;
