@@ -66,8 +66,9 @@ def cli_version() -> str:
                        "install Shipyard (pip install -e <checkout>) or pass --shipyard-package") from None
 
 
-def constraints(root: str = DIST) -> list[str]:
-    """Exact pins of `root`'s dependency closure as installed here (`root` itself left out), the
+def constraints(root: str = DIST, requires: list[str] | None = None) -> list[str]:
+    """Exact pins of `root`'s dependency closure as installed here (`root` itself left out), from
+    `requires` (the Requires-Dist of the wheel being shipped) or else the installed `root`'s; the
     dependencies of the extras a requirement asks for included (google-cloud-compute needs
     `google-api-core[grpc]`, hence grpcio-status: without its pin the master's pip took whatever the
     index had, and a boot from an index holding exactly the pins failed)."""
@@ -82,13 +83,17 @@ def constraints(root: str = DIST) -> list[str]:
     pins: dict[str, str] = {}
     todo: list[tuple[str, frozenset[str]]] = [(root, frozenset())]
     seen: set[tuple[str, frozenset[str]]] = {(_canon(root), frozenset())}
+    missing: list[str] = []
     while todo:
         dist_name, extras = todo.pop()
-        try:
-            dist = metadata.distribution(dist_name)
-        except metadata.PackageNotFoundError:
-            continue
-        for text in dist.requires or []:
+        if requires is not None and _canon(dist_name) == _canon(root):
+            texts = requires
+        else:
+            try:
+                texts = metadata.distribution(dist_name).requires or []
+            except metadata.PackageNotFoundError:
+                continue
+        for text in texts:
             try:
                 req = Requirement(text)
             except InvalidRequirement:
@@ -104,10 +109,26 @@ def constraints(root: str = DIST) -> list[str]:
             try:
                 pins[name] = metadata.version(req.name)
             except metadata.PackageNotFoundError:
-                continue  # not installed here: left to pip on the master
+                if dist_name == root:
+                    missing.append(str(req))
+                continue  # a transitive one not installed here: left to pip on the master
             todo.append((req.name, wanted))
+    if missing:
+        # The wheel needs what this environment lacks (pyproject.toml changed since the install):
+        # its pins would be missing, and the master would install something else than here.
+        raise CliError(f"shipyard requires {', '.join(sorted(missing))}, not installed here: reinstall it "
+                       "(pip install -e <checkout>) so that the release pins what the master installs")
     pins.pop(_canon(root), None)
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
+
+
+def wheel_requires(wheel: Path) -> list[str]:
+    """The Requires-Dist lines of a wheel's METADATA."""
+    from email.parser import Parser
+
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        return Parser().parsestr(z.read(name).decode("utf-8")).get_all("Requires-Dist") or []
 
 
 def source_tree() -> Path | None:
@@ -204,7 +225,7 @@ def build_release(out: Path) -> Release:
     release.current_text(version, wheel.name)  # a name the boot accepts
     pins = out / release.CONSTRAINTS_NAME
     pins.write_text(f"# The dependency closure of shipyard {version}, as installed where `det deploy` ran.\n"
-                    + "\n".join(constraints()) + "\n")
+                    + "\n".join(constraints(requires=wheel_requires(wheel))) + "\n")
     return Release(version=version, wheel=wheel, constraints=pins)
 
 

@@ -20,6 +20,7 @@ import pytest
 
 import control_plane
 from cli import deploy_release
+from cli.errors import CliError
 from infra import DEPLOY_TAG, release, render
 from tests.infra.conftest import dependencies_dir
 from tests.provisioners.conftest import aws_session, moto_reset, moto_server  # noqa: F401
@@ -183,3 +184,12 @@ def test_gcp_boot_reads_the_bucket_with_the_metadata_token(
         assert "boto3" not in r.stderr  # GCP reads its bucket with the standard library
     finally:
         identity.stop()
+
+
+def test_the_pins_follow_the_shipped_wheel_and_a_requirement_not_installed_here_is_refused() -> None:
+    # The wheel's own Requires-Dist, not the installed metadata (which lags a pyproject.toml edited
+    # since the install): httpx's closure, nothing of the rest of shipyard's.
+    pins = dict(p.split("==") for p in deploy_release.constraints(requires=["httpx"]))
+    assert {"httpx", "httpcore", "h11", "anyio", "idna", "certifi"} <= set(pins) and "fastapi" not in pins
+    with pytest.raises(CliError, match="no-such-distribution-here==1.0, not installed here"):
+        deploy_release.constraints(requires=["httpx", "no-such-distribution-here==1.0"])
