@@ -311,11 +311,22 @@ def test_charts_draw_one_point_label_each_metric_and_name_what_is_hovered(browse
 
 
 def test_polling_backs_off_in_a_hidden_tab_and_stops_when_final(browser: Any, ui_cluster: UICluster) -> None:
-    """app.js's poller, at a 50 ms pace on a served page: a hidden tab is asked ever less often, a
-    shown one at the pace again; a page that turns final is looked at once more, then never."""
+    """app.js's live machinery on a served page. The morph: the nodes that stay are the same nodes
+    (an opened <details> stays open), changed text and rows follow the new copy. The poller, at a
+    50 ms pace: a hidden tab is asked ever less often, a shown one at the pace again; a page that
+    turns final is looked at once more, then never."""
     page = new_page(browser, ui_cluster)
     page.goto("/login")
     page.wait_for_function("() => window.Shipyard")
+    morphed = page.evaluate("""() => {
+      const el = document.createElement('div'); document.body.append(el);
+      el.innerHTML = '<details><summary>s</summary><p id="n">1</p></details><table><tbody><tr><td>a</td></tr></tbody></table>';
+      const details = el.querySelector('details'), cell = el.querySelector('td'); details.open = true;
+      Shipyard.morphHTML(el, '<details><summary>s</summary><p id="n">2</p></details><table><tbody><tr><td>b</td></tr><tr><td>c</td></tr></tbody></table>');
+      return { same: el.querySelector('details') === details && el.querySelector('td') === cell, open: details.open,
+               text: el.textContent };
+    }""")
+    assert morphed == {"same": True, "open": True, "text": "s2bc"}, morphed
     got = page.evaluate("""async () => {
       const sleep = ms => new Promise(r => setTimeout(r, ms));
       let hidden = false, calls = 0;

@@ -50,8 +50,10 @@ const Shipyard = (() => {
     if (a.nodeType !== Node.ELEMENT_NODE) return true;
     return a.tagName === b.tagName && a.id === b.id;
   }
+  // What the user set stays: an opened <details> stays open.
+  const userOwned = (el, name) => name === "open" && el.tagName === "DETAILS";
   function morphAttributes(el, next) {
-    for (const { name } of [...el.attributes]) if (!next.hasAttribute(name)) el.removeAttribute(name);
+    for (const { name } of [...el.attributes]) if (!next.hasAttribute(name) && !userOwned(el, name)) el.removeAttribute(name);
     for (const { name, value } of [...next.attributes]) if (el.getAttribute(name) !== value) el.setAttribute(name, value);
   }
   function morphChildren(el, next) {
