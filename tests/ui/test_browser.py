@@ -307,7 +307,7 @@ def test_charts_draw_one_point_label_each_metric_and_name_what_is_hovered(browse
     }""")
     assert got["dot"] > 20, got
     assert got["axes"] == ["steps", "loss", "accuracy"] and got["scales"] == ["loss", "accuracy"], got
-    assert got["tip"] == "loss · steps 10 · 0.5000", got
+    assert got["tip"] == "loss · steps 10 · 0.5", got
 
 
 def test_polling_backs_off_in_a_hidden_tab_and_stops_when_final(browser: Any, ui_cluster: UICluster) -> None:

@@ -7,7 +7,7 @@ const Shipyard = (() => {
   // Trials apart: ten categorical colours (Tableau 10, no two blues), then hues a golden angle apart.
   const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#7f7f7f"];
   const color = i => (i < PALETTE.length ? PALETTE[i] : `hsl(${Math.round((i * 137.508) % 360)}, 65%, 50%)`);
-  const fmt = v => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v));
+  const fmt = v => (typeof v === "number" ? String(Number(v.toPrecision(4))) : String(v));
 
   async function getJSON(url) {
     const r = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
