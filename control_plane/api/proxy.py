@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -60,11 +61,15 @@ def _target(master: Master, conn: HTTPConnection, task_id: str) -> tuple[str, st
     return address, tasks.jupyter_token(master, task_id)
 
 
-def _client(master: Master) -> httpx.AsyncClient:
-    client = getattr(master, "_proxy_client", None)
+# One pooled client per event loop (a process serves on one; tests start several).
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+
+
+def _client() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
     if client is None:
-        client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
-        master._proxy_client = client  # type: ignore[attr-defined]
+        client = _clients[loop] = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
     return client
 
 
@@ -89,9 +94,9 @@ async def proxy_http(taskId: str, path: str, request: Request) -> Response:
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_UP]
     headers.append(("authorization", f"token {jtoken}"))
     url = httpx.URL(f"http://{address}{request.url.path}", query=request.url.query.encode())
-    upstream = _client(master).build_request(request.method, url, headers=headers, content=await _body(request))
+    upstream = _client().build_request(request.method, url, headers=headers, content=await _body(request))
     try:
-        answer = await _client(master).send(upstream, stream=True)
+        answer = await _client().send(upstream, stream=True)
     except httpx.HTTPError as e:
         log.warning("event=proxy_upstream_error task_id=%s error=%r", taskId, str(e))
         return Response(f"task {taskId} did not answer: {type(e).__name__}", status_code=502)

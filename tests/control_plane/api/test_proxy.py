@@ -1,0 +1,84 @@
+"""The task proxy (api/proxy.py) in process, both databases, against a small HTTP server standing in
+for a notebook's Jupyter: the caller's session by bearer token, Determined's `auth` cookie or the
+web UI's session cookie; owner or admin only (another user 404, nobody 401); upstream gets the
+task's Jupyter token and none of the caller's credentials; traffic marks the task's activity."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from control_plane.auth import UI_SESSION_COOKIE
+from control_plane.db.engine import transaction
+from control_plane.db.models import Allocation, Task
+from control_plane.services.tasks import jupyter_token
+from tests.control_plane.api.test_experiments import make_user
+
+
+class _Echo(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self._answer(b"")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._answer(self.rfile.read(int(self.headers.get("content-length") or 0)))
+
+    def _answer(self, body: bytes) -> None:
+        out = json.dumps({"path": self.path, "headers": dict(self.headers), "body": body.decode()}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def serving_notebook(client: Any, headers: dict[str, str], master: Any, address: str) -> str:
+    nb = client.post("/api/v1/notebooks", headers=headers, json={"config": {"resources": {"slots": 0}}}).json()
+    nb_id = nb["notebook"]["id"]
+    with transaction(master.sessions) as s:  # as if placed, started and reporting its address
+        s.scalar(select(Allocation).where(Allocation.task_id == nb_id)).state = "running"
+        s.get(Task, nb_id).proxy_address = address
+    return nb_id
+
+
+def test_proxy_sessions_owner_only_and_upstream_credentials(client, admin_headers, master, upstream) -> None:  # type: ignore[no-untyped-def]
+    nb_id = serving_notebook(client, admin_headers, master, upstream)
+    token = admin_headers["Authorization"].removeprefix("Bearer ")
+    for headers, cookie in ((admin_headers, None), ({}, "auth"), ({}, UI_SESSION_COOKIE)):
+        client.cookies.clear()
+        if cookie:
+            client.cookies.set(cookie, token)
+        r = client.post(f"/proxy/{nb_id}/api/kernels?x=1", content=b'{"name": "python3"}', headers=headers)
+        assert r.status_code == 200, (cookie, r.text)
+        seen = r.json()
+        assert seen["path"] == f"/proxy/{nb_id}/api/kernels?x=1" and seen["body"] == '{"name": "python3"}'
+        sent = {k.lower(): v for k, v in seen["headers"].items()}
+        assert sent["authorization"] == f"token {jupyter_token(master, nb_id)}"
+        assert "cookie" not in sent
+    client.cookies.clear()
+    with master.sessions() as s:
+        assert s.get(Task, nb_id).last_activity_at is not None
+    other = make_user(client, admin_headers, "mallory")
+    assert client.get(f"/proxy/{nb_id}/api/status", headers=other).status_code == 404
+    assert client.get(f"/proxy/{nb_id}/api/status").status_code == 401
+    assert client.get("/proxy/no-such-task/api/status", headers=admin_headers).status_code == 404
+    client.post(f"/api/v1/notebooks/{nb_id}/kill", headers=admin_headers)
+    with transaction(master.sessions) as s:  # its agent reported the exit
+        s.scalar(select(Allocation).where(Allocation.task_id == nb_id)).state = "terminated"
+    assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 404
