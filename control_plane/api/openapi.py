@@ -83,6 +83,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/api/v1/workspaces/{id}/archive"): r.Empty,
     ("POST", "/api/v1/workspaces/{id}/unarchive"): r.Empty,
     ("GET", "/api/v1/workspaces/{id}/projects"): r.GetProjectsResponse,
+    ("GET", "/api/v1/workspaces/{workspaceId}/available-resource-pools"): r.WorkspacePoolsResponse,
     ("POST", "/api/v1/workspaces/{workspaceId}/projects"): r.ProjectResponse,
     ("GET", "/api/v1/projects/{id}"): r.ProjectResponse,
     ("PATCH", "/api/v1/projects/{id}"): r.ProjectResponse,

@@ -661,6 +661,11 @@ class GetWorkspacesResponse(Wire):
     pagination: Pagination
 
 
+class WorkspacePoolsResponse(Wire):
+    resource_pools: list[str]
+    pagination: Pagination
+
+
 class ProjectOut(Wire):
     """Determined's v1Project."""
 

@@ -164,6 +164,17 @@ def delete_workspace(id: Id, p: Principal = Depends(deps.user),
 
 
 
+@router.get("/api/v1/workspaces/{workspaceId}/available-resource-pools")
+def get_workspace_pools(workspaceId: Id, _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+                        db: Session = Depends(deps.get_db, scope="function"), offset: Count32 = 0,
+                        limit: Count32 = 0) -> dict[str, Any]:
+    """`det workspace list-pools`: every pool of the master (pools are not bound to workspaces yet)."""
+    workspaces.get_workspace(db, workspaceId)
+    names = [pool.name for pool in master.config.resource_pools]
+    shown = serializers.page(names, offset, limit)
+    return {"resourcePools": shown, "pagination": serializers.pagination_json(offset, limit, len(names), len(shown))}
+
+
 # -- projects --------------------------------------------------------------------------------------
 @router.get("/api/v1/workspaces/{id}/projects")
 def get_workspace_projects(

@@ -32,6 +32,8 @@ def test_workspaces_projects_and_moves(det: Det, compat_cluster: CompatCluster, 
     assert re.search(r"^\s*1 \| Uncategorized", listed, re.M) and "compat-team" in listed, listed
     described = det.ok("workspace", "describe", "compat-team")
     assert "compat-team" in described and "team-ckpts" in described, described
+    pools = det.ok("workspace", "list-pools", "compat-team")
+    assert re.search(r"compat-team\s+\| default", pools), pools
     r = det("workspace", "create", "compat-team")
     assert r.code != 0 and "already exists" in (r.out + r.err), (r.out, r.err)
 
