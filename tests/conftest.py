@@ -61,10 +61,51 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return server.create_database()
 
 
+@pytest.fixture(scope="session")
+def migrated_schemas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Per database kind, a database the migrations brought to head once for this test process:
+    the in-process masters of `master_config` start from a copy (their start then finds nothing to
+    migrate), instead of running every migration again for each of some 500 tests. `db_url`
+    stays an empty database; tests/control_plane/db/test_migrations.py migrates from nothing."""
+    return {}
+
+
+def _from_migrated_schema(db_url: str, request: pytest.FixtureRequest) -> None:
+    """Make the new, empty database `db_url` a copy of the migrated one of its kind."""
+    import shutil
+
+    from sqlalchemy.engine import make_url
+
+    from control_plane.db import migrate
+    from control_plane.db.engine import make_engine
+
+    schemas: dict[str, str] = request.getfixturevalue("migrated_schemas")
+    url = make_url(db_url)
+    if url.get_backend_name() == "sqlite":
+        if "sqlite" not in schemas:
+            template = request.getfixturevalue("tmp_path_factory").mktemp("schema") / "migrated.db"
+            engine = make_engine(f"sqlite:///{template}")
+            migrate.upgrade(engine)
+            engine.dispose()
+            schemas["sqlite"] = str(template)
+        assert url.database and not Path(url.database).exists()
+        shutil.copyfile(schemas["sqlite"], url.database)
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    if "postgres" not in schemas:
+        template_url = server.create_database()
+        engine = make_engine(template_url)
+        migrate.upgrade(engine)
+        engine.dispose()
+        schemas["postgres"] = str(make_url(template_url).database)
+    server.recreate_from(str(url.database), schemas["postgres"])
+
+
 @pytest.fixture
-def master_config(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def master_config(db_url: str, tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     from control_plane.config import load_config
 
+    _from_migrated_schema(db_url, request)
     return load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
                        **TEST_PASSWORD_HASHING)
 

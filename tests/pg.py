@@ -78,6 +78,17 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{database}"
 
+    def recreate_from(self, name: str, template: str) -> None:
+        """Drop the (unused) database `name` and make it again as a copy of `template`."""
+        import psycopg2
+
+        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE "{name}"')
+            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        conn.close()
+
     def create_database(self) -> str:
         import psycopg2
 

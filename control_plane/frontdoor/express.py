@@ -18,10 +18,11 @@ with its body replayed, so it gets exactly the answer it always got.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute, iter_route_contexts
+from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,11 +42,9 @@ class ExpressLane:
         self.full = full  # the whole application, for everything else
         self.config = config
         self.routes: list[tuple[APIRoute, fastjson.FastHandler]] = []
-        for ctx in iter_route_contexts(app.routes):
-            route = ctx.original_route
+        for route in _served_routes(app.routes):
             handler = fastjson.fast_handler(route) if isinstance(route, APIRoute) else None
-            # Routers are included without a prefix: the route's own path is the one served.
-            if handler is not None and route.methods == {"POST"} and ctx.path_format == route.path_format:
+            if handler is not None and route.methods == {"POST"}:
                 self.routes.append((route, handler))
 
     def match(self, scope: Scope) -> tuple[APIRoute, fastjson.FastHandler, dict[str, Any]] | None:
@@ -79,6 +78,19 @@ class ExpressLane:
             await self.full(scope, replay_body(await request.body(), receive), send)
             return
         await response(scope, receive, send)
+
+
+def _served_routes(routes: list[Any]) -> Iterator[Any]:
+    """The routes the application serves at their own path: those of routers included without a
+    prefix, read from the routers themselves. (fastapi.routing.iter_route_contexts gives the same,
+    but builds each route's effective copy, dependencies and all, to do it: half a second of every
+    application's start, for routes a request may never reach.)"""
+    for route in routes:
+        router = getattr(route, "original_router", None)  # an included router
+        if router is None:
+            yield route
+        elif not route.include_context.prefix:
+            yield from _served_routes(router.routes)
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:
