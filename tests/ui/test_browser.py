@@ -99,6 +99,16 @@ def test_running_experiment_curves_logs_and_scale_up(browser: Any, ui_cluster: U
     # The log-sampled learning rate is on a log axis against the trials' best metric.
     page.wait_for_function("() => Number(document.querySelector('#hparams').dataset.points || 0) > 0")
     assert page.input_value("#hp-name") == "lr" and page.get_attribute("#hparams", "data-log-x") == "true"
+    # Parallel coordinates: an axis per hyperparameter (lr on a log axis), the searcher metric last,
+    # one line per trial that reported it, hovering a line names the trial.
+    page.wait_for_function("() => document.querySelectorAll('#parallel polyline').length == 2", timeout=60_000)
+    axes = page.eval_on_selector_all("#parallel .pc-axis", "els => els.map(e => [e.dataset.axis, e.dataset.kind])")
+    assert axes[-1][0] == "validation_loss" and ["lr", "log"] in axes and len(axes) == 5
+    lines = page.eval_on_selector_all("#parallel polyline", "els => els.map(e => e.dataset.trial)")
+    shown = page.eval_on_selector_all("#trials-table tbody tr[data-trial]", "els => els.map(e => e.dataset.trial)")
+    assert sorted(lines) == sorted(shown)
+    page.dispatch_event(f"#parallel polyline[data-trial='{lines[0]}']", "mouseenter")
+    assert re.match(rf"trial {lines[0]}( \(best\))? · .*lr=.* · validation_loss ", page.get_attribute("#parallel", "data-tip"))
     page.screenshot(path=tmp_path / "experiment.png", full_page=True)
     page.screenshot(path=tmp_path / "experiment-view.png")  # the first screen (docs/ui-experiment.png)
 

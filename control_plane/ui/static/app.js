@@ -241,6 +241,83 @@ const Shipyard = (() => {
     }
   }
 
+  // Parallel coordinates (SVG): one vertical axis per hyperparameter (log for log-sampled ones,
+  // evenly spaced categories for categorical ones), the searcher metric last; one line per trial
+  // that reported the metric, coloured by that metric (low blue → high orange), the best thicker.
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs = {}, text = null) {
+    const e = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text != null) e.textContent = text;
+    return e;
+  }
+  // A value's place on its axis, 0 (bottom) to 1 (top), and the axis' end labels.
+  function pcAxis(values, log) {
+    if (values.some(v => typeof v !== "number")) {
+      const cats = [...new Set(values.map(v => (typeof v === "string" ? v : JSON.stringify(v))))].sort();
+      const at = v => (cats.length < 2 ? 0.5 : cats.indexOf(typeof v === "string" ? v : JSON.stringify(v)) / (cats.length - 1));
+      return { at, ticks: cats.map(c => [c, at(c)]), kind: "categorical" };
+    }
+    const useLog = log && values.every(v => v > 0);
+    const f = useLog ? Math.log10 : v => v;
+    const lo = Math.min(...values.map(f)), hi = Math.max(...values.map(f));
+    const at = v => (hi === lo ? 0.5 : (f(v) - lo) / (hi - lo));
+    const ends = hi === lo ? [[fmt(values[0]), 0.5]] : [[fmt(Math.min(...values)), 0], [fmt(Math.max(...values)), 1]];
+    return { at, ticks: ends, kind: useLog ? "log" : "linear" };
+  }
+  const heat = t => `hsl(${Math.round(215 - 185 * t)}, 75%, 48%)`;
+  class ParallelCoords {
+    constructor(el) {
+      this.el = el; this.height = 280; this.redraw = null;
+      if (window.ResizeObserver) new ResizeObserver(() => { if (this.redraw && Math.abs((this.width || 0) - chartWidth(el)) > 1) this.redraw(); }).observe(el);
+      window.addEventListener("shipyard:theme", () => { if (this.redraw) this.redraw(); });
+    }
+    draw(trials, names, metric, { logNames = [], bestId = null, describe = t => `trial ${t.trialId}` } = {}) {
+      this.redraw = () => this.draw(trials, names, metric, { logNames, bestId, describe });
+      const rows = trials.filter(t => t.best != null);
+      const el = this.el;
+      el.textContent = "";
+      el.dataset.lines = String(rows.length);
+      if (!rows.length || !names.length) { el.textContent = "No validated trials yet."; return; }
+      const dims = names.map(n => ({ name: n, get: t => t.hparams[n], log: logNames.includes(n) }))
+        .filter(d => rows.every(t => d.get(t) !== undefined && d.get(t) !== null));
+      dims.push({ name: metric, get: t => t.best, log: false, metric: true });
+      for (const d of dims) Object.assign(d, pcAxis(rows.map(d.get), d.log));
+      const width = this.width = chartWidth(el), height = this.height;
+      const left = 60, right = 60, top = 30, bottom = 30;
+      const x = i => (dims.length < 2 ? width / 2 : left + (i * (width - left - right)) / (dims.length - 1));
+      const y = p => top + (1 - p) * (height - top - bottom);
+      const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", class: "pc",
+                                 "aria-label": `Parallel coordinates: ${dims.map(d => d.name).join(", ")}; ${rows.length} trials` });
+      const metricAxis = dims[dims.length - 1];
+      const lines = svg("g", { class: "pc-lines" });
+      for (const t of [...rows].sort((a, b) => (a.trialId === bestId) - (b.trialId === bestId))) {
+        const pts = dims.map((d, i) => `${x(i).toFixed(1)},${y(d.at(d.get(t))).toFixed(1)}`).join(" ");
+        const best = t.trialId === bestId;
+        const line = svg("polyline", { points: pts, fill: "none", stroke: heat(metricAxis.at(t.best)), "stroke-width": best ? 3.5 : 1.6,
+                                       "stroke-opacity": 0.85, "data-trial": t.trialId });
+        const note = describe(t);
+        line.append(svg("title", {}, note));
+        line.addEventListener("mouseenter", () => { el.dataset.tip = note; line.setAttribute("stroke-width", 4.5); });
+        line.addEventListener("mouseleave", () => line.setAttribute("stroke-width", best ? 3.5 : 1.6));
+        lines.append(line);
+      }
+      root.append(lines);
+      dims.forEach((d, i) => {
+        const g = svg("g", { class: "pc-axis", "data-axis": d.name, "data-kind": d.kind });
+        g.append(svg("line", { x1: x(i), x2: x(i), y1: y(0), y2: y(1), stroke: css("--fg"), "stroke-width": 1 }));
+        g.append(svg("text", { x: x(i), y: top - 12, "text-anchor": "middle", fill: css("--fg"), "font-weight": d.metric ? 700 : 600, "font-size": 12 },
+                     d.name + (d.kind === "log" ? " (log)" : "")));
+        for (const [label, p] of d.ticks) {
+          g.append(svg("text", { x: x(i) + 5, y: y(p) + 4, fill: css("--muted"), "font-size": 11, "paint-order": "stroke",
+                                 stroke: css("--card"), "stroke-width": 3 }, label));
+        }
+        root.append(g);
+      });
+      el.append(root);
+    }
+  }
+
   async function experimentPage(expId) {
     const select = document.getElementById("curve-metric");
     const logBox = document.getElementById("curve-log");
@@ -249,6 +326,8 @@ const Shipyard = (() => {
     const chart = new LineChart(document.getElementById("curves"), "steps");
     const scatter = new Scatter(document.getElementById("hparams"));
     const hpSelect = document.getElementById("hp-name");
+    const parallel = new ParallelCoords(document.getElementById("parallel"));
+    const hpNames = [...hpSelect.options].map(o => o.value);
     let last = null, chosen = false, hpChosen = false;
 
     async function refreshNames() {
@@ -287,6 +366,10 @@ const Shipyard = (() => {
         }
         hpSelect.value = best;
       }
+      const searcherMetric = parallel.el.dataset.metric || metric;  // trials' best is of the searcher metric
+      parallel.draw(last.trials, hpNames, searcherMetric, {
+        logNames: last.logHparams || [], bestId: last.bestTrialId,
+        describe: t => `trial ${t.trialId}${t.trialId === last.bestTrialId ? " (best)" : ""} · ${hpText(t.hparams)} · ${searcherMetric} ${fmt(t.best)}` });
       const hp = hpSelect.value;
       if (hp) {
         const values = last.trials.map(t => t.hparams[hp]);
@@ -407,6 +490,6 @@ const Shipyard = (() => {
     for (const el of document.querySelectorAll("[data-live]")) live(el);
   });
 
-  return { experimentPage, trialPage, clusterPage, LineChart, morphHTML, poll };
+  return { experimentPage, trialPage, clusterPage, LineChart, ParallelCoords, morphHTML, poll };
 })();
 window.Shipyard = Shipyard;
