@@ -53,7 +53,7 @@ def create_template(s: Session, master: Master, by: Principal, name: str, config
     t = ConfigTemplate(name=clean_text(name), workspace_id=ws.id, owner_id=by.user_id, config=_config(config),
                        created_at=master.clock())
     s.add(t)
-    s.flush()
+    workspaces.flush_unique(s, f"template {t.name!r}")
     log.info("event=template_created template=%s workspace_id=%s by=%s", t.name, ws.id, by.username)
     return t
 

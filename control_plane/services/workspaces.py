@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import Select, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from control_plane.auth import Principal
@@ -104,7 +105,7 @@ def create_workspace(s: Session, master: Master, by: Principal, new: WorkspaceSe
         raise bad_request("is required", "name")
     _apply_settings(s, master, ws, new)
     s.add(ws)
-    s.flush()
+    flush_unique(s, f"a workspace named {ws.name!r}")
     log.info("event=workspace_created workspace_id=%s name=%s by=%s", ws.id, ws.name, by.username)
     return ws
 
@@ -114,6 +115,15 @@ def get_workspace(s: Session, workspace_id: int) -> Workspace:
     if ws is None:
         raise not_found(f"workspace {workspace_id}")
     return ws
+
+
+def flush_unique(s: Session, taken: str) -> None:
+    """Flush a new or renamed row whose name is unique: a concurrent request that took the name
+    between the check and the write is a 409 like the check's, not a 500."""
+    try:
+        s.flush()
+    except IntegrityError:
+        raise conflict(f"{taken} already exists") from None
 
 
 def _mutable(what: str, immutable: bool) -> None:
@@ -133,7 +143,7 @@ def edit_workspace(s: Session, master: Master, by: Principal, ws: Workspace, cha
     if change.name is not None and change.name != ws.name:
         _mutable(f"workspace {ws.id}", ws.immutable)  # renaming Uncategorized
     _apply_settings(s, master, ws, change)
-    s.flush()
+    flush_unique(s, f"a workspace named {ws.name!r}")
 
 
 def set_workspace_archived(s: Session, by: Principal, ws: Workspace, archived: bool) -> None:
@@ -239,7 +249,7 @@ def create_project(s: Session, master: Master, by: Principal, ws: Workspace, nam
     p = Project(name=name, key=_key(s, key, name), description=clean_text(description), workspace_id=ws.id,
                 owner_id=by.user_id, archived=False, immutable=False, notes=[], created_at=master.clock())
     s.add(p)
-    s.flush()
+    flush_unique(s, f"a project named {name!r} or with key {p.key!r}")
     log.info("event=project_created project_id=%s workspace_id=%s name=%s by=%s", p.id, ws.id, p.name, by.username)
     return p
 
@@ -271,7 +281,7 @@ def edit_project(s: Session, by: Principal, p: Project, change: ProjectEdit) -> 
         p.description = clean_text(change.description)
     if change.key is not None and change.key.upper() != p.key:
         p.key = _key(s, change.key, p.name)
-    s.flush()
+    flush_unique(s, f"a project named {p.name!r} or with key {p.key!r}")
 
 
 NOTES_MAX = 100
