@@ -52,7 +52,9 @@ TLS_KEY_PATH = f"{STATE_DIR}/master-tls-key.pem"
 # daemon and the trials it starts as processes verify the master with.
 AGENT_MASTER_CERT = f"{CONF_DIR}/master-cert.pem"
 AGENT_TRUST_BUNDLE = f"{CONF_DIR}/master-trust.pem"
-PACKAGES = ("python3", "python3-venv", "python3-pip")
+# The interpreter and venv: the venv's pip comes from python3-venv (ensurepip's bundled wheel), so no
+# python3-pip, whose Recommends pull a C toolchain (build-essential, python3-dev: ~250 MB) into the boot.
+PACKAGES = ("python3", "python3-venv")
 # `--shared-fs`: where the master and every agent mount the cluster's shared file system (checkpoint
 # storage `type: shared_fs`, host_path this; Docker trials get it bound at the same path), and the
 # script that mounts it (idempotent: /etc/fstab keeps it across reboots).
