@@ -1,8 +1,9 @@
-"""Workspaces, projects and templates with the real determined==0.38.1 CLI (issue 30): `det
-workspace create|list|describe|edit`, `det project create|list|describe`, `det e create
---project_id` lands there, `det e move`, `det template create|list|describe|set|remove` and `det e
-create --template` merged as Determined merges them; `det master config` (secrets hidden). Experiments are created paused: nothing here
-needs a trial to run."""
+"""Workspaces, projects and templates with the real determined==0.38.1 CLI and SDK (issue 30):
+`det workspace create|list|describe|list-pools`, `det project create|list|describe|list-experiments`,
+`det e create --project_id` lands there, `det e move`, `det template create|list|describe|set|remove`
+and `det e create --template` merged as Determined merges them; `det master config` (secrets
+hidden); the SDK's workspaces and projects. Experiments are created paused: nothing here needs a
+trial to run."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def test_workspaces_projects_and_moves(det: Det, compat_cluster: CompatCluster, 
     out = det.ok("experiment", "move", exp_id, "compat-team", "audio")
     assert 'Moved experiment' in out, out
     assert compat_cluster.experiment(exp_id)["projectName"] == "audio"
+    listed = det.ok("project", "list-experiments", "compat-team", "audio")
+    assert re.search(rf"^\s*{exp_id} \| admin\s+\| compat-in-project", listed, re.M), listed
     det.ok("project", "delete", "compat-team", "vision", "--yes")
     r = det("project", "delete", "compat-team", "audio", "--yes")
     assert r.code != 0 and "still holds 1 experiments" in (r.out + r.err), (r.out, r.err)
