@@ -503,6 +503,10 @@ class VersionRow:
     size_bytes: int | None
     checkpoint_state: str | None
     created_at: datetime
+    # The checkpoint's trial's validation metrics at the checkpoint's step (empty: none reported).
+    metrics: dict[str, Any] = field(default_factory=dict)
+    comment: str = ""
+    labels: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -512,21 +516,28 @@ class ModelRow:
     versions: list[VersionRow]
 
 
+def _version_rows(s: Session, versions: Sequence[ModelVersion]) -> list[VersionRow]:
+    ckpts = {c.uuid: c for c in s.scalars(select(Checkpoint).where(
+        Checkpoint.uuid.in_([v.checkpoint_uuid for v in versions])))} if versions else {}
+    ctx = checkpoints.context(s, list(ckpts.values()))
+    out = []
+    for v in versions:
+        c = ckpts.get(v.checkpoint_uuid)
+        out.append(VersionRow(
+            v.version, v.name, v.checkpoint_uuid, c.experiment_id if c else None, c.trial_id if c else None,
+            c.steps_completed if c else None, c.size_bytes if c else None, c.state if c else None, v.created_at,
+            (checkpoints.validation_metrics(c, ctx) or {}) if c else {}, v.comment or "", list(v.labels or [])))
+    return out
+
+
 def models_view(s: Session) -> list[ModelRow]:
     rows = models.list_models(s)
     owners = dict(s.execute(select(User.id, User.username)).all()) if rows else {}
-    out = []
-    for m in rows:
-        versions = models.list_versions(s, m)
-        ckpts = {c.uuid: c for c in s.scalars(select(Checkpoint).where(
-            Checkpoint.uuid.in_([v.checkpoint_uuid for v in versions])))} if versions else {}
-        out.append(ModelRow(m, owners.get(m.owner_id, ""), [
-            VersionRow(v.version, v.name, v.checkpoint_uuid,
-                       ckpts[v.checkpoint_uuid].experiment_id if v.checkpoint_uuid in ckpts else None,
-                       ckpts[v.checkpoint_uuid].trial_id if v.checkpoint_uuid in ckpts else None,
-                       ckpts[v.checkpoint_uuid].steps_completed if v.checkpoint_uuid in ckpts else None,
-                       ckpts[v.checkpoint_uuid].size_bytes if v.checkpoint_uuid in ckpts else None,
-                       ckpts[v.checkpoint_uuid].state if v.checkpoint_uuid in ckpts else None,
-                       v.created_at)
-            for v in versions]))
-    return out
+    return [ModelRow(m, owners.get(m.owner_id, ""), _version_rows(s, models.list_versions(s, m))) for m in rows]
+
+
+def model_view(s: Session, name: str) -> ModelRow:
+    """One model with its versions, each with its checkpoint and the metrics validated at it."""
+    m = models.get_model(s, name)
+    owner = s.scalar(select(User.username).where(User.id == m.owner_id)) or ""
+    return ModelRow(m, owner, _version_rows(s, models.list_versions(s, m)))

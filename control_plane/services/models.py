@@ -16,6 +16,8 @@ from control_plane.core import states as st
 from control_plane.db.models import Checkpoint, Experiment, Model, ModelVersion
 from control_plane.errors import Conflict, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
+from control_plane.services.experiments import check_label
+from control_plane.services.text import clean_text
 
 log = logging.getLogger("shipyard.models")
 
@@ -105,6 +107,25 @@ def _require_checkpoint_owner(s: Session, by: Principal, ckpt: Checkpoint) -> No
         raise forbidden(f"checkpoint {ckpt.uuid} has no experiment; only an admin can register it")
     if exp.owner_id != by.user_id:
         raise forbidden(f"checkpoint {ckpt.uuid} belongs to another user's experiment")
+
+
+DESCRIPTION_MAX = 10_000
+
+
+def edit_model(s: Session, master: Master, by: Principal, m: Model, description: str | None = None,
+               labels: list[str] | None = None) -> None:
+    """The model's description and labels (None leaves one as it is); its owner or an admin."""
+    if not by.admin and m.owner_id != by.user_id:
+        raise forbidden(f"only the model's owner or an admin can edit model {m.name!r}")
+    if description is not None:
+        if len(description) > DESCRIPTION_MAX:
+            raise bad_request(f"must be at most {DESCRIPTION_MAX} characters", "description")
+        m.description = clean_text(description)
+    if labels is not None:
+        m.labels = list(dict.fromkeys(check_label(x, f"labels[{i}]") for i, x in enumerate(labels)))
+    m.modified_at = master.clock()
+    s.flush()
+    log.info("event=model_edited model=%s by=%s", m.name, by.username)
 
 
 def list_versions(s: Session, m: Model) -> list[ModelVersion]:

@@ -9,6 +9,7 @@ page (`errors.html`), never a stack trace."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Coroutine, Iterator
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -36,6 +37,7 @@ from control_plane.services import (
     experiments,
     lifecycle,
     logs,
+    models,
     pool_settings,
     trials,
     users,
@@ -673,3 +675,44 @@ def models_page(request: Request) -> Response:
         rows = dashboard.models_view(s)
         s.expunge_all()
     return _render(request, "models.html", {"models": rows}, ui=ui)
+
+
+def _model_ctx(master: Master, name: str, ui: sess.UISession) -> dict[str, Any]:
+    with _read(master) as s:
+        row = dashboard.model_view(s, name)
+        s.expunge_all()
+    p = ui.principal
+    return {"row": row, "model": row.model, "may_edit": p.admin or row.model.owner_id == p.user_id,
+            "metadata_json": json.dumps(row.model.metadata_ or {}, indent=2, sort_keys=True)}
+
+
+@router.get("/models/{model_name}")
+def model_page(request: Request, model_name: str) -> Response:
+    ui = _session(request)
+    return _render(request, "model.html", {**_model_ctx(_master(request), model_name, ui),
+                                           "flash": "Saved." if request.query_params.get("saved") else None}, ui=ui)
+
+
+@router.post("/models/{model_name}/edit")
+async def model_edit(request: Request, model_name: str) -> Response:
+    """Description and labels (comma-separated), as the model's owner or an admin; a refusal (the
+    service's status and message) is shown on the model's page."""
+    ui = await run_in_threadpool(_session, request)
+    await sess.check_csrf(request, ui)
+    form = await request.form()
+    description = str(form.get("description") or "")
+    labels = [x.strip() for x in str(form.get("labels") or "").split(",") if x.strip()]
+    master = _master(request)
+
+    def change() -> None:
+        with _write(master) as s:
+            models.edit_model(s, master, ui.principal, models.get_model(s, model_name), description, labels)
+
+    try:
+        await run_in_threadpool(change)
+    except DomainError as e:
+        if http_status(e) == 404:
+            raise
+        ctx = await run_in_threadpool(_model_ctx, master, model_name, ui)
+        return _render(request, "model.html", {**ctx, "refusal": f"edit: {e.message}"}, http_status(e), ui)
+    return RedirectResponse(f"/models/{quote(model_name, safe='')}?saved=1", status_code=303)

@@ -62,9 +62,20 @@ def test_login_and_the_experiments_page(browser: Any, ui_cluster: UICluster, tmp
     page.wait_for_selector("#experiments-table")
     assert page.inner_text("h1") == "Experiments"
     page.screenshot(path=tmp_path / "experiments.png", full_page=True)
+    assert ui_cluster.api
+    r = ui_cluster.api.post("/api/v1/models", json={"name": "ui-model", "description": "first", "metadata": {"k": 1}})
+    assert r.status_code == 200, r.text
     page.goto("/models")
     assert "Model registry" in page.inner_text("h1")
     page.screenshot(path=tmp_path / "models.png", full_page=True)
+    # The model's page: edited by its owner (admin here) through the form, the change shown.
+    page.click("a.model-link:text('ui-model')")
+    page.wait_for_selector("#model-edit")
+    page.fill("#edit-description", "digits, edited in the browser")
+    page.fill("#edit-labels", "vision, cnn")
+    submit(page, "#model-save")
+    assert page.inner_text("#flash") == "Saved." and page.inner_text("#model-description") == "digits, edited in the browser"
+    assert page.inner_text("#model-labels").split() == ["vision", "cnn"]
     page.context.close()
 
 

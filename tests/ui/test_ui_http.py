@@ -294,3 +294,53 @@ def test_an_action_waiting_for_a_lock_leaves_the_other_requests_served(client, a
     holder.join(15)
     actor.join(15)
     assert outcome == {"served_while_held": True, "action": 303}
+
+
+def test_model_page_shows_versions_with_metrics_and_is_edited_by_its_owner(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    from tests.control_plane.api.test_checkpoints import ckpt_body, report_ckpt
+    from tests.control_plane.api.test_experiments import allocation_headers, only_trial
+    from tests.control_plane.api.test_experiments import make_user as api_user
+    from tests.control_plane.api.test_trials import report
+
+    alice = api_user(client, admin_headers, "alice")
+    api_user(client, admin_headers, "bob")
+    trial = only_trial(master, create_ok(client, alice)["experiment"]["id"])
+    token = allocation_headers(master, trial)
+    for step, loss in ((50, 0.5), (100, 0.25)):
+        r = client.post(f"/api/v1/trials/{trial.id}/metrics", headers=token,
+                        json=report(trial.id, step, {"val_loss": loss}, group="validation"))
+        assert r.status_code == 200, r.text
+    uid = report_ckpt(client, token, ckpt_body(trial, 100))
+    r = client.post("/api/v1/models", headers=alice, json={"name": "mnist cnn", "description": "digits",
+                                                           "metadata": {"dataset": "mnist"}, "labels": ["vision"]})
+    assert r.status_code == 200, r.text
+    assert client.post("/api/v1/models/mnist cnn/versions", headers=alice, json={"checkpointUuid": uid}).status_code == 200
+
+    r = ui_login(client, "bob", "bob-password-1")
+    assert r.status_code == 303, r.text
+    listing = client.get("/models")
+    assert listing.status_code == 200 and 'href="/models/mnist%20cnn"' in listing.text and "val_loss 0.25" in listing.text
+    page = client.get("/models/mnist cnn")
+    assert page.status_code == 200, page.text
+    # The version's metrics are the trial's validation at the checkpoint's step (0.25, not 0.5).
+    assert "val_loss 0.25" in page.text and "val_loss 0.5" not in page.text
+    assert f'href="/trials/{trial.id}#ckpt-{uid}"' in page.text and "digits" in page.text and "&#34;dataset&#34;: &#34;mnist&#34;" in page.text
+    assert 'class="who">bob' in page.text, re.findall(r'class="who">[^<]*', page.text)
+    assert 'id="model-edit"' not in page.text and "Only the model's owner (alice)" in page.text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/").text).group(1)
+    r = client.post("/models/mnist cnn/edit", data={"csrf": csrf, "description": "mine now", "labels": "x"})
+    assert r.status_code == 403 and "edit: only the model&#39;s owner or an admin" in r.text
+    assert client.get("/api/v1/models/mnist cnn", headers=alice).json()["model"]["description"] == "digits"
+    assert client.post("/models/mnist cnn/edit", data={"description": "no csrf"}).status_code == 403
+    assert client.get("/models/nope").status_code == 404
+
+    client.cookies.clear()
+    ui_login(client, "alice", "alice-password-1")
+    csrf = page_csrf(client, "/models/mnist cnn")
+    r = client.post("/models/mnist cnn/edit", data={"csrf": csrf, "description": "handwritten digits",
+                                                     "labels": "vision, cnn, vision"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/models/mnist%20cnn?saved=1"
+    m = client.get("/api/v1/models/mnist cnn", headers=alice).json()["model"]
+    assert m["description"] == "handwritten digits" and m["labels"] == ["vision", "cnn"]
+    r = client.post("/models/mnist cnn/edit", data={"csrf": csrf, "description": "d", "labels": "x" * 300})
+    assert r.status_code == 400 and "at most 255 characters" in r.text, r.text
