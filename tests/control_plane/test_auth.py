@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stat
 import threading
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -102,14 +103,14 @@ def _params(stored: str) -> str:
 
 
 def test_a_hash_made_under_other_parameters_verifies_and_is_remade_at_login(master, client) -> None:  # type: ignore[no-untyped-def]
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from sqlalchemy import select
 
     from tests.conftest import TEST_PASSWORD_HASHING, login
 
     old = PasswordHasher(time_cost=2, memory_cost=2048, parallelism=2).hash(auth.client_hash("carols-password"))
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with master.sessions() as s, s.begin():
         s.add(User(username="carol", password_hash=old, admin=False, created_at=now, modified_at=now))
     login(client, "carol", "carols-password")
