@@ -363,3 +363,47 @@ def test_polling_backs_off_in_a_hidden_tab_and_stops_when_final(browser: Any, ui
       return { shown, whileHidden, again, afterFinal: calls };
     }""")
     assert got["shown"] >= 8 and got["whileHidden"] <= 5 and got["again"] >= 4 and got["afterFinal"] == 0, got
+
+
+AXE = Path(__file__).parent / "vendor" / "axe.min.js"  # ui/package.json's axe-core, copied by ui/build.sh
+AXE_RUN = """async () => {
+  const r = await axe.run(document, { resultTypes: ["violations"] });
+  if (!r.passes.length) return ["axe checked nothing"];
+  return r.violations.filter(v => v.impact === "serious" || v.impact === "critical")
+    .map(v => `${v.id} (${v.impact}): ${v.help} -- ${v.nodes.slice(0, 3).map(n => n.target.join(" ")).join(" | ")}`);
+}"""
+
+
+def test_every_page_passes_axe_in_light_and_dark(browser: Any, ui_cluster: UICluster) -> None:
+    """axe-core over every page, both themes: no violation of impact serious or critical."""
+    assert ui_cluster.api
+    exp = ui_cluster.submit("ui-axe", length=10, step_sleep=0.01)
+    trial_id = ui_cluster.api.get(f"/api/v1/experiments/{exp['id']}/trials").json()["trials"][0]["id"]
+    if ui_cluster.api.get("/api/v1/models/ui-axe-model").status_code == 404:
+        assert ui_cluster.api.post("/api/v1/models", json={"name": "ui-axe-model", "labels": ["a"],
+                                                           "metadata": {"k": 1}}).status_code == 200
+    pages = ["/", f"/experiments/{exp['id']}", f"/trials/{trial_id}", "/cluster", "/models", "/models/ui-axe-model",
+             "/no/such/page"]
+    found: dict[str, list[str]] = {}
+    # axe sees what the page shows: a low-contrast note would be reported.
+    page = new_page(browser, ui_cluster)
+    page.set_content('<html lang="en"><title>t</title><main><p style="color:#ddd;background:#fff">faint</p></main></html>')
+    page.add_script_tag(path=str(AXE))
+    assert any(x.startswith("color-contrast (serious)") for x in page.evaluate(AXE_RUN))
+    page.context.close()
+    for scheme in ("light", "dark"):
+        page = new_page(browser, ui_cluster)
+        page.emulate_media(color_scheme=scheme)
+        page.goto("/login")
+        page.add_script_tag(path=str(AXE))
+        found[f"{scheme} /login"] = page.evaluate(AXE_RUN)
+        log_in(page, "admin", ui_cluster.password)
+        for path in pages:
+            page.goto(path)
+            page.wait_for_load_state("load")
+            page.wait_for_timeout(300)  # the charts' first draw
+            page.add_script_tag(path=str(AXE))
+            found[f"{scheme} {path}"] = page.evaluate(AXE_RUN)
+        page.context.close()
+    bad = {k: v for k, v in found.items() if v}
+    assert not bad, "\n".join(f"{k}: {x}" for k, v in bad.items() for x in v)
