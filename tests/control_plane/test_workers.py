@@ -120,3 +120,18 @@ def test_the_api_serves_once_a_worker_answers_not_when_the_kernel_accepts() -> N
     finally:
         stop.set()
         sock.close()
+
+
+def test_connections_to_the_shared_socket_are_nodelay() -> None:
+    """The workers serve the control process's socket through uvicorn's `fd` (read as a Unix
+    socket: no TCP_NODELAY from the event loop); connections accepted on it inherit the listener's
+    TCP_NODELAY, so an answer written in two parts is not held for the client's delayed ACK."""
+    sock = workers.listen("127.0.0.1", 0)
+    try:
+        client = socket.create_connection(sock.getsockname()[:2])
+        accepted, _ = sock.accept()
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        accepted.close()
+        client.close()
+    finally:
+        sock.close()
