@@ -38,7 +38,7 @@ _DROP_UP = frozenset({"host", "connection", "keep-alive", "proxy-authorization",
                       "transfer-encoding", "authorization", "cookie", "content-length"})
 _DROP_DOWN = frozenset({"connection", "keep-alive", "transfer-encoding", "trailer", "upgrade", "content-length",
                         "set-cookie"})
-# Bodies up to this size go upstream whole; answers come back in pieces of up to CHUNK bytes.
+# Bodies and answers up to this size go whole; larger answers come back in pieces of up to CHUNK bytes.
 WHOLE_BODY_BYTES = 1 << 20
 CHUNK = 1 << 20
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -101,13 +101,23 @@ async def proxy_http(taskId: str, path: str, request: Request) -> Response:
         log.warning("event=proxy_upstream_error task_id=%s error=%r", taskId, str(e))
         return Response(f"task {taskId} did not answer: {type(e).__name__}", status_code=502)
     down = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in _DROP_DOWN]
+    raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in down]
+    length = answer.headers.get("content-length", "")
+    if length.isdigit() and int(length) <= WHOLE_BODY_BYTES:  # a small answer whole, in one write
+        try:
+            content = await answer.aread()
+        finally:
+            await answer.aclose()
+        whole = Response(content, status_code=answer.status_code)
+        whole.raw_headers = [*raw_headers, (b"content-length", str(len(content)).encode())]
+        return whole
 
     async def body() -> AsyncIterator[bytes]:
         async for chunk in answer.aiter_raw(CHUNK):
             yield chunk
 
     response = StreamingResponse(body(), status_code=answer.status_code, background=BackgroundTask(answer.aclose))
-    response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in down]
+    response.raw_headers = raw_headers
     return response
 
 

@@ -195,9 +195,10 @@ def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> tuple
     task = s.get(Task, task_id)
     if task is None or p.kind is not TokenKind.USER or not _may_see(p, task):
         raise not_found(f"task {task_id}")
-    alloc = _view(s, task).alloc
-    if alloc.state != st.AllocationState.RUNNING or task.proxy_address is None:
-        raise not_found(f"task {task_id} is not serving ({alloc.state})")
+    state = s.scalar(select(Allocation.state).where(Allocation.task_id == task_id)
+                     .order_by(Allocation.run_id.desc()).limit(1))
+    if state != st.AllocationState.RUNNING or task.proxy_address is None:
+        raise not_found(f"task {task_id} is not serving ({state})")
     return task.proxy_address, task.last_activity_at is None or now - task.last_activity_at >= ACTIVITY_RESOLUTION
 
 
