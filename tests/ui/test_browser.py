@@ -70,7 +70,7 @@ def test_login_and_the_experiments_page(browser: Any, ui_cluster: UICluster, tmp
     page.screenshot(path=tmp_path / "models.png", full_page=True)
     # The model's page: edited by its owner (admin here) through the form, the change shown.
     page.click("a.model-link:text('ui-model')")
-    page.wait_for_selector("#model-edit")
+    page.click("#model-edit-open")
     page.fill("#edit-description", "digits, edited in the browser")
     page.fill("#edit-labels", "vision, cnn")
     submit(page, "#model-save")
