@@ -76,7 +76,9 @@ class ContainerBootHarness(BootHarness):
 
     # -- one boot ----------------------------------------------------------------------------------
     def _run_boot(self, inst: EmulatedInstance) -> None:
-        if any(i.id != inst.id and i.state in ("booting", "running") for i in self.instances.values()):
+        if self.asks_identity(inst) and any(
+                i.id != inst.id and i.state in ("booting", "running") and self.asks_identity(i)
+                for i in self.instances.values()):
             raise BootError("the strict boot serves one instance at a time (one metadata address)")
         inst.doc = parse_user_data(inst.user_data)
         seed = inst.sandbox / "seed"
@@ -91,10 +93,10 @@ class ContainerBootHarness(BootHarness):
             network_mode="host", cap_add=["SYS_ADMIN", "NET_ADMIN"],
             security_opt=["seccomp=unconfined", "apparmor=unconfined"],
             binds={str(seed): {"bind": "/var/lib/cloud/seed/nocloud", "mode": "ro"},
-                   "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
+                   "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}, **self.machine_binds(inst)},
             tmpfs={"/run": "", "/run/lock": "", "/tmp": ""},
             extra_hosts={"metadata.google.internal": METADATA_IP})
-        container = api.create_container(self.image, hostname=inst.id[:60], host_config=host_config,
+        container = api.create_container(self.image_for(inst), hostname=inst.id[:60], host_config=host_config,
                                          environment={"container": "docker"}, stop_signal="SIGRTMIN+3",
                                          labels={"shipyard.strict-boot": inst.id})
         self.containers[inst.id] = container["Id"]
@@ -108,11 +110,29 @@ class ContainerBootHarness(BootHarness):
             return
         if rc != 0:
             raise BootError(f"cloud-init status {rc}: {out[-1500:]}")
-        rc, out = self.exec(inst.id, ["systemctl", "is-active", "shipyard-agent.service"], timeout=30)
+        unit = self.unit_for(inst)
+        rc, out = self.exec(inst.id, ["systemctl", "is-active", unit], timeout=30)
         if out.strip() != "active":
-            raise BootError(f"shipyard-agent.service is {out.strip()!r} after the boot")
+            raise BootError(f"{unit} is {out.strip()!r} after the boot")
         inst.state = "running"
         threading.Thread(target=self._watch_power, args=(inst,), daemon=True, name=f"power-{inst.id}").start()
+
+    # -- what a subclass may vary per instance (tests/e2e/test_strict_master_boot.py) ---------------
+    def image_for(self, inst: EmulatedInstance) -> str:
+        """The machine image the instance boots."""
+        return self.image
+
+    def unit_for(self, inst: EmulatedInstance) -> str:
+        """The systemd unit the boot must leave active."""
+        return "shipyard-agent.service"
+
+    def machine_binds(self, inst: EmulatedInstance) -> dict[str, dict[str, str]]:
+        """Host paths mounted into the instance's machine (its stand-ins), beyond the seed."""
+        return {}
+
+    def asks_identity(self, inst: EmulatedInstance) -> bool:
+        """Whether the instance reads its own identity from the metadata address (which serves one)."""
+        return True
 
     def exec(self, instance_id: str, argv: list[str], timeout: float = 60) -> tuple[int, str]:
         """Run `argv` in the instance's container, at most `timeout` seconds: (exit code, output)."""
@@ -129,7 +149,7 @@ class ContainerBootHarness(BootHarness):
         with contextlib.suppress(Exception):
             _, boot = self.exec(inst.id, ["cat", "/var/log/cloud-init-output.log"], timeout=30)
             (inst.sandbox / "boot.log").write_text(boot)
-            _, agent = self.exec(inst.id, ["journalctl", "--no-pager", "-o", "cat", "-u", "shipyard-agent.service"],
+            _, agent = self.exec(inst.id, ["journalctl", "--no-pager", "-o", "cat", "-u", self.unit_for(inst)],
                                  timeout=30)
             (inst.sandbox / "agent.log").write_text(agent)
 

@@ -1,21 +1,19 @@
-"""`det deploy`'s master boots from the user-data infra/render.py writes, in the emulated boot of
-tests/e2e/boot.py: the cloud-init document runs (write_files, the boot script, the systemd unit's
-ExecStart = the start program), the start program reads the passwords from the secret store, a real
-`det-master` starts from the rendered master.yaml, its compute pool launches an agent whose own
-user-data boots, and a Core API trial completes on it.
+"""`det deploy`'s master in the emulated boot of tests/e2e/boot.py, and what the strict boot of the
+master (tests/e2e/test_strict_master_boot.py, which imports the stack helpers below) shares with it.
 
-What is substituted, as in every emulated boot: the cloud (the moto server; the GCE fake), the
-metadata service, and what the stack would have created (addresses, subnet, security group, instance
-profile, bucket). The master installs the release `det deploy` ships (cli/deploy_release.py: this
-checkout's wheel and its pins), read from the emulated bucket (moto's S3, gcp-storage-emulator) with
-the instance's identity; the dependencies its pip would download from the index are this virtualenv's
-(PYTHONPATH, PIP_NO_INDEX=1: tests/infra/conftest.py dependencies_dir), so the wheel is what runs.
-cloud-init's `packages` step is still skipped (python3-venv is this machine's). The secret store: AWS Secrets Manager is moto's; for GCP
-there is no Secret Manager emulator, so a small fake below serves both the GCE metadata token
-endpoint (GCE_METADATA_HOST, as google-auth reads it) and Secret Manager's `versions/latest:access`.
-The database is a throwaway PostgreSQL (what RDS and Cloud SQL are): its URL is the secret's.
+The stack helpers (`aws_stack`, `gcp_stack`) make in the fakes what the Pulumi stack would have
+created (addresses, subnet, security group, instance profile, bucket, the secret), ship the release
+`det deploy` ships (cli/deploy_release.py: this checkout's wheel and its pins) to the emulated bucket
+(moto's S3, gcp-storage-emulator), and launch the master's instance with its rendered user-data. The
+secret store: AWS Secrets Manager is moto's; for GCP there is no Secret Manager emulator, so a small
+fake below serves both the GCE metadata token endpoint (GCE_METADATA_HOST, as google-auth reads it)
+and Secret Manager's `versions/latest:access`. The database is a throwaway PostgreSQL (what RDS and
+Cloud SQL are): its URL is the secret's.
 
-Each test boots two emulated instances and runs one trial: about 15-20 s.
+Here the master boots emulated (cloud-init's `packages` skipped, the dependencies its pip would
+download are this virtualenv's: PYTHONPATH, PIP_NO_INDEX=1), which is fast enough for the one thing
+the strict boot does not cover: `det deploy aws upgrade` while a trial trains (about 40 s). The first
+boot itself, both clouds, is the strict boot's.
 """
 
 from __future__ import annotations
@@ -169,7 +167,7 @@ class FakeGcpIdentity:
 # ---- helpers -----------------------------------------------------------------------------------
 
 
-def master_of(harness: BootHarness, master_id: str, url: str) -> EmulatedInstance:
+def master_of(harness: BootHarness, master_id: str, url: str, timeout: float = 150) -> EmulatedInstance:
     """The master's emulated instance, once its det-master answers."""
     def up() -> EmulatedInstance | None:
         inst = harness.instances.get(master_id)
@@ -180,10 +178,10 @@ def master_of(harness: BootHarness, master_id: str, url: str) -> EmulatedInstanc
         except httpx.HTTPError:
             return None
 
-    return harness.wait_for(up, 150, "the master installed from the bucket and started")
+    return harness.wait_for(up, timeout, "the master installed from the bucket and started")
 
 
-def run_trial(url: str, pool: str, harness: BootHarness, master: EmulatedInstance) -> int:
+def run_trial(url: str, pool: str, harness: BootHarness, master: EmulatedInstance, timeout: float = 60) -> int:
     r = httpx.post(url + "/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}, timeout=30)
     assert r.status_code == 200, r.text  # the admin password came from the secret store
     headers = {"Authorization": f"Bearer {r.json()['token']}"}
@@ -206,7 +204,7 @@ def run_trial(url: str, pool: str, harness: BootHarness, master: EmulatedInstanc
         return state == "STATE_COMPLETED"
 
     try:
-        wait_for(done, 60, f"trial {trial_id} completed")
+        harness.wait_for(done, timeout, f"trial {trial_id} completed")
     except AssertionError as e:
         raise AssertionError(f"{e}\n{master.agent_log[-4000:]}") from None
     return trial_id
@@ -276,9 +274,22 @@ class AwsCluster:
                 "master_instance_id": self.master_id}
 
 
-@contextlib.contextmanager
-def aws_cluster(cid: str, tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
-                shipped: tuple[deploy_release.Release, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsCluster]:
+@dataclass
+class AwsStack:
+    """What the stack would have created (in moto), the release shipped to its bucket, and the
+    master's instance launched with its rendered user-data (not booted yet)."""
+
+    cid: str
+    port: int
+    master_id: str
+    settings: AwsSettings
+    facts: render.AwsFacts
+    user_data: str
+    env: dict[str, str]  # what the instance sees of its cloud: moto's endpoints and credentials
+
+
+def aws_stack(cid: str, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
+              release: deploy_release.Release, monkeypatch: pytest.MonkeyPatch) -> AwsStack:
     port = free_port()
     ec2 = aws_session.client("ec2", region_name=REGION, endpoint_url=moto_reset)
     iam = aws_session.client("iam", region_name=REGION, endpoint_url=moto_reset)
@@ -296,7 +307,7 @@ def aws_cluster(cid: str, tmp_path: Path, moto_reset: str, aws_session: boto3.Se
 
     s = AwsSettings(cluster_id=cid, keypair="e2e-key", inbound_cidr="203.0.113.0/24", port=port,
                     agent_ami=moto_image, aux_ami=moto_image, max_dynamic_agents=1, max_idle_agent_period="5m",
-                    container_runtime="process")  # the emulated agents run trials as processes
+                    container_runtime="process")  # the booted agents run trials as processes
     facts = render.AwsFacts(master_private_ip="127.0.0.1", bucket=f"shipyard-{cid}-ckpt", subnet_ids=(subnet,),
                             agent_security_group_id=sg, agent_instance_profile=f"shipyard-{cid}-agent",
                             secret_id=secret_arn, endpoint_url=moto_reset, agent_options=dict(AGENT_OPTIONS),
@@ -304,45 +315,29 @@ def aws_cluster(cid: str, tmp_path: Path, moto_reset: str, aws_session: boto3.Se
     user_data = render.master_user_data("aws", render.aws_master_config(s, facts), secret_id=secret_arn,
                                         region=REGION, package=s.shipyard_package, cluster_id=cid)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_reset)
-    deploy_release.ship("aws", facts.bucket, shipped[0], cluster_id=cid, region=REGION)
+    deploy_release.ship("aws", facts.bucket, release, cluster_id=cid, region=REGION)
     assert_no_secret_in(user_data, ADMIN_PASSWORD, pg)
     master_id = ec2.run_instances(
         ImageId=moto_image, InstanceType=s.master_instance_type, MinCount=1, MaxCount=1, SubnetId=subnet,
         UserData=user_data, TagSpecifications=[{"ResourceType": "instance", "Tags": [
             {"Key": k, "Value": v} for k, v in {**s.all_tags, "Name": f"shipyard-{cid}-master"}.items()]}],
     )["Instances"][0]["InstanceId"]
-
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
-           "AWS_ENDPOINT_URL_SECRETS_MANAGER": moto_reset, "AWS_ENDPOINT_URL_S3": moto_reset,
-           **index_env(shipped[1])}
-    harness = EnvHarness(DeployMotoCloud(moto_reset, cid), tmp_path / "instances", extra_env=env).start()
+           "AWS_ENDPOINT_URL_SECRETS_MANAGER": moto_reset, "AWS_ENDPOINT_URL_S3": moto_reset}
+    return AwsStack(cid, port, master_id, s, facts, user_data, env)
+
+
+@contextlib.contextmanager
+def aws_cluster(cid: str, tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
+                shipped: tuple[deploy_release.Release, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsCluster]:
+    st = aws_stack(cid, moto_reset, aws_session, moto_image, pg, shipped[0], monkeypatch)
+    harness = EnvHarness(DeployMotoCloud(moto_reset, cid), tmp_path / "instances",
+                         extra_env={**st.env, **index_env(shipped[1])}).start()
     try:
-        url = f"http://127.0.0.1:{port}"
-        yield AwsCluster(cid, url, master_id, s, facts, harness, master_of(harness, master_id, url))
+        url = f"http://127.0.0.1:{st.port}"
+        yield AwsCluster(cid, url, st.master_id, st.settings, st.facts, harness, master_of(harness, st.master_id, url))
     finally:
         harness.stop()
-
-
-def test_aws_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agent(
-    tmp_path: Path, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
-    shipped: tuple[deploy_release.Release, Path], monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    ec2 = aws_session.client("ec2", region_name=REGION, endpoint_url=moto_reset)
-    with aws_cluster("e2e-aws", tmp_path, moto_reset, aws_session, moto_image, pg, shipped, monkeypatch) as c:
-        s, master = c.settings, c.master
-        assert f"event=release_installed version={shipped[0].version}" in master.boot_log
-        assert "event=secret_read" in master.agent_log
-        assert ADMIN_PASSWORD not in master.boot_log + master.agent_log
-        assert (master.sandbox / "etc/shipyard/master.yaml").read_text() == render.master_yaml(
-            render.aws_master_config(s, c.facts))
-
-        run_trial(c.url, render.COMPUTE_POOL, c.harness, master)
-        [agent] = agents_of(c.harness, c.master_id)
-        launched = ec2.describe_instances(InstanceIds=[agent.id])["Reservations"][0]["Instances"][0]
-        tags = {t["Key"]: t["Value"] for t in launched["Tags"]}
-        assert tags[DEPLOY_TAG] == c.cid and tags["shipyard:pool"] == render.COMPUTE_POOL
-        assert launched["InstanceType"] == s.compute_agent_instance_type and launched["KeyName"] == "e2e-key"
-        assert [g["GroupId"] for g in launched["SecurityGroups"]] == [c.facts.agent_security_group_id]
 
 
 # ---- AWS: `det deploy aws upgrade` while a trial trains ---------------------------------------------
@@ -484,11 +479,28 @@ def test_upgrade_restarts_the_master_on_the_new_release_and_the_trial_loses_no_m
 # ---- GCP -------------------------------------------------------------------------------------------
 
 
-def test_gcp_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agent(
-    tmp_path: Path, gce_fake: GceFake, pg: str, shipped: tuple[deploy_release.Release, Path],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    cid, project, zone = "e2e-gcp", "shipyard-e2e", "us-central1-a"
+@dataclass
+class GcpStack:
+    """The GCP twin of AwsStack: the identity and Secret Manager fake holding the secret, the GCS
+    emulator holding the release, the master's instance in the GCE fake with its user-data."""
+
+    cid: str
+    port: int
+    master_id: str
+    settings: GcpSettings
+    facts: render.GcpFacts
+    identity: FakeGcpIdentity
+    gcs: tuple[str, Any]
+    env: dict[str, str]
+
+    def stop(self) -> None:
+        self.identity.stop()
+        self.gcs[1].stop()
+
+
+def gcp_stack(cid: str, gce_fake: GceFake, pg: str, release: deploy_release.Release,
+              monkeypatch: pytest.MonkeyPatch) -> GcpStack:
+    project, zone = "shipyard-e2e", "us-central1-a"
     port = free_port()
     identity = FakeGcpIdentity(project)
     secret_name = f"projects/{project}/secrets/{cid}-master"
@@ -507,30 +519,10 @@ def test_gcp_master_boots_from_its_user_data_and_runs_a_trial_on_a_launched_agen
     user_data = render.master_user_data("gcp", config, secret_id=secret_name, region=s.region,
                                         package=s.shipyard_package, cluster_id=cid)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs[0])
-    deploy_release.ship("gcp", facts.bucket, shipped[0], cluster_id=cid, project=project)
+    deploy_release.ship("gcp", facts.bucket, release, cluster_id=cid, project=project)
     assert_no_secret_in(user_data, ADMIN_PASSWORD, pg)
     gce_fake.add_instance(project=project, zone=zone, name=f"{cid}-master", labels=s.all_tags,
                           metadata={"user-data": user_data})
-
     env = {"GCE_METADATA_HOST": identity.host, "GCE_METADATA_IP": identity.host,
-           "SHIPYARD_SECRET_MANAGER_URL": f"http://{identity.host}", "STORAGE_EMULATOR_HOST": gcs[0],
-           **index_env(shipped[1])}
-    harness = EnvHarness(DeployGceCloud(gce_fake, cid), tmp_path / "instances", extra_env=env).start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        master = master_of(harness, f"{cid}-master", url)
-        assert identity.accessed == [secret_name]
-        assert f"event=release_installed version={shipped[0].version}" in master.boot_log
-        assert ADMIN_PASSWORD not in master.boot_log + master.agent_log
-
-        run_trial(url, render.COMPUTE_POOL, harness, master)
-        [agent] = agents_of(harness, f"{cid}-master")
-        assert agent.id.startswith(render.agent_name_prefix(cid) + render.COMPUTE_POOL)
-        sent = gce_fake.sent[agent.id]
-        assert sent["labels"][DEPLOY_TAG] == cid
-        assert sent["serviceAccounts"][0]["email"] == facts.agent_service_account
-        assert [a["acceleratorType"].rsplit("/", 1)[-1] for a in sent["guestAccelerators"]] == [s.gpu_type]
-    finally:
-        harness.stop()
-        identity.stop()
-        gcs[1].stop()
+           "SHIPYARD_SECRET_MANAGER_URL": f"http://{identity.host}", "STORAGE_EMULATOR_HOST": gcs[0]}
+    return GcpStack(cid, port, f"{cid}-master", s, facts, identity, gcs, env)
