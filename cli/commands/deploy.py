@@ -33,8 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env-image", help="with --runtime docker: image of trials without environment.image "
                                        "(default pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime)")
     p.set_defaults(func=up)
-    for name, fn in (("status", status), ("down", down)):
-        p = lsub.add_parser(name)
+    for name, fn, what in (("status", status, "the master and agents this state directory started, and whether they run"),
+                           ("down", down, "stop the master and every agent this state directory started")):
+        p = lsub.add_parser(name, help=what)
         p.add_argument("--state-dir", type=Path)
         if name == "status":
             p.add_argument("--json", action="store_true")
