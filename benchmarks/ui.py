@@ -6,19 +6,22 @@ Chromium (Debian's, through playwright), of
   - a trial page whose training loss has 1,000,000 points (MLflow: the run's model-metrics page,
     one metric with 1,000,000 steps), until the chart's line is drawn.
 
-Both servers run as processes on SQLite, both are filled with the same numbers by direct inserts
+Both servers run as processes on SQLite with the same number of serving processes (--workers, default
+1: Shipyard's api_workers, MLflow's `mlflow server --workers`; Shipyard at 1 is one process serving
+the API and running its control loops), both are filled with the same numbers by direct inserts
 into their own schemas (the data set is too large to post through either API in a benchmark's
 time), and every measurement opens a fresh browser context (cold cache, no service worker). Each
 page is measured REPEAT times per system, in turns, and the median is reported. Target: Shipyard
 at least 3x faster on both pages.
 
-Run: .venv/bin/python benchmarks/ui.py [--experiments 10000] [--points 1000000] [--repeat 3]
+Run: .venv/bin/python benchmarks/ui.py [--experiments 10000] [--points 1000000] [--repeat 3] [--workers 1]
 (needs mlflow: pip install -e '.[bench]', and /usr/bin/chromium)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sqlite3
 import statistics
@@ -201,7 +204,11 @@ def main() -> int:
     ap.add_argument("--experiments", type=int, default=10_000)
     ap.add_argument("--points", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="serving processes on each side: Shipyard's api_workers and MLflow's --workers")
     args = ap.parse_args()
+    if args.workers < 1:
+        ap.error("--workers must be at least 1")
     try:
         import mlflow  # noqa: F401
         from playwright.sync_api import sync_playwright
@@ -214,13 +221,15 @@ def main() -> int:
 
     work = temp_dir("shipyard-ui-bench-")
     random.seed(7)
+    ran = (f"Shipyard api_workers={args.workers}, MLflow server --workers {args.workers}; both SQLite")
     print(f"== UI first render: {args.experiments} experiments, {args.points} metric points; "
-          f"{args.repeat} runs per page; work dir {work}")
+          f"{args.repeat} runs per page; {ran}; work dir {work}")
     t = time.monotonic()
     trial_id = fill_shipyard(work / "shipyard.db", work / "master", args.experiments, args.points)
     print(f"   Shipyard filled in {time.monotonic() - t:.0f}s")
+    os.environ["SHIPYARD_API_WORKERS"] = str(args.workers)  # MasterProcess passes its environment on
     master = MasterProcess(f"sqlite:///{work / 'shipyard.db'}", work / "master")
-    mlf = MlflowServer(f"sqlite:///{work / 'mlflow.db'}", work / "mlflow", workers=1)
+    mlf = MlflowServer(f"sqlite:///{work / 'mlflow.db'}", work / "mlflow", workers=args.workers)
     try:
         master.start()
         mlf.start()
@@ -271,8 +280,9 @@ def main() -> int:
         ok &= ratio >= 3
         rows.append([name, f"{a * 1000:.0f}", f"{b * 1000:.0f}", f"{ratio:.1f}x",
                      " ".join(f"{x * 1000:.0f}" for x in ours), " ".join(f"{x * 1000:.0f}" for x in theirs)])
-    print()
-    print_table(["page (median of runs)", "Shipyard ms", "MLflow ms", "MLflow/Shipyard", "Shipyard runs",
+    print(f"\n{ran}")
+    w = f"{args.workers} worker{'s' if args.workers > 1 else ''}"
+    print_table(["page (median of runs)", f"Shipyard ms ({w})", f"MLflow ms ({w})", "MLflow/Shipyard", "Shipyard runs",
                  "MLflow runs"], rows)
     print(f"\ntarget (both >= 3x faster than MLflow): {'met' if ok else 'NOT met'}; load average {loadavg()}")
     return 0
