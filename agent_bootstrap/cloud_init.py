@@ -11,10 +11,13 @@ The autoscaler renders it once per launch (`Autoscaler.default_user_data`). What
 3. `runcmd` runs the boot script (templates/shipyard-agent-boot.sh): startup script first, then
    the instance id from the metadata service (AWS IMDSv2 / GCE), the agent's code from the master
    (`GET /api/v1/agent/package`) into /opt/shipyard; where the distribution's libraries are
-   missing or too old (pydantic 1), a venv on top of them with the exact versions of the
-   package's constraints file (agent_bootstrap/constraints.txt, `pip install -c`); then the
-   systemd unit shipyard-agent.service (Restart=on-failure, `--instance-id`/`--agent-id` = the
-   cloud's instance id);
+   missing or too old (pydantic 1), or the storage client of the instance's cloud is missing
+   (boto3 on AWS, google-cloud-storage on GCP: trials checkpoint to the cluster's bucket with it,
+   from the agent's interpreter), a venv on top of them with the exact versions of the package's
+   constraints file (agent_bootstrap/constraints.txt, `pip install -c`; the client of the other
+   cloud is never installed), readable by the trials' users; then the systemd unit
+   shipyard-agent.service (Restart=on-failure, `--instance-id`/`--agent-id` = the cloud's
+   instance id);
 4. when the agent loses the master for good it runs `on_connection_lost` (power off by default),
    so an instance whose master is gone stops billing.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
@@ -57,6 +61,10 @@ PACKAGES = ("python3", "python3-venv", "python3-yaml", "python3-httpx", "python3
 # The same libraries for the venv fallback (distribution name → pip requirement), installed with
 # the exact versions of the constraints file, which the agent package carries too.
 PIP_REQUIREMENTS = {"httpx": "httpx", "pyyaml": "PyYAML", "pydantic": "pydantic", "tenacity": "tenacity"}
+# The bucket's storage client of each cloud (distribution name → pip requirement, and the module the
+# harness's checkpoint storage imports): an agent gets its own cloud's only.
+STORAGE_REQUIREMENTS = {"aws": {"boto3": "boto3"}, "gcp": {"google-cloud-storage": "google-cloud-storage"}}
+STORAGE_MODULES = {"aws": "boto3", "gcp": "google.cloud.storage"}
 # In the source tree and in the agent package (agent_bootstrap/package.py), relative to its root.
 CONSTRAINTS_PATH = "agent_bootstrap/constraints.txt"
 # What `container_runtime: docker` adds: the engine, and the SDK the docker runtime speaks through.
@@ -153,16 +161,31 @@ def constraints_text() -> str:
     return resources.files("agent_bootstrap").joinpath("constraints.txt").read_text("utf-8")
 
 
-def agent_constraints() -> dict[str, str]:
-    """The constraints file as {normalized distribution name: version}."""
+_MARKER_RE = re.compile(r'^python_version\s*(<|<=|>=|>|==)\s*"(\d+)\.(\d+)"$')
+_COMPARE = {"<": tuple.__lt__, "<=": tuple.__le__, ">=": tuple.__ge__, ">": tuple.__gt__, "==": tuple.__eq__}
+
+
+def agent_constraints(python: tuple[int, int] | None = None) -> dict[str, str]:
+    """The constraints file as {normalized distribution name: version} for Python `python` (default:
+    this interpreter's): a pin with a marker (`; python_version < "3.10"`, the only kind the file
+    uses) counts where the marker holds."""
+    py = python or (sys.version_info[0], sys.version_info[1])
     pins: dict[str, str] = {}
     for line in constraints_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, sep, ver = line.partition("==")
-            if not sep or not ver.strip():
-                raise ValueError(f"constraints.txt: {line!r} is not an exact pin (name==version)")
-            pins[_normalized(name)] = ver.strip()
+        line, _, marker = line.split("#", 1)[0].partition(";")
+        line, marker = line.strip(), marker.strip()
+        if not line:
+            continue
+        name, sep, ver = line.partition("==")
+        if not sep or not ver.strip():
+            raise ValueError(f"constraints.txt: {line!r} is not an exact pin (name==version)")
+        if marker:
+            m = _MARKER_RE.match(marker)
+            if m is None:
+                raise ValueError(f"constraints.txt: {marker!r} is not a python_version marker")
+            if not _COMPARE[m.group(1)](py, (int(m.group(2)), int(m.group(3)))):
+                continue
+        pins[_normalized(name)] = ver.strip()
     return pins
 
 
@@ -170,11 +193,13 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pip_pins(container_runtime: str = "process") -> list[str]:
+def pip_pins(container_runtime: str = "process", provider: str | None = None) -> list[str]:
     """`name==version` of the agent's libraries, from the constraints file (the versions every
-    supported Python installs; the rest of their closure is pinned there too)."""
+    supported Python installs; the rest of their closure is pinned there too), with the storage
+    client of `provider`'s bucket (none for hosts of no cloud)."""
     pins = agent_constraints()
-    wanted = dict(PIP_REQUIREMENTS, **({"docker": "docker"} if container_runtime == "docker" else {}))
+    wanted = dict(PIP_REQUIREMENTS, **({"docker": "docker"} if container_runtime == "docker" else {}),
+                  **STORAGE_REQUIREMENTS.get(provider or "", {}))
     return [f"{name}=={pins[_normalized(dist)]}" for dist, name in wanted.items()]
 
 
@@ -193,7 +218,8 @@ def boot_script(p: BootstrapParams, work_dir: str = WORK_DIR) -> str:
         "POOL_COMMENT": p.pool,  # matched _POOL_RE: safe inside a comment
         "LAUNCH_ID": shlex.quote(p.launch_id),
         "WORK_DIR": shlex.quote(work_dir),
-        "PIP_PINS": " ".join(shlex.quote(pin) for pin in pip_pins(p.container_runtime)),
+        "PIP_PINS": " ".join(shlex.quote(pin) for pin in pip_pins(p.container_runtime, p.provider)),
+        "STORAGE_MODULE": STORAGE_MODULES[p.provider],  # a dotted module name: safe in the script
         "CONSTRAINTS_PATH": shlex.quote(CONSTRAINTS_PATH),
         "DEFAULT_METADATA_URL": METADATA_URLS[p.provider],
     }

@@ -5,9 +5,10 @@
 #   2. read this instance's id from the cloud's metadata service;
 #   3. fetch the agent's code from the master (GET /api/v1/agent/package, bootstrap token) into
 #      /opt/shipyard;
-#   4. check the Python dependencies of the agent (Python 3.9+; a venv on top of the system
-#      packages, with the exact versions of the package's constraints file, if the distribution's
-#      are missing or too old);
+#   4. check the Python dependencies of the agent and of its trials (Python 3.9+; the storage client
+#      of this cloud's bucket, @@STORAGE_MODULE@@, which trials checkpoint with; a venv on top of the
+#      system packages, with the exact versions of the package's constraints file, if the
+#      distribution's are missing or too old);
 #   5. write and start the systemd unit shipyard-agent.service (--instance-id/--agent-id from 2).
 # The credential stays in /etc/shipyard/agent-token (0600): it is never put on a command line.
 #
@@ -132,7 +133,8 @@ python_supported() {
 }
 
 python_deps_ok() {
-    "$1" -c 'import httpx, yaml, tenacity, pydantic; assert int(pydantic.VERSION.split(".")[0]) >= 2' 2>/dev/null
+    "$1" -c 'import httpx, yaml, tenacity, pydantic; assert int(pydantic.VERSION.split(".")[0]) >= 2' 2>/dev/null &&
+        "$1" -c 'import @@STORAGE_MODULE@@' 2>/dev/null
 }
 
 fetch_agent_package() {
@@ -190,13 +192,15 @@ main() {
     fetch_agent_package || fail "cannot fetch the agent from $MASTER_URL"
 
     if ! python_deps_ok "$python"; then
-        # Older distributions ship pydantic 1 (the agent needs 2) or lack a module: add them in a
-        # venv that still sees the system packages, at the versions of the package's constraints.
+        # Older distributions ship pydantic 1 (the agent needs 2) or lack a module (the bucket's
+        # storage client is not among the packages cloud-init installs): add them in a venv that
+        # still sees the system packages, at the versions of the package's constraints. Trials run
+        # from it as their own users: world-readable, whatever the boot's umask.
         log python_deps_missing "action=venv pins=\"${PIP_PINS[*]}\""
         mkdir -p "$(dirname "$VENV_DIR")"
-        "$python" -m venv --system-site-packages "$VENV_DIR" || fail "cannot create $VENV_DIR"
-        retry 5 "$VENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check \
-            -c "$INSTALL_DIR/$CONSTRAINTS_PATH" "${PIP_PINS[@]}" ||
+        (umask 022 && "$python" -m venv --system-site-packages "$VENV_DIR") || fail "cannot create $VENV_DIR"
+        (umask 022 && retry 5 "$VENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check \
+            -c "$INSTALL_DIR/$CONSTRAINTS_PATH" "${PIP_PINS[@]}") ||
             fail "cannot install the agent's Python dependencies"
         python="$VENV_DIR/bin/python"
         python_deps_ok "$python" || fail "the agent's Python dependencies are still missing"

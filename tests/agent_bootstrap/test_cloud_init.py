@@ -27,6 +27,7 @@ from agent_bootstrap.cloud_init import (
     CONFIG_PATH,
     CONSTRAINTS_PATH,
     STARTUP_SCRIPT_PATH,
+    STORAGE_MODULES,
     TOKEN_PATH,
     BootstrapParams,
     agent_constraints,
@@ -133,9 +134,27 @@ def test_the_venv_fallback_installs_the_constraints_the_package_carries() -> Non
             "charset-normalizer", "docker"} <= set(pins)
     assert pip_pins() == [f"{name}=={pins[name.lower()]}" for name in ("httpx", "PyYAML", "pydantic", "tenacity")]
     assert pip_pins("docker")[-1] == f"docker=={pins['docker']}"
-    script = files_of(render_user_data(params()))[BOOT_SCRIPT_PATH]["content"]
-    assert f"CONSTRAINTS_PATH={CONSTRAINTS_PATH}\n" in script and '-c "$INSTALL_DIR/$CONSTRAINTS_PATH"' in script
-    assert "PIP_PINS=(" + " ".join(pip_pins()) + ")" in script
+    # The bucket's storage client of the instance's own cloud, with its closure pinned; never the other's.
+    assert pip_pins(provider="aws")[-1] == f"boto3=={pins['boto3']}"
+    assert pip_pins("docker", "gcp")[-2:] == [f"docker=={pins['docker']}",
+                                             f"google-cloud-storage=={pins['google-cloud-storage']}"]
+    assert {"botocore", "s3transfer", "jmespath", "python-dateutil", "six", "google-api-core", "google-auth",
+            "google-cloud-core", "google-resumable-media", "google-crc32c", "googleapis-common-protos",
+            "protobuf"} <= set(pins)
+    for provider, client, other in (("aws", "boto3", "google-cloud-storage"), ("gcp", "google-cloud-storage", "boto3")):
+        script = files_of(render_user_data(params(provider)))[BOOT_SCRIPT_PATH]["content"]
+        assert f"CONSTRAINTS_PATH={CONSTRAINTS_PATH}\n" in script and '-c "$INSTALL_DIR/$CONSTRAINTS_PATH"' in script
+        assert "PIP_PINS=(" + " ".join(pip_pins(provider=provider)) + ")" in script
+        assert f"{client}==" in script and f"{other}==" not in script
+        assert f"import {STORAGE_MODULES[provider]}'" in script
+
+
+def test_constraints_pin_urllib3_per_python_for_botocore() -> None:
+    # botocore on Python < 3.10 needs urllib3 < 1.27; requests takes either, newer Pythons keep 2.x.
+    assert agent_constraints((3, 9))["urllib3"].startswith("1.26.")
+    assert agent_constraints((3, 10))["urllib3"].startswith("2.")
+    assert agent_constraints((3, 13))["urllib3"] == agent_constraints((3, 10))["urllib3"]
+    assert agent_constraints((3, 9))["boto3"] == agent_constraints((3, 13))["boto3"]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
+import json
 import logging
 import os
 import shlex
@@ -78,6 +80,9 @@ class FakeMetadataServer:
         self._ids: dict[str, tuple[str, str]] = {}  # key -> (provider, instance id / name)
         self._tokens: dict[str, str] = {}  # IMDSv2 session token -> key
         self.root_key = root_key
+        # AWS: the instance profile's role and the credentials IMDS hands out for it (role name,
+        # access key id, secret key), as an instance launched with one gets; None: no profile.
+        self.instance_role: tuple[str, str, str] | None = None
         self.hits: list[MetadataHit] = []
         self.on_hit: Callable[[MetadataHit], None] | None = None
         self._server = ThreadingHTTPServer(address, self._handler())
@@ -137,12 +142,32 @@ class FakeMetadataServer:
                     ok = self._tokens.get(headers.get("x-aws-ec2-metadata-token", "")) == key
                 # HttpTokens=required: IMDSv1 (no session token) is refused.
                 return (200, key, ident) if ok else (401, key, "IMDSv2 session token required")
-            return 404, key, "not found"
+            return self._aws_role_credentials(method, rest, headers, key)
         if rest == "/computeMetadata/v1/instance/name" and method == "GET":
             if headers.get("metadata-flavor") != "Google":
                 return 403, key, "Missing Metadata-Flavor:Google header"
             return 200, key, ident
         return 404, key, "not found"
+
+    def _aws_role_credentials(self, method: str, rest: str, headers: dict[str, str], key: str) -> tuple[int, str, str]:
+        """IMDS's iam/security-credentials/[ROLE] (what boto3's default chain reads on an instance)."""
+        prefix = "/latest/meta-data/iam/security-credentials/"
+        role = self.instance_role
+        if method != "GET" or not rest.startswith(prefix) or role is None:
+            return 404, key, "not found"
+        with self._lock:
+            if self._tokens.get(headers.get("x-aws-ec2-metadata-token", "")) != key:
+                return 401, key, "IMDSv2 session token required"
+        name, access_key, secret_key = role
+        if rest == prefix:
+            return 200, key, name
+        if rest != prefix + name:
+            return 404, key, "not found"
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return 200, key, json.dumps({
+            "Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": access_key, "SecretAccessKey": secret_key,
+            "Token": "", "LastUpdated": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "Expiration": (now + datetime.timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ")})
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self

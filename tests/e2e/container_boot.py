@@ -12,8 +12,10 @@ address on this machine's loopback, which the container shares (host networking)
 the way to the master and to the package index.
 
 A container that stops by itself (the agent's power-off after losing its master) is a powered-off
-VM, passed to the cloud; an instance the cloud reports gone is removed at once (SIGKILL), like a VM
-switched off. One instance at a time: the metadata address serves one instance.
+VM, passed to the cloud; an instance the cloud reports gone is killed at once (SIGKILL), like a VM
+switched off. Its removal (tens of seconds on Docker's vfs driver) goes on in the background, off
+the test's time: `join_removals()` waits for them (a module's teardown; the engine's own teardown
+removes whatever is left). One instance at a time: the metadata address serves one instance.
 """
 
 from __future__ import annotations
@@ -41,6 +43,30 @@ log = logging.getLogger("tests.e2e.container_boot")
 METADATA_IP = "169.254.169.254"
 ROOT_KEY = "instance"
 BOOT_TIMEOUT_S = 900
+
+_removals: list[threading.Thread] = []
+_removals_lock = threading.Lock()
+
+
+def join_removals(timeout: float = 300) -> None:
+    """Wait for the background removals of killed instances' containers (at most `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    with _removals_lock:
+        pending = list(_removals)
+        _removals.clear()
+    for t in pending:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _remove_later(client: Any, container_id: str) -> None:
+    def remove() -> None:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(container_id, force=True)
+
+    t = threading.Thread(target=remove, name=f"remove-{container_id[:12]}")
+    with _removals_lock:
+        _removals.append(t)
+    t.start()
 
 
 @contextlib.contextmanager
@@ -174,4 +200,5 @@ class ContainerBootHarness(BootHarness):
             return
         self.collect_logs(inst)
         with contextlib.suppress(Exception):
-            self.client.api.remove_container(cid, force=True)
+            self.client.api.kill(cid)  # switched off now; removed in the background
+        _remove_later(self.client, cid)

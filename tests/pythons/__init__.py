@@ -22,9 +22,10 @@ What the inner runs leave out, and why (all of it runs in the main suite):
   static provider): master code, on 3.11+.
 - `[postgres]` cases (`-k "not postgres"`): making a PostgreSQL database needs psycopg2 in the test
   process; the SQLite cases run the same agent code against the same master.
-- The S3 and GCS cases of tests/harness/test_storage.py: their servers (moto, gcp-storage-emulator)
-  and clients (boto3, google-cloud-storage) are not the agent's dependencies, and botocore pins
-  urllib3 below 2 on 3.9, against the constraints; the stores are imported lazily by the harness.
+- The S3 and GCS cases of tests/harness/test_storage.py and test_tensorboard_events.py: their servers
+  (moto, gcp-storage-emulator) are not installed there. The clients (boto3, google-cloud-storage)
+  are, at the constraints' pins (a cloud agent's boot installs its own cloud's;
+  tests/e2e/test_strict_master_boot.py checkpoints through them on 3.9).
 - The tests of tests/shipyard_common/test_private_files.py that use the det CLI or the local
   provider, and tests/agent_bootstrap/test_cloud_init.py's package endpoint test (the in-process
   master app): master code. The package check above runs the served archive on each interpreter.
@@ -76,7 +77,11 @@ packaging==26.3
 pygments==2.21.0
 tomli==2.5.0
 """
-REQUIREMENTS = ("httpx", "pyyaml", "pydantic", "tenacity", "requests", "pytest", "pytest-timeout", "hypothesis")
+# boto3 and google-cloud-storage: the storage clients a cloud agent's boot installs (one per cloud), so
+# that their pinned closure is proven to install on every interpreter, and the boot tests find the
+# host's Python complete (no venv fallback).
+REQUIREMENTS = ("httpx", "pyyaml", "pydantic", "tenacity", "requests", "boto3", "google-cloud-storage", "pytest",
+                "pytest-timeout", "hypothesis")
 TEST_PATHS = ("tests/agent_bootstrap", "tests/harness", "tests/shipyard_common")
 KEYWORDS = "not postgres"
 IGNORED = ("tests/agent_bootstrap/test_ssh.py",)
@@ -86,6 +91,8 @@ DESELECTED = (
         "test_round_trip_is_byte_identical_and_delete_removes_it", "test_probe_leaves_nothing_behind",
         "test_checkpoint_context_store_and_restore")),
     "tests/harness/test_storage.py::test_missing_s3_bucket_fails_at_init",
+    "tests/harness/test_tensorboard_events.py::test_sync_to_buckets[s3]",
+    "tests/harness/test_tensorboard_events.py::test_sync_to_buckets[gcs]",
     "tests/harness/test_storage.py::test_missing_gcs_bucket_fails_at_init",
     "tests/shipyard_common/test_private_files.py::test_the_cli_token_cache_is_private",
     "tests/shipyard_common/test_private_files.py::test_deploy_local_state_is_private",
@@ -176,13 +183,14 @@ def venv_for(version: str, python: Path) -> Path:
     return venv
 
 
-def exact_pins(text: str) -> dict[str, str]:
-    """`name==version` lines of a constraints text as {normalized name: version}."""
-    pins = {}
+def exact_pins(text: str) -> dict[str, set[str]]:
+    """`name==version` lines of a constraints text as {normalized name: its versions} (more than one
+    where pins carry Python markers, `urllib3==…; python_version < "3.10"`)."""
+    pins: dict[str, set[str]] = {}
     for line in text.splitlines():
-        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        name, sep, version = line.split("#", 1)[0].split(";", 1)[0].strip().partition("==")
         if sep:
-            pins[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
+            pins.setdefault(re.sub(r"[-_.]+", "-", name).lower(), set()).add(version.strip())
     return pins
 
 
@@ -192,9 +200,9 @@ def unpinned(venv: Path) -> list[str]:
     listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze",
                              "--disable-pip-version-check"], capture_output=True, text=True, timeout=120, check=True)
     pins = {**exact_pins(CONSTRAINTS.read_text()), **exact_pins(TEST_PINS)}
-    installed = exact_pins(listed.stdout)
+    installed = {name: version for name, (version,) in exact_pins(listed.stdout).items()}
     return sorted(f"{name}=={version}" for name, version in installed.items()
-                  if name not in ("pip", "setuptools", "wheel") and pins.get(name) != version)
+                  if name not in ("pip", "setuptools", "wheel") and version not in pins.get(name, set()))
 
 
 def inner_env(**extra: str) -> dict[str, str]:
