@@ -202,6 +202,9 @@ def test_an_agent_keeps_its_own_credential_and_the_pool_token_cannot_take_its_id
     a = AgentProcess(live_master.url, token, work)
     agents.append(a)
     wait_for(lambda: connected(live_master, admin(live_master), a.agent_id), what="agent enrolled")
+    # The master counts the agent connected when it answers the enrolment; the agent writes its
+    # credential after reading that answer.
+    wait_for(lambda: "event=enrolled" in a.stderr, what="credential stored")
     cred_file = _credential_file(work)
     stored = json.loads(cred_file.read_text())
     assert (stored["agentId"], stored["resourcePool"]) == ("it-agent", "default")
