@@ -513,3 +513,43 @@ class ConfigTemplate(Base):
     owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
     config: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UserGroup(Base):
+    """A named set of users (`det user-group`), to assign roles to many at once. Migration 0018."""
+
+    __tablename__ = "user_groups"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UserGroupMember(Base):
+    __tablename__ = "user_group_members"
+    group_id: Mapped[int] = mapped_column(ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True)
+
+
+class RoleAssignment(Base):
+    """A role (core/rbac.py's ids) held by one user or one group, in one workspace or (no
+    workspace) cluster-wide. The default roles every cluster has (admins ClusterAdmin, everyone
+    Editor of Uncategorized, a workspace's creator its WorkspaceAdmin) are implied, not stored.
+    Migration 0018."""
+
+    __tablename__ = "role_assignments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    role_id: Mapped[int] = mapped_column(Integer)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), nullable=True, index=True)
+    group_id: Mapped[int | None] = mapped_column(ForeignKey("user_groups.id", ondelete="CASCADE"), nullable=True,
+                                                 index=True)
+    workspace_id: Mapped[int | None] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PoolWorkspaceBinding(Base):
+    """A resource pool bound to a workspace: a pool with bindings takes only their workspaces'
+    experiments. Migration 0018."""
+
+    __tablename__ = "pool_workspace_bindings"
+    pool: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True)
