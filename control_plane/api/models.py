@@ -69,6 +69,33 @@ def get_model(modelName: str, _p: Principal = Depends(deps.user), db: Session = 
     return {"model": _model_out(db, models.get_model(db, modelName))}
 
 
+class PatchModel(ProtoWire):
+    """Determined's v1PatchModel: each field given replaces the model's (metadata whole, as the SDK's
+    set_metadata sends the merged dict); absent or null leaves it."""
+    name: str | None = Field(default=None, max_length=255)
+    description: str | None = Field(default=None, max_length=10_000)
+    metadata: dict[str, Any] | None = None
+    labels: list[str] | None = Field(default=None, max_length=100)
+    notes: str | None = Field(default=None, max_length=100_000)
+    workspace_id: Int32 | None = None
+    workspace_name: str | None = None
+
+
+@router.patch("/api/v1/models/{modelName}")
+def patch_model(modelName: str, body: PatchModel, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+                db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+    """Description, labels, metadata and notes, as the model's owner or an admin. Models live in
+    the default workspace here: renaming and moving are refused by name, not silently ignored."""
+    m = models.get_model(db, modelName)
+    if body.name is not None and body.name != m.name:
+        raise bad_request("renaming a model is not supported", "name")
+    if body.workspace_id not in (None, 0, 1) or body.workspace_name not in (None, "", "Uncategorized"):
+        raise bad_request("models stay in the default workspace (id 1)", "workspaceId")
+    models.edit_model(db, master, p, m, description=body.description, labels=body.labels,
+                      metadata=body.metadata, notes=body.notes)
+    return {"model": _model_out(db, m)}
+
+
 class PostModelVersion(ProtoWire):
     model_name: str | None = None
     checkpoint_uuid: str

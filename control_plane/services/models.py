@@ -112,9 +112,14 @@ def _require_checkpoint_owner(s: Session, by: Principal, ckpt: Checkpoint) -> No
 DESCRIPTION_MAX = 10_000
 
 
+NOTES_MAX = 100_000
+
+
 def edit_model(s: Session, master: Master, by: Principal, m: Model, description: str | None = None,
-               labels: list[str] | None = None) -> None:
-    """The model's description and labels (None leaves one as it is); its owner or an admin."""
+               labels: list[str] | None = None, metadata: dict[str, Any] | None = None,
+               notes: str | None = None) -> None:
+    """The model's description, labels, metadata (replaced whole, as Determined's PatchModel does)
+    and notes; None leaves one as it is. Its owner or an admin."""
     if not by.admin and m.owner_id != by.user_id:
         raise forbidden(f"only the model's owner or an admin can edit model {m.name!r}")
     if description is not None:
@@ -123,6 +128,12 @@ def edit_model(s: Session, master: Master, by: Principal, m: Model, description:
         m.description = clean_text(description)
     if labels is not None:
         m.labels = list(dict.fromkeys(check_label(x, f"labels[{i}]") for i, x in enumerate(labels)))
+    if metadata is not None:
+        m.metadata_ = metadata
+    if notes is not None:
+        if len(notes) > NOTES_MAX:
+            raise bad_request(f"must be at most {NOTES_MAX} characters", "notes")
+        m.notes = clean_text(notes)
     m.modified_at = master.clock()
     s.flush()
     log.info("event=model_edited model=%s by=%s", m.name, by.username)
