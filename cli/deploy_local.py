@@ -175,7 +175,24 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
         down(state_dir, quiet=True)
         raise
     data["new_admin_password"] = new_password
+    data["warnings"] = _task_python_warnings(runtime)
     return data
+
+
+def _task_python_warnings(runtime: str) -> list[str]:
+    """What a root cluster on the process runtime should know before its first trial: trials run as
+    their users' own uids (agent/identity.py), which cannot run a Python under /root (pyenv, conda)."""
+    from agent_bootstrap.agent.identity import unreachable_interpreter
+
+    if runtime != "process" or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return []
+    blocked = unreachable_interpreter(sys.executable, sys.prefix)
+    if blocked is None:
+        return []
+    return [f"this Python ({os.path.realpath(sys.executable)}) is under {blocked}, which other users cannot "
+            f"traverse: trials run as their users' own uids and get the system's python3, without this "
+            f"environment's packages. Install Shipyard in a Python outside {blocked} (e.g. /opt, /usr/local), "
+            f"or use --runtime docker"]
 
 
 def agent_processes(state_dir: Path) -> dict[str, int]:

@@ -311,6 +311,13 @@ class Agent:
         self.identities = identity.TaskIdentities("agent" if docker_user else config.task_user,
                                                   config.task_uid_base, self.tasks_dir, own=self._own_dirs,
                                                   on_host=not getattr(runtime, "runs_images", False))
+        # A task user runs the agent's Python on the process runtime; under /root (pyenv, conda) it
+        # cannot, and `python3` silently becomes the system's, without the environment's packages.
+        self._python_blocked = (identity.unreachable_interpreter(sys.executable, sys.prefix)
+                                if self.identities.enabled else None)
+        if self._python_blocked is not None:
+            log.warning("event=task_python_unreachable python=%s blocked=%s", os.path.realpath(sys.executable),
+                        self._python_blocked)
 
         self._stop = threading.Event()
         self._exit_code: int | None = None
@@ -790,6 +797,8 @@ class Agent:
                     else container_environment(spec, slots, self.agent_id))
             env = determined_env.prepare(base, workdir)
             run_as = self._give_to_task_user(spec, workdir, env)
+            if run_as is not None and container is None:
+                self._warn_unreachable_python(task, run_as)
             try:
                 handle = self.runtime.start(LaunchSpec(
                     allocation_id=alloc, argv=spec.argv, env=env, workdir=workdir, output=self._output_fn(task),
@@ -822,6 +831,18 @@ class Agent:
                 # the whole experiment config.
                 task.spec = None
                 task.handle = None
+
+    def _warn_unreachable_python(self, task: _Task, run_as: RunAs) -> None:
+        """Say in the task's own log, before any `No module named ...`, why its `python3` is not
+        the agent's (unless the experiment chose its PATH itself)."""
+        if self._python_blocked is None or task.spec is None or "PATH" in task.spec.env:
+            return
+        self._agent_line(task, (
+            f"this agent's Python ({os.path.realpath(sys.executable)}) cannot be run by the task's user "
+            f"(uid {run_as.uid}): {self._python_blocked} is not traversable by other users, so `python3` is "
+            f"the first one on PATH that uid {run_as.uid} can run, without the agent's packages. Install the "
+            f"agent with a Python outside {self._python_blocked} (e.g. under /opt or /usr/local), or set PATH in "
+            f"environment.environment_variables to an environment task users can read"), level="LOG_LEVEL_WARNING")
 
     def _give_to_task_user(self, spec: TaskSpec, workdir: Path, env: dict[str, str]) -> RunAs | None:
         """The task's OS identity (identity.py); its directory handed to it, its checkpoint

@@ -51,6 +51,17 @@ def unreachable_ancestor(path: Path, own: tuple[Path, ...] = ()) -> Optional[Pat
     return None
 
 
+def unreachable_interpreter(executable: str, prefix: str) -> Optional[Path]:
+    """The directory that keeps task users from running the agent's own Python, if any: the real
+    interpreter (a venv's `python3` is a link, often into /root/.pyenv) or the environment's prefix
+    (its site-packages) sits under a directory other users cannot traverse."""
+    for target in (Path(os.path.realpath(executable)), Path(prefix) / "lib"):
+        blocked = unreachable_ancestor(target)
+        if blocked is not None:
+            return blocked
+    return None
+
+
 class TaskIdentities:
     """Decides the uid/gid of each task and prepares what it may reach."""
 

@@ -4,6 +4,7 @@ the Pulumi programs of infra/)."""
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ def up(args: Any) -> int:
     if data.get("new_admin_password"):
         print(f"Admin password (also in {pw_file}, mode 0600): {pw_file.read_text().strip()}")
     print(f"You are logged in as admin. Try: det -m {data['master_url']} experiment list")
+    for warning in data.get("warnings", []):
+        print(f"Warning: {warning}", file=sys.stderr)
     return 0
 
 

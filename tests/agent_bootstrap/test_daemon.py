@@ -4,8 +4,10 @@ place of the master (events are read from the outbox, log lines from a list sink
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from agent_bootstrap.agent import identity
 from agent_bootstrap.agent.client import MasterUnavailable
 from agent_bootstrap.agent.config import AgentConfig
 from agent_bootstrap.agent.daemon import SETUP_FAILED, Agent, task_environment
@@ -90,7 +93,8 @@ def test_task_runs_with_its_environment_and_reports_running_then_exited(agent: A
     evs = events(agent, "a2")
     assert [e["type"] for e in evs] == ["starting", "running", "exited"]
     assert isinstance(evs[1]["pid"], int) and evs[2]["exitCode"] == 0 and evs[2]["message"] is None
-    out = shipped(agent, "a2")
+    out = "".join(line for line in shipped(agent, "a2").splitlines(keepends=True)
+                  if not line.startswith("[shipyard-agent]"))  # a root agent's notice, if any
     assert out.startswith("cuda=GPU-bbb agent=agent-1 alloc=a2 token=none cwd=a2-")
     assert list(agent.tasks_dir.iterdir()) == []  # the task directory is removed afterwards
 
@@ -319,3 +323,39 @@ def test_a_task_that_exited_while_the_master_was_away_is_reregistered_until_its_
     assert master.registered[-1].running_allocations == ["r2"]
     agent._kill("r2", 0.5, "test over")
     join(agent, "r2")
+
+
+def test_a_task_user_who_cannot_run_the_agents_python_is_told_why_in_its_log(tmp_path: Path) -> None:
+    # A root agent installed in a Python under a 0700 directory (pyenv or conda under /root): the
+    # task's uid would silently get the system's python3, without the agent's packages.
+    if os.geteuid() != 0:
+        pytest.skip("only a root agent runs tasks as other users")
+    private = tmp_path / "home"
+    (private / "py" / "bin").mkdir(parents=True)
+    (private / "py" / "bin" / "python3").write_text("")
+    blocked = identity.unreachable_interpreter(str(private / "py" / "bin" / "python3"), "/usr")
+    assert blocked is not None and blocked in (tmp_path, *tmp_path.parents)  # pytest's dirs are 0700
+    assert identity.unreachable_interpreter("/usr/bin/env", "/usr") is None
+    public = Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp"))  # tasks need a traversable path
+    try:
+        public.chmod(0o711)
+        a = Agent(AgentConfig(master_url="http://127.0.0.1:9", agent_id="agent-1", work_dir=public / "work"),
+                  "agent-secret", GPUS, ProcessRuntime(poll_interval=0.02), base_env=dict(os.environ))
+        assert a.identities.enabled
+        a.tasks_dir.mkdir(parents=True)
+        a.shipper = LogShipper(ListSink(), flush_interval=0.01).start()
+        a._python_blocked = blocked
+        start(a, "u1", "echo ran as $(id -u)")
+        a._start(StartCommand(type="start", allocation_id="u2", spec=TaskSpec(
+            allocation_id="u2", task_id="task-u2", entrypoint="echo ran as $(id -u)", slot_ids=["1"],
+            env={"DET_ALLOCATION_ID": "u2", "PATH": "/usr/bin:/bin"}, token="alloc-token")))
+        join(a, "u1")
+        join(a, "u2")
+        a.shipper.close(timeout=5)
+        a.runtime.close()
+        told = shipped(a, "u1")
+        assert f"ran as {identity.NOBODY}" in told, told
+        assert "[shipyard-agent] this agent's Python" in told and f"{blocked} is not traversable" in told, told
+        assert "[shipyard-agent]" not in shipped(a, "u2")  # the experiment chose its own PATH
+    finally:
+        shutil.rmtree(public, ignore_errors=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_bootstrap.agent.identity import unreachable_interpreter
 from tests.integration.conftest import pid_alive
 from tests.pg import free_port
 
@@ -29,6 +30,13 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     assert up.returncode == 0, up.stderr
     assert f"http://127.0.0.1:{port}" in up.stdout and "Admin password" in up.stdout
     assert oct((state / "admin-password").stat().st_mode & 0o777) == "0o600"
+    # As root with this Python under a private directory (pyenv under /root here), the user is told
+    # before the first trial that trial users cannot run it; otherwise nothing is said.
+    blocked = unreachable_interpreter(sys.executable, sys.prefix) if os.geteuid() == 0 else None
+    if blocked is not None:
+        assert f"Warning: this Python ({os.path.realpath(sys.executable)}) is under {blocked}" in up.stderr
+    else:
+        assert "Warning" not in up.stderr, up.stderr
     status = json.loads(det("deploy", "local", "status", "--json", "--state-dir", str(state), env=env).stdout)
     pids = [status["master_pid"]] + [a["pid"] for a in status["agents"]]
     assert status["master_alive"] and all(a["alive"] for a in status["agents"])
