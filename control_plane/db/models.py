@@ -200,6 +200,18 @@ class TaskLog(Base):
     log: Mapped[str] = mapped_column(Text)
 
 
+class MasterLog(Base):
+    """The master's own log lines, from every process (leader and API workers), for `det master
+    logs`; the newest `master_log_retention` kept (services/master_logs.py)."""
+
+    __tablename__ = "master_logs"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    timestamp: Mapped[datetime] = mapped_column(default=utcnow)
+    level: Mapped[str] = mapped_column(String(16))
+    process: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+
+
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
     uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
