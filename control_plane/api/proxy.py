@@ -3,7 +3,8 @@ WebSocket, to the address the task reported (services/tasks.py `proxy_target`). 
 task's owner or an admin, by the session they already have (a bearer token, Determined's `auth`
 cookie, or the web UI's session cookie): no token in the URL, nothing that outlives the session.
 Another user's request is answered 404, as for a task that does not exist. The master adds the
-task's Jupyter token to the upstream request; the browser never sees it."""
+task's Jupyter token to the upstream request; the browser never sees it. A shell's WebSocket is
+relayed as raw bytes to its sshd's TCP port (`det shell open`'s tunnel, cli/tunnel.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -28,7 +29,7 @@ from control_plane.db.engine import transaction
 from control_plane.errors import DomainError, http_status, unauthenticated
 from control_plane.frontdoor.error_shape import domain_error_response
 from control_plane.master import Master
-from control_plane.services import tasks
+from control_plane.services import shells, tasks
 
 log = logging.getLogger("shipyard.proxy")
 router = APIRouter()
@@ -104,8 +105,8 @@ async def proxy_http(taskId: str, path: str, request: Request) -> Response:
     raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in down]
     length = answer.headers.get("content-length", "")
     if length.isdigit() and int(length) <= WHOLE_BODY_BYTES:  # a small answer whole, in one write
-        try:
-            content = await answer.aread()
+        try:  # as sent (aread would undo a Content-Encoding that the header still names)
+            content = b"".join([chunk async for chunk in answer.aiter_raw()])
         finally:
             await answer.aclose()
         whole = Response(content, status_code=answer.status_code)
@@ -130,7 +131,14 @@ async def proxy_websocket(websocket: WebSocket, taskId: str, path: str) -> None:
     try:
         address, jtoken = await run_in_threadpool(_target, master, websocket, taskId)
     except DomainError as e:
-        await websocket.close(code=4000 + http_status(e), reason=str(e)[:120])
+        if "websocket.http.response" in websocket.scope.get("extensions", {}):  # the real status (401, 404)
+            await websocket.send_denial_response(domain_error_response(e))
+        else:
+            await websocket.close(code=4000 + http_status(e), reason=str(e)[:120])
+        return
+    user, hostport = shells.split_address(address)
+    if user:  # a shell: the WebSocket carries the SSH connection's bytes to its sshd
+        await _relay_tcp(websocket, taskId, hostport)
         return
     query = websocket.url.query
     url = f"ws://{address}{websocket.url.path}" + (f"?{query}" if query else "")
@@ -151,22 +159,58 @@ async def proxy_websocket(websocket: WebSocket, taskId: str, path: str) -> None:
             else:
                 await websocket.send_text(message)
 
-    async def up() -> None:
+    async def up(message: dict[str, Any]) -> None:
+        if message.get("bytes") is not None:
+            await upstream.send(message["bytes"])
+        elif message.get("text") is not None:
+            await upstream.send(message["text"])
+
+    await _relay(websocket, down(), up, upstream.close)
+
+
+async def _relay(websocket: WebSocket, down: Coroutine[Any, Any, None],
+                 up: Callable[[dict[str, Any]], Awaitable[None]], close_upstream: Callable[[], Awaitable[None]]) -> None:
+    """Run `down` (upstream to the caller) and pass each caller message `up` until either side ends."""
+
+    async def pump_up() -> None:
         while True:
             message: Any = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
-            if message.get("bytes") is not None:
-                await upstream.send(message["bytes"])
-            elif message.get("text") is not None:
-                await upstream.send(message["text"])
+            await up(message)
 
-    pumps = [asyncio.create_task(down()), asyncio.create_task(up())]
+    pumps = [asyncio.create_task(down), asyncio.create_task(pump_up())]
     try:
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for t in pumps:
             t.cancel()
-        await upstream.close()
+        await close_upstream()
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await websocket.close()
+
+
+async def _relay_tcp(websocket: WebSocket, task_id: str, hostport: str) -> None:
+    """Binary WebSocket messages to a TCP connection and back, until either side closes."""
+    host, _, port = hostport.rpartition(":")
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout=15)
+    except (OSError, TimeoutError, ValueError) as e:
+        log.warning("event=proxy_tcp_upstream_error task_id=%s error=%r", task_id, str(e))
+        await websocket.close(code=1011, reason="the task did not accept the connection")
+        return
+    await websocket.accept()
+
+    async def down() -> None:
+        while chunk := await reader.read(CHUNK):
+            await websocket.send_bytes(chunk)
+
+    async def up(message: dict[str, Any]) -> None:
+        data = message.get("bytes") if message.get("bytes") is not None else (message.get("text") or "").encode()
+        writer.write(data)
+        await writer.drain()
+
+    async def close() -> None:
+        writer.close()
+
+    await _relay(websocket, down(), up, close)
