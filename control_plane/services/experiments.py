@@ -28,6 +28,7 @@ from control_plane.core.expconf import (
 )
 from control_plane.core.expconf.defaults import merge_storage
 from control_plane.core.metrics import better
+from control_plane.core.rbac import Perm
 from control_plane.db.models import (
     Allocation,
     Checkpoint,
@@ -42,7 +43,7 @@ from control_plane.db.models import (
 )
 from control_plane.errors import FieldProblem, Invalid, bad_request, conflict, not_found
 from control_plane.master import Master
-from control_plane.services import lifecycle, pool_capacity, templates, workspaces
+from control_plane.services import access, authz, lifecycle, pool_capacity, templates, workspaces
 from control_plane.services.metrics import searcher_goal
 from control_plane.services.text import clean_text
 from shipyard_common.model_def import (
@@ -162,6 +163,8 @@ def create(s: Session, master: Master, owner: Principal, new: NewExperiment) -> 
     """Store the experiment and its model definition, and let the searcher create its first
     trials (services/lifecycle). Returns the row and what validation made of the submission."""
     v = validate(s, master, new)
+    access.require_permission(s, owner, Perm.CREATE_EXPERIMENT, what=f"project {v.project_id}",
+                              workspace_id=authz.workspace_of_project(s, v.project_id))
     md = ModelDefinition(
         archive=v.archive,
         size_bytes=len(v.archive),

@@ -177,7 +177,7 @@ def authorize_reporter(s: Session, p: Principal, trial_id: int) -> None:
     row = s.connection().execute(_WRITER_ROW, {"trial_id": trial_id}).first()
     if row is None:
         raise not_found(f"trial {trial_id}")
-    access.require_trial_writer_of(p, trial_id, row.experiment_id, row.owner_id)
+    access.require_trial_writer_of(p, trial_id, row.experiment_id, row.owner_id, s)
 
 
 # One request's reports: the trial of its path, who asks (resolved in the writer's session), how

@@ -1,7 +1,7 @@
 """Config templates (`det template`, `/api/v1/templates`): named experiment-config bases held by a
 workspace. An experiment created with one gets the template under its own config, merged as
 Determined merges them (core/expconf/merge.py). Anyone may read and use templates; their creator
-or an admin changes or removes them (`access.require_changer`)."""
+or a role allowing it changes or removes them (`access.require_permission`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from control_plane.auth import Principal
 from control_plane.core.expconf.loading import load_document
 from control_plane.core.expconf.merge import merge_template
+from control_plane.core.rbac import Perm
 from control_plane.db.models import ConfigTemplate
 from control_plane.errors import bad_request, conflict, not_found
 from control_plane.master import Master
@@ -46,6 +47,7 @@ def create_template(s: Session, master: Master, by: Principal, name: str, config
     if not name or not name.strip() or len(name) > NAME_MAX:
         raise bad_request(f"must be 1 to {NAME_MAX} characters", "name")
     ws = workspaces.get_workspace(s, workspace_id or workspaces.DEFAULT_WORKSPACE_ID)
+    access.require_permission(s, by, Perm.CREATE_TEMPLATES, workspace_id=ws.id, what=f"workspace {ws.id}")
     if ws.archived:
         raise conflict(f"workspace {ws.id} is archived; it takes no new templates")
     if s.get(ConfigTemplate, name) is not None:
@@ -59,13 +61,15 @@ def create_template(s: Session, master: Master, by: Principal, name: str, config
 
 
 def set_config(s: Session, by: Principal, t: ConfigTemplate, config: Any) -> None:
-    access.require_changer(by, f"template {t.name!r}", t.owner_id)
+    access.require_permission(s, by, Perm.UPDATE_TEMPLATES, workspace_id=t.workspace_id, what=f"template {t.name!r}",
+                              owner_id=t.owner_id)
     t.config = _config(config)
     s.flush()
 
 
 def delete_template(s: Session, by: Principal, t: ConfigTemplate) -> None:
-    access.require_changer(by, f"template {t.name!r}", t.owner_id)
+    access.require_permission(s, by, Perm.DELETE_TEMPLATES, workspace_id=t.workspace_id, what=f"template {t.name!r}",
+                              owner_id=t.owner_id)
     s.delete(t)
     s.flush()
     log.info("event=template_deleted template=%s by=%s", t.name, by.username)

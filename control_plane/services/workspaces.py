@@ -5,7 +5,8 @@ cluster's own (no owner, immutable): experiments created without a project land 
 A workspace carries defaults for the experiments created in it: a compute pool (used when the
 config names no `resources.resource_pool`) and checkpoint storage (merged under the config's, over
 the master's). Archived workspaces and projects take no new experiments or projects; deleting
-one is allowed only once it is empty. Who may change what is `access.require_changer`.
+one is allowed only once it is empty. Who may change what is `access.require_permission`
+(roles, services/authz.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.core.expconf.models.storage import CheckpointStorage
+from control_plane.core.rbac import Perm
 from control_plane.db.models import ConfigTemplate, Experiment, Project, User, Workspace
 from control_plane.errors import bad_request, conflict, not_found
 from control_plane.master import Master
@@ -133,13 +135,17 @@ def _mutable(what: str, immutable: bool) -> None:
 
 def _may_reshape(by: Principal, record: Workspace | Project) -> None:
     """Archiving, deleting or moving: who may change it, and never the cluster's default."""
-    what = f"{'workspace' if isinstance(record, Workspace) else 'project'} {record.id}"
-    access.require_changer(by, what, record.owner_id)
+    is_ws = isinstance(record, Workspace)
+    what = f"{'workspace' if is_ws else 'project'} {record.id}"
+    access.require_permission(object_session(record), by, Perm.UPDATE_WORKSPACE if is_ws else Perm.UPDATE_PROJECT,
+                              workspace_id=record.id if is_ws else record.workspace_id, what=what,
+                              owner_id=record.owner_id)
     _mutable(what, record.immutable)
 
 
 def edit_workspace(s: Session, master: Master, by: Principal, ws: Workspace, change: WorkspaceSettings) -> None:
-    access.require_changer(by, f"workspace {ws.id}", ws.owner_id)
+    access.require_permission(s, by, Perm.UPDATE_WORKSPACE, workspace_id=ws.id, what=f"workspace {ws.id}",
+                              owner_id=ws.owner_id)
     if change.name is not None and change.name != ws.name:
         _mutable(f"workspace {ws.id}", ws.immutable)  # renaming Uncategorized
     _apply_settings(s, master, ws, change)
@@ -240,7 +246,7 @@ def _key(s: Session, wanted: str | None, name: str) -> str:
 
 def create_project(s: Session, master: Master, by: Principal, ws: Workspace, name: str,
                    description: str = "", key: str | None = None) -> Project:
-    access.require_user(by)
+    access.require_permission(s, by, Perm.CREATE_PROJECT, workspace_id=ws.id, what=f"workspace {ws.id}")
     if ws.archived:
         raise conflict(f"workspace {ws.id} is archived; it takes no new projects")
     name = _name(name, "name")
@@ -269,7 +275,8 @@ class ProjectEdit:
 
 
 def edit_project(s: Session, by: Principal, p: Project, change: ProjectEdit) -> None:
-    access.require_changer(by, f"project {p.id}", p.owner_id)
+    access.require_permission(s, by, Perm.UPDATE_PROJECT, workspace_id=p.workspace_id, what=f"project {p.id}",
+                              owner_id=p.owner_id)
     if change.name is not None and change.name != p.name:
         _mutable(f"project {p.id}", p.immutable)
         name = _name(change.name, "name")
@@ -290,7 +297,8 @@ NOTE_MAX = 100_000
 
 def set_project_notes(s: Session, by: Principal, p: Project, notes: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
     """Replace the project's notes (Determined's PutProjectNotes: the whole list at once)."""
-    access.require_changer(by, f"project {p.id}", p.owner_id)
+    access.require_permission(s, by, Perm.UPDATE_PROJECT, workspace_id=p.workspace_id, what=f"project {p.id}",
+                              owner_id=p.owner_id)
     if len(notes) > NOTES_MAX:
         raise bad_request(f"at most {NOTES_MAX} notes", "notes")
     for i, (name, contents) in enumerate(notes):
@@ -412,6 +420,8 @@ def home_for_new_experiment(s: Session, project_id: int | None, field_name: str 
 def move_experiment(s: Session, by: Principal, exp: Experiment, destination_project_id: int) -> None:
     access.require_owner(by, exp)
     dest = home_for_new_experiment(s, destination_project_id, "destinationProjectId")
+    access.require_permission(s, by, Perm.CREATE_EXPERIMENT, workspace_id=dest.workspace.id,
+                              what=f"project {dest.project.id}")
     exp.project_id = dest.project.id
     s.flush()
     log.info("event=experiment_moved experiment_id=%s project_id=%s by=%s", exp.id, dest.project.id, by.username)

@@ -110,9 +110,11 @@ def test_only_the_owner_or_an_admin_changes(client, admin_headers) -> None:  # t
     ws = _ok(client.post("/api/v1/workspaces", headers=alice, json={"name": "a-space"}))["workspace"]
     proj = _ok(client.post(f"/api/v1/workspaces/{ws['id']}/projects", headers=alice, json={"name": "p"}))["project"]
     exp = create_ok(client, alice, projectId=proj["id"])["experiment"]
-    # Bob reads all of it, and may create in it (Determined without RBAC) ...
+    # Bob reads all of it; creating in it needs a role there (he has none: RBAC, services/authz.py) ...
     assert _ok(client.get(f"/api/v1/workspaces/{ws['id']}", headers=bob))["workspace"]["numExperiments"] == 1
-    bobs = _ok(client.post(f"/api/v1/workspaces/{ws['id']}/projects", headers=bob, json={"name": "bobs"}))["project"]
+    assert "needs Editor" in _refused(client.post(f"/api/v1/workspaces/{ws['id']}/projects", headers=bob,
+                                                  json={"name": "bobs"}), 403)
+    bobs = _ok(client.post("/api/v1/workspaces/1/projects", headers=bob, json={"name": "bobs"}))["project"]
     # ... but changes none of Alice's: not her workspace, her project, or her experiment's home.
     for r in (client.patch(f"/api/v1/workspaces/{ws['id']}", headers=bob, json={"name": "mine"}),
               client.post(f"/api/v1/workspaces/{ws['id']}/archive", headers=bob),
