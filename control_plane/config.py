@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from control_plane.core import scheduling
 from control_plane.core.scheduling.policy import DEFAULT_PRIORITY
@@ -164,6 +164,9 @@ class MasterConfig(_Strict):
     # A notebook with no traffic through the master's proxy and no kernel activity for this long is
     # stopped (loops/task_idle.py); its own config's idle_timeout wins. None: never (Determined's default).
     notebook_idle_timeout_s: float | None = Field(None, gt=0)
+    # The same for a TensorBoard (Determined's tensorboard_timeout, 5 minutes; either name); None: never.
+    tensorboard_timeout_s: float | None = Field(
+        300.0, gt=0, validation_alias=AliasChoices("tensorboard_timeout_s", "tensorboard_timeout"))
     # A trial reaches only its task directory and its checkpoint storage (issue 27): experiment
     # configs with bind_mounts, resources.devices or environment.add_capabilities are refused (400)
     # unless the admin sets this.

@@ -19,16 +19,22 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 def prepare(env: dict[str, str], task_dir: Path, container_addr: str = "127.0.0.1") -> dict[str, str]:
     """The task's environment with the info files written under `task_dir` (0700 / 0600: they
-    hold the task's token); a task without a trial id is left as it is."""
+    hold the task's token); a TensorBoard task gets the shipped harness on PYTHONPATH (its launcher,
+    harness/tensorboard/serve.py); another task without a trial id is left as it is."""
     if "DET_TRIAL_ID" not in env:
-        return env
+        return _with_harness(env) if env.get("DET_TASK_TYPE") == "TENSORBOARD" else env
     info_dir = task_dir / ".determined-info"
     private_files.private_dir(info_dir)
     for name, content in info_files(env, container_addr).items():
         private_files.write_private(info_dir / name, json.dumps(content).encode())
     out = dict(env)
     out[INFO_DIR_ENV] = str(info_dir)
+    return _with_harness(out, [str(SHIM_DIR)])
+
+
+def _with_harness(env: dict[str, str], first: list[str] | None = None) -> dict[str, str]:
+    out = dict(env)
     existing = out.get("PYTHONPATH")
-    shipped = [str(SHIM_DIR)] + ([str(PACKAGE_ROOT)] if (PACKAGE_ROOT / "harness" / "__init__.py").exists() else [])
+    shipped = (first or []) + ([str(PACKAGE_ROOT)] if (PACKAGE_ROOT / "harness" / "__init__.py").exists() else [])
     out["PYTHONPATH"] = os.pathsep.join(shipped + ([existing] if existing else []))
     return out

@@ -1,4 +1,5 @@
-"""det command|cmd run|list|kill|logs, det notebook start|list|kill|logs, det task list|logs:
+"""det command|cmd run|list|kill|logs, det notebook start|list|kill|logs,
+det tensorboard start|list|kill|logs|open, det task list|logs:
 tasks other than trials (api/ntsc.py), in Determined's wire format."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from cli.logs import print_stream
 from cli.output import print_json, table
 from cli.session import authed
 
-_PATHS = {"command": "commands", "notebook": "notebooks"}
+_PATHS = {"command": "commands", "notebook": "notebooks", "tensorboard": "tensorboards"}
 # How long `det cmd run` waits for the command's exit to be recorded after its log stream ended.
 EXIT_WAIT_S = 30.0
 
@@ -56,6 +57,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     _launch_args(p)
     p.set_defaults(func=start_notebook)
     _common(g, "notebook")
+
+    g = group(sub, "tensorboard", "TensorBoard over experiments' and trials' metrics, proxied by the master")
+    p = g.add_parser("start", help="start TensorBoard; prints its URL once it is ready")
+    p.add_argument("experiment_ids", type=int, nargs="*", metavar="EXPERIMENT_ID",
+                   help="every trial of these experiments")
+    p.add_argument("-t", "--trial-ids", type=int, nargs="+", default=[], metavar="TRIAL_ID", help="these trials")
+    _launch_args(p)
+    p.set_defaults(func=start_tensorboard)
+    p = g.add_parser("open", help="print a running TensorBoard's URL and open it in a browser")
+    p.add_argument("task_id", metavar="ID")
+    p.add_argument("--no-browser", action="store_true", help="only print the URL")
+    p.set_defaults(func=open_tensorboard)
+    _common(g, "tensorboard")
 
     g = group(sub, "task", "every task (trials, commands, notebooks)")
     p = g.add_parser("list", aliases=["ls"], help="live tasks and their allocations")
@@ -137,20 +151,55 @@ def _exit_code(s: Any, task_id: str) -> int:
         time.sleep(0.5)
 
 
+def _wait_ready(s: Any, kind: str, task_id: str) -> None:
+    while True:
+        task = s.get(f"/api/v1/tasks/{task_id}")["task"]
+        if task.get("endTime"):
+            raise CliError(f"{kind} {task_id} ended before it was ready (det {kind} logs {task_id})")
+        if task["allocations"] and task["allocations"][0].get("isReady"):
+            return
+        time.sleep(0.5)
+
+
 def start_notebook(args: Any) -> int:
     s, nb = _launch(args, "notebook", _config(args))
     if args.detach:
         print(nb["id"])
         return 0
     print(f"Launched notebook {nb['id']} ({nb['description']}); waiting for JupyterLab", flush=True)
-    while True:
-        task = s.get(f"/api/v1/tasks/{nb['id']}")["task"]
-        if task.get("endTime"):
-            raise CliError(f"notebook {nb['id']} ended before it was ready (det notebook logs {nb['id']})")
-        if task["allocations"] and task["allocations"][0].get("isReady"):
-            break
-        time.sleep(0.5)
+    _wait_ready(s, "notebook", nb["id"])
     print(f"JupyterLab is running at: {s.master}{nb['serviceAddress']}")
+    return 0
+
+
+def start_tensorboard(args: Any) -> int:
+    if not args.experiment_ids and not args.trial_ids:
+        raise CliError("name experiments or trials: det tensorboard start EXPERIMENT_ID... | --trial-ids TRIAL_ID...")
+    files = pack_model_dir(Path(args.context)) if args.context else []
+    s = authed(args)
+    tb = s.post("/api/v1/tensorboards", {"config": _config(args), "files": files,
+                                         "experimentIds": args.experiment_ids, "trialIds": args.trial_ids})["tensorboard"]
+    if args.detach:
+        print(tb["id"])
+        return 0
+    print(f"Launched tensorboard {tb['id']} ({tb['description']}) for {len(tb['trialIds'])} trial(s); "
+          "waiting for TensorBoard", flush=True)
+    _wait_ready(s, "tensorboard", tb["id"])
+    print(f"TensorBoard is running at: {s.master}{tb['serviceAddress']}")
+    return 0
+
+
+def open_tensorboard(args: Any) -> int:
+    s = authed(args)
+    tb = s.get(f"/api/v1/tensorboards/{args.task_id}")["tensorboard"]
+    if tb["state"] != "STATE_RUNNING" or not tb.get("isReady"):
+        raise CliError(f"tensorboard {args.task_id} is not serving ({tb['state'].removeprefix('STATE_')})")
+    url = f"{s.master}{tb['serviceAddress']}"
+    print(url)
+    if not args.no_browser:
+        import webbrowser
+
+        webbrowser.open(url)
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Commands and notebooks in Determined 0.38.1's wire format (`/api/v1/commands`,
-`/api/v1/notebooks`, `GET /api/v1/tasks/{taskId}`), the address a task reports
+"""Commands, notebooks and TensorBoards in Determined 0.38.1's wire format (`/api/v1/commands`,
+`/api/v1/notebooks`, `/api/v1/tensorboards`, `GET /api/v1/tasks/{taskId}`), the address a task reports
 (`POST /api/v1/allocations/{id}/proxy_address`) and its context archive. Parse, authorize, call
 services/tasks.py, serialize."""
 
@@ -15,15 +15,16 @@ from control_plane.api import deps
 from control_plane.api.wire import ProtoWire, ts
 from control_plane.auth import Principal
 from control_plane.core import states as st
-from control_plane.core.task_config import TASK_TYPES
+from control_plane.core.task_config import SERVING_KINDS, TASK_TYPES
 from control_plane.master import Master
-from control_plane.services import tasks
+from control_plane.services import tasks, tensorboards
 from control_plane.services.tasks import TaskView
 
 router = APIRouter()
 
 # Determined's resource names: the path, the list's key, one item's key.
-_KINDS = {"command": ("commands", "command"), "notebook": ("notebooks", "notebook")}
+_KINDS = {"command": ("commands", "command"), "notebook": ("notebooks", "notebook"),
+          "tensorboard": ("tensorboards", "tensorboard")}
 _STATES = {
     st.AllocationState.PENDING: "STATE_QUEUED",
     st.AllocationState.ASSIGNED: "STATE_PULLING",
@@ -44,6 +45,11 @@ class LaunchRequest(ProtoWire):
     preview: bool = False
 
 
+class LaunchTensorboardRequest(LaunchRequest):
+    experiment_ids: list[int] = []
+    trial_ids: list[int] = []
+
+
 def task_state(v: TaskView) -> str:
     if v.alloc.state in st.ALLOC_ON_AGENT and v.alloc.kill_requested:
         return "STATE_TERMINATING"
@@ -60,7 +66,7 @@ def exit_status(v: TaskView) -> str | None:
 
 
 def task_json(v: TaskView) -> dict[str, Any]:
-    """v1Command / v1Notebook, with Shipyard's exitCode and isReady beside."""
+    """v1Command / v1Notebook / v1Tensorboard, with Shipyard's exitCode and isReady beside."""
     out = {
         "id": v.task.id, "description": v.task.description, "state": task_state(v), "username": v.username,
         "userId": v.task.owner_id, "displayName": v.username, "resourcePool": v.task.pool,
@@ -68,8 +74,11 @@ def task_json(v: TaskView) -> dict[str, Any]:
         "exitStatus": exit_status(v), "exitCode": v.alloc.exit_code, "isReady": v.ready,
         "slots": v.alloc.slots_needed, "agentId": v.alloc.agent_id,
     }
-    if v.task.kind == "notebook":
+    if v.task.kind in SERVING_KINDS:
         out["serviceAddress"] = f"/proxy/{v.task.id}/"
+    if v.task.kind == "tensorboard":
+        out["experimentIds"] = v.task.config.get("experiment_ids") or []
+        out["trialIds"] = v.task.config.get("trial_ids") or []
     return out
 
 
@@ -81,10 +90,8 @@ def _routes(kind: str) -> None:
     plural, single = _KINDS[kind]
     one = f"/api/v1/{plural}/{{{single}Id}}"  # Determined's names: {commandId}, {notebookId}
 
-    @router.post(f"/api/v1/{plural}", name=f"launch_{kind}")
-    def launch(body: LaunchRequest, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
-               db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-        return _one(kind, tasks.launch(db, master, p, kind, body.config, body.files))
+    if kind != "tensorboard":  # launch_tensorboard below takes its own request
+        _launch_route(kind, plural)
 
     @router.get(f"/api/v1/{plural}", name=f"list_{kind}s")
     def list_(p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"),
@@ -101,6 +108,24 @@ def _routes(kind: str) -> None:
              master: Master = Depends(deps.get_master),
              db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
         return {single: task_json(tasks.kill(db, master, p, task_id, kind))}
+
+
+def _launch_route(kind: str, plural: str) -> None:
+    @router.post(f"/api/v1/{plural}", name=f"launch_{kind}")
+    def launch(body: LaunchRequest, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+               db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+        return _one(kind, tasks.launch(db, master, p, kind, body.config, body.files))
+
+
+@router.post("/api/v1/tensorboards")
+def launch_tensorboard(body: LaunchTensorboardRequest, p: Principal = Depends(deps.user),
+                       master: Master = Depends(deps.get_master),
+                       db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+    """Determined's LaunchTensorboard: the experiments' trials and the named ones, each readable."""
+    trial_ids = tensorboards.trials_for(db, p, body.experiment_ids, body.trial_ids)
+    config = body.config if isinstance(body.config, dict) else {}
+    config = {**config, "experiment_ids": body.experiment_ids, "trial_ids": trial_ids}
+    return _one("tensorboard", tasks.launch(db, master, p, "tensorboard", config, body.files))
 
 
 for _kind in _KINDS:

@@ -1,5 +1,5 @@
-"""The config of a task other than a trial (a command, a notebook), as Determined 0.38.1's
-`det cmd run` / `det notebook start` send it: `entrypoint`, `description`, `resources` (slots, pool,
+"""The config of a task other than a trial (a command, a notebook, a TensorBoard), as Determined
+0.38.1's `det cmd run` / `det notebook start` / `det tensorboard start` send it: `entrypoint`, `description`, `resources` (slots, pool,
 priority, weight, container sizes), `environment` and `bind_mounts` (the experiment config's own
 sections, so images, variables and mounts mean the same), `idle_timeout`. Fields Determined knows and
 Shipyard does not use (work_dir, pbs, slurm, debug, ...) are accepted and ignored. Pure: parses and
@@ -15,10 +15,13 @@ from control_plane.core.expconf import BindMount, ConfigInvalid, Environment, Fi
 from control_plane.core.expconf.messages import field_errors
 from control_plane.core.expconf.models.resources import ByteSize
 
-TaskKind = Literal["command", "notebook"]
-TASK_KINDS: tuple[str, ...] = ("command", "notebook")
+TaskKind = Literal["command", "notebook", "tensorboard"]
+TASK_KINDS: tuple[str, ...] = ("command", "notebook", "tensorboard")
 # Determined's task types, as `det task list` and DET_TASK_TYPE name them.
-TASK_TYPES = {"command": "COMMAND", "notebook": "NOTEBOOK"}
+TASK_TYPES = {"command": "COMMAND", "notebook": "NOTEBOOK", "tensorboard": "TENSORBOARD"}
+# Tasks that serve through the master's proxy, are ready once they report their address and are
+# stopped when idle.
+SERVING_KINDS: tuple[str, ...] = ("notebook", "tensorboard")
 
 
 class _Lenient(BaseModel):
@@ -41,9 +44,18 @@ class TaskConfig(_Lenient):
     resources: TaskResources = TaskResources()
     environment: Environment = Environment()
     bind_mounts: list[BindMount] = []
-    # Stop an idle notebook after this many seconds (traffic through the master's proxy and Jupyter's
-    # own kernel activity count as use); None: never. Determined writes a duration ("30m").
+    # Stop an idle notebook or TensorBoard after this many seconds (traffic through the master's proxy
+    # and, for Jupyter, its own kernel activity count as use); None: the master's default. Determined
+    # writes a duration ("30m").
     idle_timeout: int | str | None = None
+    # A TensorBoard's trials, set by the launch request (Determined's experimentIds / trialIds).
+    experiment_ids: list[int] = []
+    trial_ids: list[int] = []
+
+    @property
+    def idle_timeout_s(self) -> int | None:
+        """The idle timeout in seconds (parse_task_config refused one that is not a duration)."""
+        return idle_seconds(self.idle_timeout)
 
 
 def parse_task_config(kind: str, raw: Any, *, default_pool: str) -> TaskConfig:
@@ -90,5 +102,5 @@ def description_of(kind: str, cfg: TaskConfig, task_id: str) -> str:
     """Determined's default: "Command (adjective-noun)" — here the kind and the id's first part."""
     if cfg.description:
         return cfg.description
-    name = "Notebook" if kind == "notebook" else "Command"
+    name = {"notebook": "Notebook", "tensorboard": "TensorBoard"}.get(kind, "Command")
     return f"{name} ({task_id.split('-')[0]})"

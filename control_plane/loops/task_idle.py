@@ -1,5 +1,5 @@
-"""Idle notebooks (issue 29): every few seconds, for each serving notebook with an idle timeout,
-ask its Jupyter (directly, with the task's token, not counted as activity) for its own last
+"""Idle notebooks and TensorBoards (issue 29): every few seconds, for each serving one with an idle
+timeout, ask a notebook's Jupyter (directly, with the task's token, not counted as activity) for its own last
 activity and its kernels' execution states, ask the core (core/task_idle.py) with the proxy's
 traffic beside, and stop those it finds idle, with a line in their logs saying why."""
 
@@ -43,8 +43,9 @@ def tick(master: Master) -> None:
     with master.read_sessions() as s:
         candidates = tasks.idle_candidates(s, master)
     for c in candidates:
-        jupyter_at, busy = _probe(c, tasks.jupyter_token(master, c.task_id))
-        reason = idle_reason(Activity(c.ready_at, c.proxy_at, jupyter_at, busy), master.clock(), c.timeout_s)
+        notebook = c.kind == "notebook"
+        jupyter_at, busy = _probe(c, tasks.jupyter_token(master, c.task_id)) if notebook else (None, 0)
+        reason = idle_reason(Activity(c.ready_at, c.proxy_at, jupyter_at, busy, notebook), master.clock(), c.timeout_s)
         if reason is not None:
             with transaction(master.sessions) as s:
                 tasks.stop_idle(s, master, c.task_id, reason)

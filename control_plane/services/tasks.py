@@ -1,4 +1,4 @@
-"""Tasks other than trials (issue 29): commands and notebooks. Launched into a pool as one pending
+"""Tasks other than trials (issue 29): commands, notebooks and TensorBoards. Launched into a pool as one pending
 allocation, which the placement loop schedules like a trial's (priority, queue, fair share; not
 preempted: it cannot checkpoint), the agent runs with its runtime (process or Docker) and whose
 logs, exit and kill go the allocations' ways. A task's state and exit are its allocation's.
@@ -8,6 +8,7 @@ Every function works inside the caller's transaction and raises control_plane.er
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -24,21 +25,23 @@ from control_plane.core import states as st
 from control_plane.core.containers import task_container_spec
 from control_plane.core.expconf import ConfigInvalid
 from control_plane.core.task_config import (
+    SERVING_KINDS,
     TASK_TYPES,
     TaskConfig,
     config_dict,
     description_of,
-    idle_seconds,
     parse_task_config,
 )
 from control_plane.db.models import Agent, Allocation, ModelDefinition, Task, User
 from control_plane.errors import FieldProblem, Invalid, bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import allocations, lifecycle, pool_capacity
+from control_plane.services import allocations, lifecycle, pool_capacity, tensorboards
 from shipyard_common.agent_protocol import TaskSpec
 from shipyard_common.model_def import ModelDefInvalid, pack_model_definition, validate_model_definition
 
 log = logging.getLogger("shipyard.tasks")
+# What a TensorBoard task reads (harness/tensorboard/serve.py): a JSON list of its trials' sources.
+TENSORBOARD_SOURCES_ENV = "SHIPYARD_TENSORBOARD_SOURCES"
 
 _LAUNCHER = Path(__file__).resolve().parents[2] / "shipyard_common" / "jupyter_launch.py"
 
@@ -51,10 +54,10 @@ class TaskView:
 
     @property
     def ready(self) -> bool:
-        """Serving: a notebook once it reported its address, a command once running."""
+        """Serving: a notebook or TensorBoard once it reported its address, a command once running."""
         if self.alloc.state != st.AllocationState.RUNNING:
             return False
-        return self.task.kind != "notebook" or self.task.proxy_address is not None
+        return self.task.kind not in SERVING_KINDS or self.task.proxy_address is not None
 
 
 def _problems(e: ConfigInvalid) -> Invalid:
@@ -231,6 +234,10 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_
     if task.kind == "notebook":
         argv: list[str] | str = ["python3", "-c", _LAUNCHER.read_text()]
         env.update({"SHIPYARD_PROXY_BASE": f"/proxy/{task.id}/", "JUPYTER_TOKEN": jupyter_token(master, task.id)})
+    elif task.kind == "tensorboard":  # the harness's launcher (the agent puts it on PYTHONPATH)
+        argv = ["python3", "-m", "harness.tensorboard.serve"]
+        env.update({"SHIPYARD_PROXY_BASE": f"/proxy/{task.id}/", TENSORBOARD_SOURCES_ENV: json.dumps(
+            tensorboards.sources(s, master.cluster_id, cfg.trial_ids))})
     else:
         argv = cfg.entrypoint if isinstance(cfg.entrypoint, str) else list(cfg.entrypoint or [])
     return TaskSpec(allocation_id=alloc.id, task_id=task.id, run_id=alloc.run_id, entrypoint=argv, env=env,
@@ -243,6 +250,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_
 @dataclass(frozen=True)
 class IdleCandidate:
     task_id: str
+    kind: str
     address: str
     timeout_s: float
     ready_at: datetime
@@ -250,22 +258,25 @@ class IdleCandidate:
 
 
 def idle_candidates(s: Session, master: Master) -> list[IdleCandidate]:
-    """Serving notebooks with an idle timeout (their config's idle_timeout, else the master's
-    notebook_idle_timeout_s)."""
+    """Serving notebooks and TensorBoards with an idle timeout (their config's idle_timeout, else the
+    master's notebook_idle_timeout_s or tensorboard_timeout_s)."""
     out = []
     rows = s.execute(select(Task, Allocation).join(Allocation, Allocation.task_id == Task.id).where(
-        Task.kind == "notebook", Task.proxy_address.is_not(None), Allocation.state == st.AllocationState.RUNNING,
+        Task.kind.in_(SERVING_KINDS), Task.proxy_address.is_not(None), Allocation.state == st.AllocationState.RUNNING,
         Allocation.kill_requested.is_(False)))
     for task, alloc in rows:
-        timeout = idle_seconds(task.config.get("idle_timeout")) or master.config.notebook_idle_timeout_s
+        own = TaskConfig.model_validate(task.config).idle_timeout_s
+        default = (master.config.tensorboard_timeout_s if task.kind == "tensorboard"
+                   else master.config.notebook_idle_timeout_s)
+        timeout = own or default
         if timeout and task.proxy_address:
-            out.append(IdleCandidate(task.id, task.proxy_address, float(timeout),
+            out.append(IdleCandidate(task.id, task.kind, task.proxy_address, float(timeout),
                                      alloc.started_at or alloc.assigned_at or alloc.created_at, task.last_activity_at))
     return out
 
 
 def stop_idle(s: Session, master: Master, task_id: str, reason: str) -> None:
-    """Stop a notebook found idle, with a line in its logs saying why."""
+    """Stop a notebook or TensorBoard found idle, with a line in its logs saying why."""
     alloc = s.scalars(select(Allocation).where(Allocation.task_id == task_id,
                                                Allocation.state == st.AllocationState.RUNNING)).first()
     if alloc is None or alloc.kill_requested:

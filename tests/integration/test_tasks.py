@@ -150,3 +150,48 @@ def test_idle_notebook_is_stopped_but_not_while_a_cell_runs(cluster_factory: Any
         time.sleep(0.5)
     code, out, _ = det(capsys, cluster.url, "notebook", "logs", nb_id)
     assert code == 0 and "stopped: idle for" in out and "idle timeout 4s" in out, out
+
+
+def test_tensorboard_of_a_finished_experiment_through_the_proxy_then_culled_idle(
+        cluster_factory: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`det tensorboard start EXP` on a finished experiment: the real TensorBoard serves the trial's
+    metrics (the harness's event files in the shared_fs storage) at /proxy/<id>/ to its owner, 404 to
+    another user; left alone it is stopped after tensorboard_timeout, its logs saying why."""
+    import httpx
+
+    from tests.integration.conftest import trial_config
+
+    os.environ["COLUMNS"] = "240"
+    cluster = cluster_factory(agents=1, master_yaml={"tensorboard_timeout": 15})
+    login(capsys, cluster)
+    exp_id = cluster.submit(trial_config("tb", length=12))
+    cluster.wait_experiment(exp_id, timeout=120)
+    (trial,) = cluster.trials(exp_id)
+    code, out, err = det(capsys, cluster.url, "tensorboard", "start", str(exp_id), "--config", "resources.slots=0")
+    assert code == 0, (out, err)
+    tb_id = out.split("Launched tensorboard ")[1].split()[0]
+    assert f"TensorBoard is running at: {cluster.url}/proxy/{tb_id}/" in out
+    admin = cluster.client
+    assert admin is not None
+    base = f"/proxy/{tb_id}"
+    run = f"exp{exp_id}-trial{trial['id']}"
+    tags = admin.get(f"{base}/data/plugin/scalars/tags").json()
+    assert set(tags[run]) == {"Determined/loss", "Determined/validation_loss"}, tags
+    series = admin.get(f"{base}/data/plugin/scalars/scalars", params={"run": run, "tag": "Determined/loss"}).json()
+    stored = {row["stepsCompleted"]: row["metrics"].get("avg_metrics", row["metrics"])["loss"]
+              for row in cluster.metrics(trial["id"], "training")}
+    assert len(stored) == 12
+    assert {step: round(value, 5) for _wall, step, value in series} == {s: round(v, 5) for s, v in stored.items()}
+    code, out, _ = det(capsys, cluster.url, "tensorboard", "list")
+    assert code == 0 and tb_id in out and "RUNNING" in out, out
+    admin.post("/api/v1/users", json={"user": {"username": "eve"}, "password": "eve-password-1"}).raise_for_status()
+    eve = httpx.post(cluster.url + "/api/v1/auth/login", json={"username": "eve", "password": "eve-password-1"}).json()
+    assert httpx.get(f"{cluster.url}{base}/data/runs", headers={"Authorization": f"Bearer {eve['token']}"}).status_code == 404
+    # No more traffic: stopped after the master's tensorboard_timeout.
+    deadline = time.monotonic() + 60
+    while cluster.get(f"/api/v1/tensorboards/{tb_id}")["tensorboard"]["state"] != "STATE_TERMINATED":
+        assert time.monotonic() < deadline, "the idle TensorBoard was not stopped"
+        time.sleep(1)
+    code, out, _ = det(capsys, cluster.url, "tensorboard", "logs", tb_id)
+    assert code == 0 and "stopped: idle for" in out and "idle timeout 15s" in out, out
+    assert admin.get(f"{base}/data/runs").status_code == 404

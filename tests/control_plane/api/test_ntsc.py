@@ -4,6 +4,7 @@ the agent's task spec, who may see and kill what, refusals naming the field."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import select
@@ -94,3 +95,42 @@ def test_placed_like_a_trial_with_its_spec_and_not_preempted(client, admin_heade
         assert not cmd_alloc.preempt_requested and not cmd_alloc.kill_requested
         trial_alloc = s.scalar(select(Allocation).where(Allocation.trial_id.is_not(None)))
         assert trial_alloc.state == "pending"
+
+
+def test_tensorboard_launch_its_trials_spec_and_refusals(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    """Determined's LaunchTensorboard: an experiment's trials (readable by the caller), v1Tensorboard's
+    shape, the agent's spec (the harness's launcher and each trial's storage and path); refusals."""
+    from tests.control_plane.api.test_experiments import create_ok, only_trial
+
+    exp_id = create_ok(client, admin_headers)["experiment"]["id"]
+    trial = only_trial(master, exp_id)
+    for body, status, field in (({}, 400, "experimentIds"), ({"experimentIds": [9999]}, 404, "experiment 9999"),
+                                ({"trialIds": [9999]}, 404, "trial 9999"),
+                                ({"experimentIds": [exp_id], "config": {"idle_timeout": "later"}}, 400,
+                                 "config.idle_timeout")):
+        r = client.post("/api/v1/tensorboards", headers=admin_headers, json=body)
+        assert r.status_code == status and field in r.text, r.text
+    r = client.post("/api/v1/tensorboards", headers=admin_headers,
+                    json={"experimentIds": [exp_id], "trialIds": [trial.id], "config": {"resources": {"slots": 0}}})
+    assert r.status_code == 200, r.text
+    tb = r.json()["tensorboard"]
+    assert V1_COMMAND_REQUIRED <= set(tb) and tb["serviceAddress"] == f"/proxy/{tb['id']}/"
+    assert (tb["experimentIds"], tb["trialIds"], tb["state"]) == ([exp_id], [trial.id], "STATE_QUEUED")
+    assert tb["description"].startswith("TensorBoard (")
+    listed = client.get("/api/v1/tensorboards", headers=admin_headers).json()["tensorboards"]
+    assert [t["id"] for t in listed] == [tb["id"]]
+    other = make_user(client, admin_headers, "bob")
+    assert client.get(f"/api/v1/tensorboards/{tb['id']}", headers=other).status_code == 404
+    _agent(master)
+    placement.tick(master)
+    with transaction(master.sessions) as s:
+        alloc = s.scalar(select(Allocation).where(Allocation.task_id == tb["id"]))
+        spec = agent_service.task_spec(s, master, alloc, s.get(Agent, "a1"))
+    assert spec.argv == ["python3", "-m", "harness.tensorboard.serve"] and spec.env["DET_TASK_TYPE"] == "TENSORBOARD"
+    (source,) = json.loads(spec.env["SHIPYARD_TENSORBOARD_SOURCES"])
+    assert source["name"] == f"exp{exp_id}-trial{trial.id}" and source["storage"]["type"] == "shared_fs"
+    assert source["path"] == f"{master.cluster_id}/tensorboard/experiment/{exp_id}/trial/{trial.id}"
+    task = client.get(f"/api/v1/tasks/{tb['id']}", headers=admin_headers).json()["task"]
+    assert task["taskType"] == "TASK_TYPE_TENSORBOARD" and task["allocations"][0]["isReady"] is False
+    killed = client.post(f"/api/v1/tensorboards/{tb['id']}/kill", headers=admin_headers).json()["tensorboard"]
+    assert killed["state"] == "STATE_TERMINATING"

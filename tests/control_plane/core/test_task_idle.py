@@ -25,3 +25,10 @@ def test_idle_after_the_timeout_from_the_latest_activity_of_either_kind() -> Non
 
 def test_a_running_cell_is_never_idle() -> None:
     assert idle_reason(Activity(T0, None, None, 1), at(10_000), 60) is None
+
+
+def test_a_tensorboard_is_idle_by_proxy_traffic_alone() -> None:
+    tb = Activity(T0, at(30), None, 0, has_kernels=False)
+    assert idle_reason(tb, at(89), 60) is None
+    reason = idle_reason(tb, at(90), 60)
+    assert reason is not None and "no traffic through the master's proxy;" in reason and "kernel" not in reason

@@ -1,0 +1,57 @@
+"""TensorBoard tasks (issue 29): which trials one serves and where their event files are.
+
+The harness writes every trial's tfevents to its experiment's checkpoint storage under
+`<cluster_id>/tensorboard/experiment/<exp>/trial/<trial>/` (harness/tensorboard/sync.py); a
+TensorBoard task reads them from there (harness/tensorboard/serve.py). Launching one is a task like
+a notebook (services/tasks.py) whose config names its trials; this module resolves the request's
+experiments and trials, and gives the task the storage and path of each.
+
+Every function works inside the caller's transaction and raises control_plane.errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_plane.auth import Principal
+from control_plane.db.models import Experiment, Trial
+from control_plane.errors import bad_request
+from control_plane.services import access
+
+# Determined's limit: at most this many trials per TensorBoard.
+MAX_TRIALS = 100
+
+
+def trials_for(s: Session, p: Principal, experiment_ids: Sequence[int], trial_ids: Sequence[int]) -> list[int]:
+    """The trials a TensorBoard of these experiments and trials serves (each readable by the caller):
+    every trial of each experiment, then the named ones, without repeats."""
+    if not experiment_ids and not trial_ids:
+        raise bad_request("name experiments (experimentIds) or trials (trialIds) to show", "experimentIds")
+    found: list[int] = []
+    for exp_id in experiment_ids:
+        access.require_read_experiment(s, p, access.get_experiment(s, exp_id))
+        found += s.scalars(select(Trial.id).where(Trial.experiment_id == exp_id).order_by(Trial.id))
+    for trial_id in trial_ids:
+        access.require_read_trial(p, access.get_trial(s, trial_id))
+        found.append(trial_id)
+    unique = list(dict.fromkeys(found))
+    if not unique:
+        raise bad_request("the experiments named have no trials yet", "experimentIds")
+    if len(unique) > MAX_TRIALS:
+        raise bad_request(f"{len(unique)} trials: a TensorBoard shows at most {MAX_TRIALS}", "trialIds")
+    return unique
+
+
+def sources(s: Session, cluster_id: str, trial_ids: Sequence[int]) -> list[dict[str, Any]]:
+    """For the task's launcher: each trial's run name, its experiment's checkpoint storage and the
+    path of its event files in that storage."""
+    out = []
+    rows = s.execute(select(Trial.id, Experiment.id, Experiment.config).join(Experiment, Experiment.id == Trial.experiment_id)
+                     .where(Trial.id.in_(list(trial_ids))).order_by(Trial.id))
+    for trial_id, exp_id, config in rows:
+        out.append({"name": f"exp{exp_id}-trial{trial_id}", "storage": (config or {}).get("checkpoint_storage") or {},
+                    "path": f"{cluster_id or 'default'}/tensorboard/experiment/{exp_id}/trial/{trial_id}"})
+    return out

@@ -1,0 +1,134 @@
+"""A TensorBoard task's entrypoint (issue 29): `python -m harness.tensorboard.serve`.
+
+Reads its trials' event files where the harness wrote them (harness/tensorboard/sync.py): a
+shared_fs storage's directory directly; an S3 or GCS storage's prefix copied to a local directory
+before TensorBoard starts and again every SYNC_INTERVAL_S (through harness/storage, so no
+TensorFlow and no second storage client). Starts the real `tensorboard` on a free port, each trial
+a run named exp<E>-trial<T>, serving
+under the master's proxy path (`--path_prefix /proxy/<task id>`), tells the master where it serves
+(shipyard_common/jupyter_launch.py's way) and waits for it, passing a stop signal on.
+
+The master gives it SHIPYARD_PROXY_BASE and SHIPYARD_TENSORBOARD_SOURCES: a JSON list of
+{"name": run name, "storage": checkpoint_storage config, "path": the trial's path in it}."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, Optional
+
+from harness.storage import StorageError, from_config
+from harness.storage.base import walk_tree
+from shipyard_common.jupyter_launch import _address_towards, _free_port, _report
+
+log = logging.getLogger("harness.tensorboard.serve")
+
+SOURCES_ENV = "SHIPYARD_TENSORBOARD_SOURCES"
+SYNC_INTERVAL_S = 30.0
+
+
+class Source:
+    """One trial's event files, at `local` = <scratch>/<run name> (TensorBoard's --logdir is the
+    scratch directory, so each trial is one run named after it): a copy of a bucket's files, or a
+    link to the shared_fs directory."""
+
+    def __init__(self, name: str, storage: Mapping[str, Any], path: str, scratch: Path) -> None:
+        parent, leaf = str(PurePosixPath(path).parent), PurePosixPath(path).name
+        config = dict(storage)
+        if config.get("type") == "shared_fs":  # the trial's directory itself
+            config["storage_path"] = str(PurePosixPath(config.get("storage_path") or "", parent))
+        else:  # the bucket's objects under prefix/parent/leaf, as a "checkpoint" named leaf
+            config["prefix"] = "/".join(p for p in (config.get("prefix") or "", parent) if p)
+        self.name, self.leaf = name, leaf
+        self.storage = from_config(config)
+        direct = self.storage.direct_path(leaf)
+        self.copied = direct is None
+        self.local = scratch / name
+        if direct is not None:
+            self.local.symlink_to(direct, target_is_directory=True)
+        self._incoming = scratch / ".incoming" / name
+
+    def sync(self) -> int:
+        """Copy new or grown files of a bucket's trial into `local` (each replaced whole, by rename);
+        the number copied. Nothing there yet is not an error: the next pass looks again."""
+        if not self.copied:
+            return 0
+        self.local.mkdir(parents=True, exist_ok=True)
+        try:
+            self.storage.download(self.leaf, self._incoming)
+        except StorageError as e:
+            log.info("event=tensorboard_sync_skipped run=%s reason=%r", self.name, str(e))
+            return 0
+        n = 0
+        for entry in walk_tree(self._incoming):
+            target = self.local / entry.relpath
+            if entry.is_dir:
+                target.mkdir(parents=True, exist_ok=True)
+            elif not target.exists() or target.stat().st_size != entry.size:
+                os.replace(entry.path, target)
+                n += 1
+        return n
+
+
+def sources_from_env(env: Mapping[str, str], scratch: Path) -> list[Source]:
+    return [Source(s["name"], s["storage"], s["path"], scratch) for s in json.loads(env[SOURCES_ENV])]
+
+
+def tensorboard_argv(scratch: Path, port: int, base: str) -> list[str]:
+    return [sys.executable, "-m", "tensorboard.main", "--logdir", str(scratch), "--host", "0.0.0.0",
+            "--port", str(port), "--path_prefix", base.rstrip("/"), "--reload_interval", "5"]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _sync_all(sources: list[Source]) -> None:
+    for s in sources:
+        try:
+            s.sync()
+        except Exception as e:  # noqa: BLE001 (a failed pass is retried by the next one)
+            print(f"could not copy the event files of {s.name}: {e}", flush=True)
+
+
+def main(env: Optional[Mapping[str, str]] = None) -> int:
+    env = os.environ if env is None else env
+    base = env["SHIPYARD_PROXY_BASE"]
+    scratch = Path(tempfile.mkdtemp(prefix="tensorboard-logs-", dir=os.getcwd()))
+    sources = sources_from_env(env, scratch)
+    _sync_all(sources)
+    port = _free_port()
+    child = subprocess.Popen(tensorboard_argv(scratch, port, base))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: child.send_signal(s))
+    while child.poll() is None and not _answers(f"http://127.0.0.1:{port}{base}data/environment"):
+        time.sleep(0.2)
+    if child.poll() is None:
+        _report(env["DET_MASTER"], env["DET_ALLOCATION_ID"], env["DET_SESSION_TOKEN"],
+                f"{_address_towards(env['DET_MASTER'])}:{port}")
+        print(f"TensorBoard is ready for {len(sources)} trial(s); the master proxies it at {base}", flush=True)
+    next_sync = time.monotonic() + SYNC_INTERVAL_S
+    while child.poll() is None:
+        time.sleep(0.5)
+        if time.monotonic() >= next_sync and any(s.copied for s in sources):
+            _sync_all(sources)
+            next_sync = time.monotonic() + SYNC_INTERVAL_S
+    return child.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
