@@ -50,3 +50,23 @@ def test_det_notebook_start_list_kill(det: Det, compat_cluster: CompatCluster) -
     assert "Killed notebook" in det.ok("notebook", "kill", nb_id)
     wait_for(lambda: compat_cluster.get(f"/api/v1/notebooks/{nb_id}")["notebook"]["state"] == "STATE_TERMINATED",
              "the killed notebook to end")
+
+
+def test_det_tensorboard_start_list_kill(det: Det, compat_cluster: CompatCluster, tmp_path: Path) -> None:
+    """0.38.1's `det tensorboard start EXP` over a finished experiment: ready behind the master's
+    proxy with the trial's scalars, listed, killed."""
+    from tests.compat.conftest import MODEL_DIR, write_config
+
+    out = det.ok("experiment", "create", "-f", write_config(tmp_path, "compat-tb", length=6), MODEL_DIR, timeout=180)
+    exp_id = int(re.search(r"Created experiment (\d+)", out).group(1))  # type: ignore[union-attr]
+    (trial,) = compat_cluster.trials(exp_id)
+    out = det.ok("tensorboard", "start", exp_id, "--no-browser", "--config", "resources.slots=0", timeout=180)
+    m = re.search(rf"Launched tensorboard \(id: ({UUID})", out)
+    assert m and "Tensorboard is running at" in out, out
+    tb_id = m.group(1)
+    tags = compat_cluster.client.get(f"/proxy/{tb_id}/data/plugin/scalars/tags")
+    assert tags.status_code == 200 and "Determined/loss" in tags.json()[f"exp{exp_id}-trial{trial['id']}"], tags.text
+    assert tb_id in det.ok("tensorboard", "list")
+    assert "Killed tensorboard" in det.ok("tensorboard", "kill", tb_id)
+    wait_for(lambda: compat_cluster.get(f"/api/v1/tensorboards/{tb_id}")["tensorboard"]["state"] == "STATE_TERMINATED",
+             "the killed TensorBoard to end")
