@@ -1,0 +1,45 @@
+"""harness/tensorboard/serve.py's sources: a trial's event files as the harness uploaded them
+(TensorboardSync, the trial side) are what the TensorBoard task reads: a shared_fs directory
+linked in place; an S3 (moto's server) or GCS (the emulator) prefix copied, and a grown file copied
+again on the next pass while an unchanged one is left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.storage import from_config
+from harness.tensorboard.serve import Source, tensorboard_argv
+from harness.tensorboard.sync import TensorboardSync, sync_path
+from harness.tensorboard.writer import EventFileWriter
+from tests.harness.test_tensorboard_events import read_scalars
+
+
+@pytest.mark.parametrize("kind", ["shared_fs", "s3", "gcs"])
+def test_a_trials_uploaded_event_files_reach_the_tensorboard(kind: str, tmp_path: Path,
+                                                             request: pytest.FixtureRequest) -> None:
+    storage: dict[str, Any] = ({"type": "shared_fs", "host_path": str(tmp_path / "ckpts")} if kind == "shared_fs"
+                               else request.getfixturevalue(f"{kind}_bucket"))
+    written = tmp_path / "trial-side"
+    writer = EventFileWriter(written)
+    writer.add_scalar("Determined/loss", 0.5, 1)
+    writer.flush()
+    path = sync_path("cluster-1", 7, 42)
+    upload = TensorboardSync(from_config(storage), written, path)
+    assert upload.sync_once() == 1
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    source = Source("exp7-trial42", storage, path, scratch)
+    assert source.local == scratch / "exp7-trial42"
+    assert source.sync() == (1 if kind != "shared_fs" else 0)
+    assert read_scalars(source.local) == [("Determined/loss", 0.5, 1)]
+    writer.add_scalar("Determined/loss", 0.25, 2)
+    writer.flush()
+    assert upload.sync_once() == 1
+    assert source.sync() == (1 if kind != "shared_fs" else 0)
+    assert read_scalars(source.local) == [("Determined/loss", 0.5, 1), ("Determined/loss", 0.25, 2)]
+    assert source.sync() == 0  # nothing new
+    argv = tensorboard_argv(scratch, 6006, "/proxy/t-1/")
+    assert argv[argv.index("--logdir") + 1] == str(scratch) and argv[argv.index("--path_prefix") + 1] == "/proxy/t-1"
