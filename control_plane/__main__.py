@@ -109,6 +109,7 @@ def _serve_single(config, wrap_provider: ProviderWrapper | None) -> int:  # type
     if master is None:
         return 1
     master.serving_since = None  # until uvicorn has started (Master.serving_since)
+    stop_recording = _record_logs(master, "master")
     start_background(master, wrap_provider=wrap_provider)
     server = uvicorn.Server(_uvicorn_config(create_app(master), config, host=config.host, port=config.port))
     workers.when_serving(lambda: bool(server.started), master.mark_serving, master.stopping)
@@ -123,8 +124,16 @@ def _serve_single(config, wrap_provider: ProviderWrapper | None) -> int:  # type
     try:
         server.run()
     finally:
+        stop_recording()
         master.stop()
     return 0
+
+
+def _record_logs(master, process: str):  # type: ignore[no-untyped-def]
+    """This process's log lines into the shared record `det master logs` reads (services/master_logs.py)."""
+    from control_plane.services import master_logs
+
+    return master_logs.record(master.sessions, process, level=master.config.log_level)
 
 
 def _serve_split(config, wrap_provider: ProviderWrapper | None, options: list[str]) -> int:  # type: ignore[no-untyped-def]
@@ -144,6 +153,7 @@ def _serve_split(config, wrap_provider: ProviderWrapper | None, options: list[st
     if master is None:
         return 1
     master.serving_since = None  # until an API worker answers (Master.serving_since)
+    stop_recording = _record_logs(master, "leader")
     start_background(master, wrap_provider=wrap_provider, shared=True)
     workers.when_serving(workers.answers(config.scheme, config.host, sock.getsockname()[1]), master.mark_serving,
                          master.stopping)
@@ -163,6 +173,7 @@ def _serve_split(config, wrap_provider: ProviderWrapper | None, options: list[st
         supervisor.run()
     finally:
         supervisor.stop()
+        stop_recording()
         master.stop()
         sock.close()
     return 0
@@ -182,6 +193,7 @@ def serve_worker(config, fd: int) -> int:  # type: ignore[no-untyped-def]
     master.attach()
     master.autoscaler = autoscaler.Autoscaler(master)  # for pool teardown/enable requests
     start_wakebus(master, shared=True)
+    stop_recording = _record_logs(master, f"worker-{os.getpid()}")
     server = uvicorn.Server(_uvicorn_config(create_app(master), config, fd=fd))
 
     def _term(_sig, _frm):  # type: ignore[no-untyped-def]
@@ -192,6 +204,7 @@ def serve_worker(config, fd: int) -> int:  # type: ignore[no-untyped-def]
     try:
         server.run()
     finally:
+        stop_recording()
         master.stop()
     return 0
 

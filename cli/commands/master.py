@@ -1,4 +1,4 @@
-"""det master info|config"""
+"""det master info|config|logs"""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = g.add_parser("config", help="the master's effective configuration, secrets hidden (admins)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=config)
+    p = g.add_parser("logs", help="the master's own log, from all its processes (admins)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines, as tail -f")
+    p.add_argument("--tail", type=int, metavar="N", help="only the last N lines (then new ones with -f)")
+    p.set_defaults(func=logs)
 
 
 def info(args: Any) -> int:
@@ -39,4 +43,26 @@ def config(args: Any) -> int:
         import yaml
 
         print(yaml.safe_dump(data, default_flow_style=False, sort_keys=False), end="")
+    return 0
+
+
+def logs(args: Any) -> int:
+    from cli.errors import CliError
+    from cli.logs import stream_results
+
+    if args.tail is not None and args.tail < 0:
+        raise CliError("--tail must be >= 0")
+    params: dict[str, Any] = {"follow": "true" if args.follow else "false"}
+    if args.tail == 0 and not args.follow:
+        return 0
+    if args.tail is not None:  # --tail 0 -f: from the newest line on, without printing it
+        params["offset"] = -max(args.tail, 1)
+    skip = 1 if args.tail == 0 else 0
+    for result in stream_results(authed(args), "/api/v1/master/logs", params):
+        if skip:
+            skip -= 1
+            continue
+        entry = result.get("logEntry") or {}
+        level = str(entry.get("level", "")).removeprefix("LOG_LEVEL_")
+        print(f"{entry.get('timestamp')} [{level}] {entry.get('message')}", flush=True)
     return 0

@@ -2,7 +2,7 @@
 `det workspace create|list|describe|list-pools`, `det project create|list|describe|list-experiments`,
 `det e create --project_id` lands there, `det e move`, `det template create|list|describe|set|remove`
 and `det e create --template` merged as Determined merges them; `det master config` (secrets
-hidden); the SDK's workspaces and projects. Experiments are created paused: nothing here needs a
+hidden); `det master logs --tail`; the SDK's workspaces and projects. Experiments are created paused: nothing here needs a
 trial to run."""
 
 from __future__ import annotations
@@ -100,6 +100,15 @@ def test_master_config_shows_no_secret(det: Det) -> None:
     out = det.ok("master", "config")
     assert "resource_pools:" in out and "cluster_name:" in out, out
     assert ADMIN_PASSWORD not in out, out
+
+
+def test_master_logs_tail_and_format(det: Det, compat_cluster: CompatCluster) -> None:
+    # The master's own lines (services/master_logs.py), as 0.38.1 prints them: `TS [LEVEL]: message`.
+    out = det.ok("master", "logs", "--tail", "3")
+    lines = out.strip().splitlines()
+    assert len(lines) == 3, out
+    assert all(re.match(r"^\d{4}-\d\d-\d\dT\S+Z \[(INFO|WARNING|ERROR)\]: logger=", line) for line in lines), out
+    assert "event=master_listening" in det.ok("master", "logs"), "the whole log starts with the master's start"
 
 
 def test_sdk_workspaces_and_projects(sdk: Any) -> None:
