@@ -33,6 +33,7 @@ from control_plane.db.models import (
     Metric,
     Model,
     ModelVersion,
+    Project,
     ResourcePool,
     ScalingEvent,
     Trial,
@@ -66,6 +67,8 @@ class ExperimentQuery:
     owner: str | None = None  # a username
     name: str | None = None  # a part of the name, any case
     archived: bool = False  # show archived experiments too
+    workspace_id: int | None = None  # the experiments of this workspace's projects only
+    project_id: int | None = None
     sort: str = "id"
     desc: bool = True
     offset: int = 0
@@ -111,6 +114,10 @@ def _experiment_filter(q: ExperimentQuery) -> list[Any]:
         where.append(func.lower(Experiment.name).contains(q.name.lower(), autoescape=True))
     if q.owner:
         where.append(Experiment.owner_id.in_(select(User.id).where(User.username == q.owner)))
+    if q.project_id is not None:
+        where.append(Experiment.project_id == q.project_id)
+    if q.workspace_id is not None:
+        where.append(Experiment.project_id.in_(select(Project.id).where(Project.workspace_id == q.workspace_id)))
     if q.label:
         # The labels are a JSON list: its text holds the label as a JSON string, quoted, on both
         # databases (the same encoder wrote it), so a LIKE on that text is exact per label.

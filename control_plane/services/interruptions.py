@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -68,6 +70,22 @@ def record(s: Session, master: Master, agent: Agent, req: InterruptionRequest) -
                           stdtype="stderr", source="master",
                           log=f"{TRIAL_LINE} (agent {agent.id}: {reason})\n"))
     master.notify(s)
+
+
+@dataclass(frozen=True)
+class Notice:
+    agent_id: str
+    instance_id: str | None
+    at: datetime | None
+    final: bool  # the instance goes (else a rebalance recommendation: it may)
+    reason: str  # describe()'s words
+
+
+def notices(s: Session, pool: str) -> list[Notice]:
+    """The pool's agents that reported a notice, newest first (the web UI's cluster page)."""
+    agents = s.scalars(select(Agent).where(Agent.pool == pool, Agent.interruption_action.is_not(None))
+                       .order_by(Agent.interruption_at.desc(), Agent.id))
+    return [Notice(a.id, a.instance_id, a.interruption_at, is_final(a.interruption_action), describe(a)) for a in agents]
 
 
 def _instance_of(s: Session, agent: Agent) -> Instance | None:

@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control_plane.ui.routes import STATIC_DIR, not_found_page, router
+from control_plane.ui.work_routes import router as work_router
 
 STATIC_PATH = "/ui/static"
 FAVICON = f"{STATIC_PATH}/favicon.svg"
@@ -30,6 +31,7 @@ def install(app: FastAPI) -> None:
     """Mount the UI's pages and its static files on the app (api/app.py calls this), and answer a
     browser's request for an unknown path with a readable page (API clients keep the JSON error)."""
     app.include_router(router)
+    app.include_router(work_router)
     app.mount(STATIC_PATH, StaticFiles(directory=str(STATIC_DIR)), name="ui-static")
 
     async def favicon() -> Response:

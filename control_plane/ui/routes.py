@@ -35,12 +35,14 @@ from control_plane.services import (
     access,
     dashboard,
     experiments,
+    interruptions,
     lifecycle,
     logs,
     models,
     pool_settings,
     trials,
     users,
+    workspaces,
 )
 from control_plane.ui import actions as ui_actions
 from control_plane.ui import session as sess
@@ -355,9 +357,11 @@ def _query(request: Request) -> dashboard.ExperimentQuery:
     for name in ("label", "owner", "name"):
         if "\x00" in (q.get(name) or ""):
             raise bad_request("must not contain NUL characters", name)
+    home = {name: _id(q[name], name) if q.get(name) else None for name in ("workspace", "project")}
     return dashboard.ExperimentQuery(
         state=state, label=q.get("label") or None, owner=q.get("owner") or None, name=q.get("name") or None,
-        archived=q.get("archived") == "1", sort=sort, desc=q.get("order", "desc") != "asc", offset=offset, limit=limit)
+        archived=q.get("archived") == "1", workspace_id=home["workspace"], project_id=home["project"],
+        sort=sort, desc=q.get("order", "desc") != "asc", offset=offset, limit=limit)
 
 
 def _experiments_ctx(request: Request, master: Master) -> dict[str, Any]:
@@ -365,6 +369,12 @@ def _experiments_ctx(request: Request, master: Master) -> dict[str, Any]:
     with _read(master) as s:
         rows, total = dashboard.experiment_page(s, q, master.clock())
         owners = dashboard.usernames(s)
+        spaces = workspaces.list_workspaces(s, workspaces.WorkspaceFilter(archived=False), by_name=True)
+        projects = workspaces.list_projects(s, workspaces.ProjectFilter(workspace_id=q.workspace_id or 0, archived=False),
+                                            sort_by="SORT_BY_NAME")
+        space_names = {w.id: w.name for w in spaces}
+        project_choices = [(p.id, p.name if q.workspace_id else f"{space_names.get(p.workspace_id, '?')} / {p.name}")
+                           for p in projects]
     params = {k: v for k, v in request.query_params.items() if k != "offset" and v}
 
     def page_url(offset: int) -> str:
@@ -376,6 +386,7 @@ def _experiments_ctx(request: Request, master: Master) -> dict[str, Any]:
                                  "sort": col, "order": order})
 
     return {"q": q, "rows": rows, "total": total, "owners": owners, "qs": urlencode(dict(request.query_params)),
+            "workspaces": [(w.id, w.name) for w in spaces], "projects": project_choices,
             "prev_url": page_url(max(0, q.offset - q.limit)) if q.offset > 0 else None,
             "next_url": page_url(q.offset + q.limit) if q.offset + q.limit < total else None,
             "sort_url": sort_url}
@@ -420,9 +431,10 @@ def _experiment_ctx(master: Master, experiment_id: int, ui: sess.UISession) -> d
     with _read(master) as s:
         exp = access.get_experiment(s, experiment_id)
         view = dashboard.experiment_view(s, exp)
+        home = workspaces.homes(s, [exp.project_id]).get(exp.project_id)
         s.expunge_all()
     e = view.exp
-    return {"v": view, "exp": e, "final": e.state in st.EXP_TERMINAL,
+    return {"v": view, "exp": e, "final": e.state in st.EXP_TERMINAL, "home": home,
             "actions": ui_actions.allowed(e.state, bool(e.archived), _may_change(ui, e)),
             "may_change": _may_change(ui, e), "action_labels": ui_actions.LABELS}
 
@@ -610,12 +622,10 @@ def trial_metrics(request: Request, trial_id: str) -> Response:
 LOG_BATCH = 1000
 
 
-@router.get("/ui/data/trials/{trial_id}/logs")
-def trial_logs(request: Request, trial_id: str) -> Response:
-    """Log lines after `after` (a cursor), matching `search` (plain text, any case) if given."""
-    ui = _session(request)
+def log_answer(request: Request, ui: sess.UISession, find: Callable[[Session], tuple[str, bool]]) -> Response:
+    """Log lines after `after` (a cursor), matching `search` (plain text, any case) if given, of the
+    task `find` names (with whether it is over), read in the same transaction: a trial's or a task's."""
     master = _master(request)
-    tid = _id(trial_id, "trial")
     after_raw = request.query_params.get("after") or ""
     if after_raw and not after_raw.isdigit():
         raise bad_request("must be a cursor from an earlier answer", "after")
@@ -623,15 +633,25 @@ def trial_logs(request: Request, trial_id: str) -> Response:
     lease = logs.search_slot(master.quotas, ui.principal, flt)
     try:
         with _read(master) as s:
-            trial = access.get_trial(s, tid)
-            page = logs.log_page(s, trial.task_id, flt, int(after_raw) if after_raw else None, desc=False,
-                                 batch=LOG_BATCH)
+            task_id, over = find(s)
+            page = logs.log_page(s, task_id, flt, int(after_raw) if after_raw else None, desc=False, batch=LOG_BATCH)
             lines = [{"id": r.id, "t": _time(r.timestamp), "level": r.level, "rank": r.rank,
                       "log": r.log.removesuffix("\n")} for r in page.rows]
-            over = trial.state in st.TRIAL_TERMINAL
     finally:
         lease.release()
     return JSONResponse({"lines": lines, "cursor": page.cursor, "more": page.fetched == LOG_BATCH, "over": over})
+
+
+@router.get("/ui/data/trials/{trial_id}/logs")
+def trial_logs(request: Request, trial_id: str) -> Response:
+    ui = _session(request)
+    tid = _id(trial_id, "trial")
+
+    def find(s: Session) -> tuple[str, bool]:
+        trial = access.get_trial(s, tid)
+        return trial.task_id, trial.state in st.TRIAL_TERMINAL
+
+    return log_answer(request, ui, find)
 
 
 # -- cluster -------------------------------------------------------------------------------------
@@ -639,8 +659,9 @@ def _cluster_ctx(master: Master) -> dict[str, Any]:
     with _read(master) as s:
         now = master.clock()
         pools = dashboard.cluster_view(s, master, now)
+        notices = {p.name: interruptions.notices(s, p.name) for p in pools}
         s.expunge_all()
-    return {"pools": pools, "now": now}  # each pool's history is the database's (p.history)
+    return {"pools": pools, "now": now, "notices": notices}  # each pool's history is the database's (p.history)
 
 
 @router.get("/cluster")

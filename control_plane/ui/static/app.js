@@ -423,10 +423,10 @@ const Shipyard = (() => {
     logBox.addEventListener("change", render);
     smoothBox.addEventListener("input", render);
     every(POLL_MS, refresh);
-    followLogs(trialId);
+    followLogs(`/ui/data/trials/${trialId}/logs`);
   }
 
-  function followLogs(trialId) {
+  function followLogs(url) {
     const pre = document.getElementById("logs");
     const follow = document.getElementById("log-follow");
     const search = document.getElementById("log-search");
@@ -450,12 +450,12 @@ const Shipyard = (() => {
       try {
         for (let round = 0; round < 20; round++) {
           const params = new URLSearchParams({ after: cursor }); if (query) params.set("search", query);
-          const page = await getJSON(`/ui/data/trials/${trialId}/logs?` + params);
+          const page = await getJSON(`${url}?` + params);
           const frag = document.createDocumentFragment();
           for (const l of page.lines) { frag.append(mark(`${l.t} ${l.level.padEnd(7)} ${l.log}`), "\n"); }
           pre.append(frag); count += page.lines.length; fresh += page.lines.length;
           if (page.cursor != null) cursor = String(page.cursor);
-          info.textContent = `${count} lines${query ? ` matching "${query}"` : ""}${page.over ? " · trial ended" : ""}`;
+          info.textContent = `${count} lines${query ? ` matching "${query}"` : ""}${page.over ? " · ended" : ""}`;
           if (!page.more) break;
         }
         if (follow.checked) pre.scrollTop = pre.scrollHeight;
@@ -490,6 +490,6 @@ const Shipyard = (() => {
     for (const el of document.querySelectorAll("[data-live]")) live(el);
   });
 
-  return { experimentPage, trialPage, clusterPage, LineChart, ParallelCoords, morphHTML, poll };
+  return { experimentPage, trialPage, followLogs, clusterPage, LineChart, ParallelCoords, morphHTML, poll };
 })();
 window.Shipyard = Shipyard;
