@@ -25,7 +25,8 @@ A pool with `container_runtime: docker` also gets Debian's docker.io and python3
 script (/usr/local/bin/shipyard-docker-setup, run before the boot script) that starts the engine
 and, on an instance with NVIDIA GPUs (nvidia-smi answers), installs and configures NVIDIA's
 container toolkit (from the apt sources the GPU image provides), and `runtime: docker` in the agent
-config: trials then run in containers from `environment.image`.
+config: trials then run in containers from `environment.image`, with the harness and its libraries
+(the bucket's client included) added where the image lacks them (`container_harness_libs`).
 
 The only secret in the user-data is the bootstrap token: bound to this one launch, short-lived
 until first used, revoked when the instance ends (control_plane/api/agents.py). It appears once,
@@ -148,6 +149,9 @@ def agent_config(p: BootstrapParams) -> dict[str, Any]:
     }
     if p.container_runtime == "docker":
         cfg["runtime"] = "docker"
+        # Unmodified public images (environment.image, --cpu-env-image) lack the harness and its
+        # libraries, the bucket's client included: the agent adds them (agent/runtime/harness_libs.py).
+        cfg["container_harness_libs"] = True
     # Spot/preemption notices from the cloud's metadata (agent/interruption.py); on an on-demand
     # instance none ever comes. A pool's `agent: {interruption_watch: off}` turns it off.
     cfg["interruption_watch"] = p.provider

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runtime = create_runtime(config.runtime, RuntimeOptions(
                 work_dir=config.work_dir, agent_id=config.agent_id, docker_host=config.docker_host,
-                container_user=config.container_user))
+                container_user=config.container_user, harness_libs=config.container_harness_libs))
         except UnknownRuntime as e:
             print(f"det-agent: {e}", file=sys.stderr)
             return EXIT_CONFIG

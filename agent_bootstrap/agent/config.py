@@ -85,6 +85,9 @@ class AgentConfig(BaseModel):
     # docker: host paths bound read-only into every container, at the same path (e.g. a Python
     # environment shared by the trials), or `host_path:container_path`.
     container_mounts: list[str] = Field(default_factory=list)
+    # docker: bind the harness into every container and give its Python, after the image's own
+    # packages, the libraries the harness needs (runtime/harness_libs.py): for unmodified images.
+    container_harness_libs: bool = False
     # Spot/preemptible interruption notices (agent/interruption.py): `aws` or `gcp` watches that
     # cloud's instance metadata (at metadata_url, default the cloud's own address); on a notice the
     # master asks the agent's tasks to checkpoint and stop, and a task still running at the notice's
@@ -230,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, type=typ, help=help_text)
     p.add_argument("--give-up-after", dest="reconnect_give_up_s", type=float, help=argparse.SUPPRESS)
     p.add_argument("--keep-task-dirs", action="store_true", help="keep task directories after tasks exit")
+    p.add_argument("--container-harness-libs", action="store_true",
+                   help="docker runtime: bind the harness into every container, with the libraries it needs "
+                        "(requests, tenacity, this host's bucket client) for the image's Python where the image lacks them")
     return p
 
 

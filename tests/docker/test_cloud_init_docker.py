@@ -62,12 +62,14 @@ def test_docker_pools_install_the_engine_before_the_agent_and_run_containers(tmp
     assert files[DOCKER_SETUP_PATH]["permissions"] == "0755"
     cfg_path = tmp_path / "agent.yaml"
     cfg_path.write_text(files[CONFIG_PATH]["content"])
-    assert load_config(["--config", str(cfg_path)], env={}).runtime == "docker"
+    loaded = load_config(["--config", str(cfg_path)], env={})
+    assert loaded.runtime == "docker" and loaded.container_harness_libs  # unmodified images get the harness
     assert any(pin.startswith("docker") for pin in pip_pins("docker")) and not any(
         pin.startswith("docker") for pin in pip_pins())
     # A pool that runs processes gets none of it.
     plain = render_user_data(params(container_runtime="process"))
     assert DOCKER_SETUP_PATH not in plain and "docker.io" not in plain and "runtime: docker" not in plain
+    assert "container_harness_libs" not in plain
     with pytest.raises(ValueError, match="container_runtime: must be one of process, docker"):
         params(container_runtime="podman")
 

@@ -7,6 +7,8 @@ pid server socket into the task's directory instead of the host's /tmp, and give
 AUTO mode a writer when neither TensorFlow nor torch's is installed. Only the default arguments,
 a constant and that fallback change; nothing is imported that the task does not import itself
 (the harness's writer only when the fallback is taken).
+In a container of an agent with `container_harness_libs`, append the directory of the harness's
+libraries for this Python (SHIPYARD_FALLBACK_SITE) to sys.path, after the image's own packages.
 Then run the environment's own `sitecustomize`, if it has one.
 """
 
@@ -123,6 +125,12 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if _DIR:
     sys.meta_path.insert(0, _Finder())
+
+# The docker runtime's container_harness_libs (agent/runtime/harness_libs.py): the harness's
+# libraries for this Python, last on the path, so the image's own packages come first.
+_LIBS = os.environ.get("SHIPYARD_FALLBACK_SITE")
+if _LIBS and os.path.isdir(_LIBS) and _LIBS not in sys.path:
+    sys.path.append(_LIBS)
 
 
 def _chain() -> None:

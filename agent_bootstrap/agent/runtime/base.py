@@ -187,6 +187,8 @@ class RuntimeOptions:
     agent_id: str = ""
     docker_host: str | None = None
     container_user: str | None = None
+    # docker: give each container the harness's libraries its image lacks (runtime/harness_libs.py)
+    harness_libs: bool = False
 
 
 class RuntimeUnavailable(Exception):

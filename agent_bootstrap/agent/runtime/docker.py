@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_bootstrap.agent import determined_env
 from agent_bootstrap.agent.logship import LineAssembler
+from agent_bootstrap.agent.runtime import harness_libs
 from agent_bootstrap.agent.runtime.base import (
     LaunchSpec,
     LeftoverTask,
@@ -136,6 +138,8 @@ class DockerRuntime:
             raise RuntimeUnavailable(f"runtime docker: no Docker engine answers at {self.base_url}: "
                                      f"{_explanation(e)}") from None
         self._leftovers: list[LeftoverTask] = []
+        self.harness_libs = harness_libs.HarnessLibs(options.work_dir / "harness-libs") if options.harness_libs else None
+        self._pythons: dict[Any, Any] = {}  # (image id, read-only mounts) → its python3's (major, minor) or None
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -177,8 +181,11 @@ class DockerRuntime:
         mounts = [types.Mount(target=str(spec.workdir), source=str(spec.workdir), type="bind")]
         mounts += [types.Mount(target=m.container_path, source=m.host_path, type="bind", read_only=m.read_only)
                    for m in c.mounts]
+        env = dict(spec.env)
+        if self.harness_libs is not None:
+            mounts, env = self._with_harness_libs(spec, mounts, env)
         kwargs: dict[str, Any] = dict(
-            image=c.image, entrypoint=argv, environment=dict(spec.env), working_dir=str(spec.workdir),
+            image=c.image, entrypoint=argv, environment=env, working_dir=str(spec.workdir),
             network_mode="host", init=True, detach=True, stdin_open=False, tty=False, mounts=mounts,
             name=f"shipyard-{re.sub(r'[^A-Za-z0-9_.-]', '_', spec.allocation_id)[:80]}-{secrets.token_hex(3)}",
             labels={LABEL_AGENT: self.agent_id, LABEL_ALLOCATION: spec.allocation_id, LABEL_TASK: c.task_id,
@@ -220,6 +227,51 @@ class DockerRuntime:
         log.info("event=task_container_started allocation=%s container=%s image=%r gpus=%d", spec.allocation_id,
                  handle.id, c.image, len(c.gpus))
         return handle
+
+    def _with_harness_libs(self, spec: LaunchSpec, mounts: list[Any], env: dict[str, str]) -> tuple[list[Any], dict[str, str]]:
+        """The harness bound at its host path (unless a mount is there already) and, for the image's
+        Python, the directory of the harness's libraries (runtime/harness_libs.py) at CONTAINER_PATH,
+        named in the environment for the task's sitecustomize. Where the image has no python3 or pip
+        fails, the task starts without them (one line in its log says why)."""
+        assert self.harness_libs is not None and spec.container is not None
+        types = self._sdk.types
+        mounts = list(mounts)
+        root = str(determined_env.PACKAGE_ROOT)
+        if (determined_env.PACKAGE_ROOT / "harness").is_dir() and all(m["Target"] != root for m in mounts):
+            mounts.append(types.Mount(target=root, source=root, type="bind", read_only=True))
+        python = self._image_python(spec.container.image, [m for m in mounts if m.get("ReadOnly")])
+        if python is None:
+            spec.output("stderr", f"[shipyard-agent] image {spec.container.image} has no python3 that answers: "
+                                  "the harness's libraries are not added\n")
+            return mounts, env
+        try:
+            path, built = self.harness_libs.ensure(python)
+        except harness_libs.HarnessLibsUnavailable as e:
+            spec.output("stderr", f"[shipyard-agent] the harness's libraries are not added: {e}\n")
+            return mounts, env
+        if built:
+            spec.output("stderr", f"[shipyard-agent] installed {', '.join(self.harness_libs.requirements)} for "
+                                  f"Python {python[0]}.{python[1]} (used where the image lacks them)\n")
+        log.info("event=harness_libs allocation=%s python=%d.%d built=%s", spec.allocation_id, *python, built)
+        mounts.append(types.Mount(target=harness_libs.CONTAINER_PATH, source=str(path), type="bind", read_only=True))
+        return mounts, {**env, harness_libs.ENV: harness_libs.CONTAINER_PATH}
+
+    def _image_python(self, image: str, mounts: list[Any]) -> tuple[int, int] | None:
+        """The (major, minor) of `python3` in `image` (with the task's read-only mounts), asked once."""
+        try:
+            image_id = self.client.api.inspect_image(image)["Id"]
+        except Exception:
+            image_id = image
+        key = (image_id, tuple(sorted((m["Target"], m["Source"]) for m in mounts)))
+        if key not in self._pythons:
+            try:
+                out = self.client.containers.run(image, entrypoint=["python3", "-c", harness_libs.PROBE], remove=True,
+                                                 network_mode="none", mounts=mounts, stdout=True, stderr=False)
+                self._pythons[key] = harness_libs.parse_version(out.decode(errors="replace"))
+            except Exception as e:
+                log.warning("event=image_python_unknown image=%r error=%r", image, _explanation(e))
+                self._pythons[key] = None
+        return self._pythons[key]
 
     def _give_task_dir(self, workdir: Path) -> None:
         """A numeric `container_user` gets the task directory (the code, the private info files with
