@@ -17,6 +17,7 @@ from control_plane.api import (
     checkpoints,
     compat,
     experiments,
+    groups,
     jobs,
     logs,
     master_config,
@@ -26,6 +27,7 @@ from control_plane.api import (
     pools,
     prometheus,
     proxy,
+    rbac,
     tasks,
     templates,
     trials,
@@ -73,6 +75,8 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     app.include_router(jobs.router)  # the job queue (api/jobs.py)
     app.include_router(workspaces.router)  # workspaces and projects (api/workspaces.py)
     app.include_router(templates.router)  # config templates (api/templates.py)
+    app.include_router(groups.router)  # user groups (api/groups.py)
+    app.include_router(rbac.router)  # roles and their assignments (api/rbac.py)
     app.include_router(master_config.router)  # GET /api/v1/master/config (api/master_config.py)
     if master.config.metrics_enabled:
         app.include_router(prometheus.router)  # GET /metrics (api/prometheus.py)

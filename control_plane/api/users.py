@@ -52,7 +52,7 @@ def master_info(master: Master) -> dict[str, Any]:
         "telemetryEnabled": False,
         "strictJobQueueControl": False,
         "hasCustomLogo": False,
-        "rbacEnabled": False,
+        "rbacEnabled": True,  # roles and groups (api/rbac.py, api/groups.py)
         "userManagementEnabled": True,
         "featureSwitches": [],
         "ssoProviders": [],
