@@ -17,7 +17,7 @@ from cli.logs import print_stream
 from cli.output import print_json, table
 from cli.session import authed
 
-_PATHS = {"command": "commands", "notebook": "notebooks", "tensorboard": "tensorboards"}
+_PATHS = {"command": "commands", "notebook": "notebooks", "tensorboard": "tensorboards", "shell": "shells"}
 # How long `det cmd run` waits for the command's exit to be recorded after its log stream ended.
 EXIT_WAIT_S = 30.0
 

@@ -15,13 +15,15 @@ from control_plane.core.expconf import BindMount, ConfigInvalid, Environment, Fi
 from control_plane.core.expconf.messages import field_errors
 from control_plane.core.expconf.models.resources import ByteSize
 
-TaskKind = Literal["command", "notebook", "tensorboard"]
-TASK_KINDS: tuple[str, ...] = ("command", "notebook", "tensorboard")
+TaskKind = Literal["command", "notebook", "tensorboard", "shell"]
+TASK_KINDS: tuple[str, ...] = ("command", "notebook", "tensorboard", "shell")
 # Determined's task types, as `det task list` and DET_TASK_TYPE name them.
-TASK_TYPES = {"command": "COMMAND", "notebook": "NOTEBOOK", "tensorboard": "TENSORBOARD"}
+TASK_TYPES = {"command": "COMMAND", "notebook": "NOTEBOOK", "tensorboard": "TENSORBOARD", "shell": "SHELL"}
 # Tasks that serve through the master's proxy, are ready once they report their address and are
 # stopped when idle.
 SERVING_KINDS: tuple[str, ...] = ("notebook", "tensorboard")
+# Ready once they report their address: those and shells (which are not culled when idle).
+READY_ON_ADDRESS: tuple[str, ...] = (*SERVING_KINDS, "shell")
 
 
 class _Lenient(BaseModel):
@@ -102,5 +104,5 @@ def description_of(kind: str, cfg: TaskConfig, task_id: str) -> str:
     """Determined's default: "Command (adjective-noun)" — here the kind and the id's first part."""
     if cfg.description:
         return cfg.description
-    name = {"notebook": "Notebook", "tensorboard": "TensorBoard"}.get(kind, "Command")
+    name = {"notebook": "Notebook", "tensorboard": "TensorBoard", "shell": "Shell"}.get(kind, "Command")
     return f"{name} ({task_id.split('-')[0]})"

@@ -25,6 +25,7 @@ from control_plane.core import states as st
 from control_plane.core.containers import task_container_spec
 from control_plane.core.expconf import ConfigInvalid
 from control_plane.core.task_config import (
+    READY_ON_ADDRESS,
     SERVING_KINDS,
     TASK_TYPES,
     TaskConfig,
@@ -35,7 +36,7 @@ from control_plane.core.task_config import (
 from control_plane.db.models import Agent, Allocation, ModelDefinition, Task, User
 from control_plane.errors import FieldProblem, Invalid, bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import allocations, lifecycle, pool_capacity, tensorboards
+from control_plane.services import allocations, lifecycle, pool_capacity, shells, tensorboards
 from shipyard_common.agent_protocol import TaskSpec
 from shipyard_common.model_def import ModelDefInvalid, pack_model_definition, validate_model_definition
 
@@ -57,7 +58,7 @@ class TaskView:
         """Serving: a notebook or TensorBoard once it reported its address, a command once running."""
         if self.alloc.state != st.AllocationState.RUNNING:
             return False
-        return self.task.kind not in SERVING_KINDS or self.task.proxy_address is not None
+        return self.task.kind not in READY_ON_ADDRESS or self.task.proxy_address is not None
 
 
 def _problems(e: ConfigInvalid) -> Invalid:
@@ -238,6 +239,9 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_
         argv = ["python3", "-m", "harness.tensorboard.serve"]
         env.update({"SHIPYARD_PROXY_BASE": f"/proxy/{task.id}/", TENSORBOARD_SOURCES_ENV: json.dumps(
             tensorboards.sources(s, master.cluster_id, cfg.trial_ids))})
+    elif task.kind == shells.KIND:
+        argv, shell_env = shells.launch_spec(master, task.id)
+        env.update(shell_env)
     else:
         argv = cfg.entrypoint if isinstance(cfg.entrypoint, str) else list(cfg.entrypoint or [])
     return TaskSpec(allocation_id=alloc.id, task_id=task.id, run_id=alloc.run_id, entrypoint=argv, env=env,

@@ -1,6 +1,7 @@
 """The real `det` of determined==0.38.1 against Shipyard's commands, notebooks and task list
 (api/ntsc.py): `det cmd run` (context uploaded, output followed), `det cmd list`, `det task list`,
-`det cmd kill`, `det notebook start|list|kill` (JupyterLab ready behind the master's proxy)."""
+`det cmd kill`, `det notebook start|list|kill` (JupyterLab ready behind the master's proxy),
+`det shell start -d|list|kill`."""
 
 from __future__ import annotations
 
@@ -50,6 +51,21 @@ def test_det_notebook_start_list_kill(det: Det, compat_cluster: CompatCluster) -
     assert "Killed notebook" in det.ok("notebook", "kill", nb_id)
     wait_for(lambda: compat_cluster.get(f"/api/v1/notebooks/{nb_id}")["notebook"]["state"] == "STATE_TERMINATED",
              "the killed notebook to end")
+
+
+def test_det_shell_start_list_kill(det: Det, compat_cluster: CompatCluster) -> None:
+    """The real client's shell verbs (its `det shell open` tunnel connects without credentials, which
+    Shipyard's master refuses: Shipyard's own `det shell open` is the way in, tests/integration/test_shells.py)."""
+    shell_id = det.ok("shell", "start", "-d", "--config", "resources.slots=0").strip()
+    assert re.fullmatch(UUID, shell_id), shell_id
+    wait_for(lambda: compat_cluster.get(f"/api/v1/shells/{shell_id}")["shell"]["isReady"], "the shell's sshd")
+    shell = compat_cluster.get(f"/api/v1/shells/{shell_id}")["shell"]
+    assert shell["privateKey"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----") and shell["agentUserGroup"]["user"]
+    listed = det.ok("shell", "list")
+    assert shell_id in listed and "RUNNING" in listed, listed
+    assert "Killed shell" in det.ok("shell", "kill", shell_id)
+    wait_for(lambda: compat_cluster.get(f"/api/v1/shells/{shell_id}")["shell"]["state"] == "STATE_TERMINATED",
+             "the killed shell to end")
 
 
 def test_det_tensorboard_start_list_kill(det: Det, compat_cluster: CompatCluster, tmp_path: Path) -> None:

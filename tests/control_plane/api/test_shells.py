@@ -1,0 +1,68 @@
+"""Shells over HTTP (api/ntsc.py → services/shells.py), both databases: Determined 0.38.1's v1Shell
+with the task's key pair for its owner only (a working OpenSSH key whose public half the task gets),
+another user's shell not found, the task spec (the launcher and the public key), the login account
+from the address the task reports, and no idle culling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from sqlalchemy import select
+
+from control_plane.db.engine import transaction
+from control_plane.db.models import Agent, Allocation
+from control_plane.loops import placement
+from control_plane.services import agents as agent_service
+from control_plane.services import tasks
+from tests.control_plane.api.test_experiments import make_user
+
+V1_SHELL_REQUIRED = {"description", "id", "jobId", "resourcePool", "startTime", "state", "username", "workspaceId"}
+
+
+def _public_of(private_pem: str) -> str:
+    key = serialization.load_ssh_private_key(private_pem.encode(), password=None)
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+def test_shell_keys_owner_only_spec_and_address(client: Any, admin_headers: dict[str, str], master: Any) -> None:
+    alice = make_user(client, admin_headers, "alice")
+    r = client.post("/api/v1/shells", headers=alice, json={"config": {"resources": {"slots": 0}}})
+    assert r.status_code == 200, r.text
+    shell = r.json()["shell"]
+    assert V1_SHELL_REQUIRED <= set(shell) and shell["state"] == "STATE_QUEUED" and shell["isReady"] is False
+    assert shell["description"].startswith("Shell (") and shell["agentUserGroup"] == {"user": None}
+    assert shell["publicKey"].startswith("ssh-ed25519 ") and shell["publicKey"].startswith(_public_of(shell["privateKey"]))
+    again = client.get(f"/api/v1/shells/{shell['id']}", headers=alice).json()["shell"]
+    assert again["publicKey"] == shell["publicKey"] and _public_of(again["privateKey"]) == _public_of(shell["privateKey"])
+    other = client.post("/api/v1/shells", headers=alice, json={"config": {"resources": {"slots": 0}}}).json()["shell"]
+    assert other["privateKey"] != shell["privateKey"]
+    # Nobody else gets the key: another user finds no shell, an admin sees it without the key, lists never carry it.
+    bob = make_user(client, admin_headers, "bob")
+    assert client.get(f"/api/v1/shells/{shell['id']}", headers=bob).status_code == 404
+    assert client.post(f"/api/v1/shells/{shell['id']}/kill", headers=bob).status_code == 404
+    assert client.get("/api/v1/shells", headers=bob).json()["shells"] == []
+    seen = client.get(f"/api/v1/shells/{shell['id']}", headers=admin_headers).json()["shell"]
+    assert "privateKey" not in seen and seen["id"] == shell["id"]
+    listed = client.get("/api/v1/shells", headers=alice).json()["shells"]
+    assert {s["id"] for s in listed} == {shell["id"], other["id"]} and not any("privateKey" in s for s in listed)
+    # Placed: the launcher with the public key; the address it reports names the login account.
+    with transaction(master.sessions) as s:
+        s.add(Agent(id="a1", pool="default", session_id="s", slots=[], last_seen=master.clock()))
+    placement.tick(master)
+    with transaction(master.sessions) as s:
+        alloc = s.scalar(select(Allocation).where(Allocation.task_id == shell["id"]))
+        spec = agent_service.task_spec(s, master, alloc, s.get(Agent, "a1"))
+        alloc_id = alloc.id
+    assert spec.argv[:2] == ["python3", "-c"] and "sshd" in spec.argv[2]
+    assert spec.env["SHIPYARD_SSH_PUBLIC_KEY"] == shell["publicKey"] and spec.env["DET_TASK_TYPE"] == "SHELL"
+    assert shell["privateKey"] not in str(spec.env)
+    r = client.post(f"/api/v1/allocations/{alloc_id}/proxy_address", headers={"Authorization": f"Bearer {spec.token}"},
+                    json={"proxyAddress": "alice@10.0.0.5:2222"})
+    assert r.status_code == 200, r.text
+    assert client.get(f"/api/v1/shells/{shell['id']}", headers=alice).json()["shell"]["agentUserGroup"] == {"user": "alice"}
+    with transaction(master.sessions) as s:  # running and serving: still never culled when idle
+        s.get(Allocation, alloc_id).state = "running"
+    with transaction(master.sessions) as s:
+        assert shell["id"] not in {c.task_id for c in tasks.idle_candidates(s, master)}
+    assert client.get(f"/api/v1/shells/{shell['id']}", headers=alice).json()["shell"]["isReady"] is True
