@@ -1,5 +1,5 @@
-"""The typed answers of commands and notebooks (api/ntsc.py), in Determined 0.38.1's shapes
-(v1Command, v1Notebook, v1Task), for the OpenAPI document (api/openapi.py RESPONSES)."""
+"""The typed answers of commands, notebooks and TensorBoards (api/ntsc.py), in Determined 0.38.1's
+shapes (v1Command, v1Notebook, v1Tensorboard, v1Task), for the OpenAPI document (api/openapi.py RESPONSES)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,14 @@ class TaskOut(Wire):
     is_ready: bool
     slots: int
     agent_id: str | None
-    service_address: str | None = None  # notebooks: /proxy/<id>/
+    service_address: str | None = None  # notebooks and TensorBoards: /proxy/<id>/
+
+
+class TensorboardOut(TaskOut):
+    """v1Tensorboard: the experiments asked for and the trials shown."""
+
+    experiment_ids: list[int]
+    trial_ids: list[int]
 
 
 class CommandResponse(Wire):
@@ -53,6 +60,19 @@ class GetNotebooksResponse(Wire):
 
 class KillNotebookResponse(Wire):
     notebook: TaskOut
+
+
+class TensorboardResponse(Wire):
+    tensorboard: TensorboardOut
+    config: dict[str, Any]
+
+
+class GetTensorboardsResponse(Wire):
+    tensorboards: list[TensorboardOut]
+
+
+class KillTensorboardResponse(Wire):
+    tensorboard: TensorboardOut
 
 
 class TaskAllocationOut(Wire):
@@ -96,6 +116,10 @@ RESPONSES: dict[tuple[str, str], type[Wire]] = {
     ("GET", "/api/v1/notebooks"): GetNotebooksResponse,
     ("GET", "/api/v1/notebooks/{notebookId}"): NotebookResponse,
     ("POST", "/api/v1/notebooks/{notebookId}/kill"): KillNotebookResponse,
+    ("POST", "/api/v1/tensorboards"): TensorboardResponse,
+    ("GET", "/api/v1/tensorboards"): GetTensorboardsResponse,
+    ("GET", "/api/v1/tensorboards/{tensorboardId}"): TensorboardResponse,
+    ("POST", "/api/v1/tensorboards/{tensorboardId}/kill"): KillTensorboardResponse,
     ("GET", "/api/v1/tasks/{taskId}"): GetTaskResponse,
     ("GET", "/api/v1/tasks/{taskId}/context"): ContextResponse,
     ("POST", "/api/v1/allocations/{allocationId}/proxy_address"): Empty,

@@ -206,7 +206,9 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     cmd = check("POST", "/api/v1/commands", json={"config": {"entrypoint": ["true"], "resources": {"slots": 0}},
                                                   "files": context})["command"]
     nb = check("POST", "/api/v1/notebooks", json={"config": {"resources": {"slots": 0}}})["notebook"]
-    values.update(commandId=cmd["id"], notebookId=nb["id"], taskId=cmd["id"])
+    tb = check("POST", "/api/v1/tensorboards", json={"experimentIds": [exp_id],
+                                                     "config": {"resources": {"slots": 0}}})["tensorboard"]
+    values.update(commandId=cmd["id"], notebookId=nb["id"], taskId=cmd["id"], tensorboardId=tb["id"])
     me = check("GET", "/api/v1/me")
     values["userId"] = me["user"]["id"]
     for (method, path) in RESPONSES:
@@ -231,5 +233,6 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     check("DELETE", "/api/v1/agents/{agentId}/enrolment")
     check("POST", "/api/v1/commands/{commandId}/kill")
     check("POST", "/api/v1/notebooks/{notebookId}/kill")
+    check("POST", "/api/v1/tensorboards/{tensorboardId}/kill")
     gets = {k for k in RESPONSES if k[0] == "GET"}
-    assert gets <= checked and len(checked) >= len(gets) + 14
+    assert gets <= checked and len(checked) >= len(gets) + 16
