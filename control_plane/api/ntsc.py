@@ -1,5 +1,5 @@
-"""Commands, notebooks and TensorBoards in Determined 0.38.1's wire format (`/api/v1/commands`,
-`/api/v1/notebooks`, `/api/v1/tensorboards`, `GET /api/v1/tasks/{taskId}`), the address a task reports
+"""Commands, notebooks, TensorBoards and shells in Determined 0.38.1's wire format (`/api/v1/commands`,
+`/api/v1/notebooks`, `/api/v1/tensorboards`, `/api/v1/shells`, `GET /api/v1/tasks/{taskId}`), the address a task reports
 (`POST /api/v1/allocations/{id}/proxy_address`) and its context archive. Parse, authorize, call
 services/tasks.py, serialize."""
 
@@ -17,14 +17,14 @@ from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.core.task_config import SERVING_KINDS, TASK_TYPES
 from control_plane.master import Master
-from control_plane.services import tasks, tensorboards
+from control_plane.services import shells, tasks, tensorboards
 from control_plane.services.tasks import TaskView
 
 router = APIRouter()
 
 # Determined's resource names: the path, the list's key, one item's key.
 _KINDS = {"command": ("commands", "command"), "notebook": ("notebooks", "notebook"),
-          "tensorboard": ("tensorboards", "tensorboard")}
+          "tensorboard": ("tensorboards", "tensorboard"), "shell": ("shells", "shell")}
 _STATES = {
     st.AllocationState.PENDING: "STATE_QUEUED",
     st.AllocationState.ASSIGNED: "STATE_PULLING",
@@ -82,8 +82,12 @@ def task_json(v: TaskView) -> dict[str, Any]:
     return out
 
 
-def _one(kind: str, v: TaskView) -> dict[str, Any]:
-    return {_KINDS[kind][1]: task_json(v), "config": v.task.config}
+def _one(kind: str, v: TaskView, master: Master | None = None, p: Principal | None = None) -> dict[str, Any]:
+    """A launch or get answer; a shell's carries its login account and, for its owner, its key pair."""
+    item = task_json(v)
+    if kind == shells.KIND and master is not None and p is not None:
+        item.update(shells.shell_fields(master, p, v.task, with_key=True))
+    return {_KINDS[kind][1]: item, "config": v.task.config}
 
 
 def _routes(kind: str) -> None:
@@ -100,8 +104,9 @@ def _routes(kind: str) -> None:
 
     @router.get(one, name=f"get_{kind}")
     def get(task_id: str = Path(alias=f"{single}Id"), p: Principal = Depends(deps.user),
+            master: Master = Depends(deps.get_master),
             db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-        return _one(kind, tasks.get(db, p, task_id, kind))
+        return _one(kind, tasks.get(db, p, task_id, kind), master, p)
 
     @router.post(f"{one}/kill", name=f"kill_{kind}")
     def kill(task_id: str = Path(alias=f"{single}Id"), p: Principal = Depends(deps.user),
@@ -114,7 +119,7 @@ def _launch_route(kind: str, plural: str) -> None:
     @router.post(f"/api/v1/{plural}", name=f"launch_{kind}")
     def launch(body: LaunchRequest, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
                db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-        return _one(kind, tasks.launch(db, master, p, kind, body.config, body.files))
+        return _one(kind, tasks.launch(db, master, p, kind, body.config, body.files), master, p)
 
 
 @router.post("/api/v1/tensorboards")
