@@ -26,7 +26,7 @@ from starlette.websockets import WebSocketDisconnect
 from control_plane.api import deps
 from control_plane.auth import UI_SESSION_COOKIE, resolve_token
 from control_plane.db.engine import transaction
-from control_plane.errors import DomainError, http_status, unauthenticated
+from control_plane.errors import DomainError, bad_request, http_status, unauthenticated
 from control_plane.frontdoor.error_shape import domain_error_response
 from control_plane.master import Master
 from control_plane.services import shells, tasks
@@ -92,6 +92,8 @@ async def proxy_http(taskId: str, path: str, request: Request) -> Response:
         address, jtoken = await run_in_threadpool(_target, master, request, taskId)
     except DomainError as e:
         return domain_error_response(e)
+    if shells.split_address(address)[0]:  # a shell's sshd speaks SSH, not HTTP
+        return domain_error_response(bad_request(f"task {taskId} is a shell: open it with det shell open {taskId}"))
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_UP]
     headers.append(("authorization", f"token {jtoken}"))
     url = httpx.URL(f"http://{address}{request.url.path}", query=request.url.query.encode())

@@ -40,6 +40,7 @@ def test_det_shell_open_runs_a_command_through_the_master_tunnel(cluster_factory
     assert shell["publicKey"].startswith("ssh-ed25519 ") and shell["agentUserGroup"]["user"]
     code, out, _ = det(capfd, cluster.url, "shell", "list")  # type: ignore[arg-type]
     assert code == 0 and shell_id in out and "RUNNING" in out
+    assert cluster.client.get(f"/proxy/{shell_id}/").status_code == 400  # HTTP is not SSH
     # Another user: no such shell, at the API and at the tunnel (with a real session of theirs).
     admin = cluster.client
     admin.post("/api/v1/users", json={"user": {"username": "eve"}, "password": "eve-password-1"}).raise_for_status()
