@@ -31,8 +31,8 @@ Policies:
   arrival that fits costs less than a relaunch (control_plane/core/scaling/idle.py), at most twice it;
 * + consolidation: every minute the consolidation core (control_plane/core/scaling/consolidation.py,
   the pool's scheduling policy run without the instance) may empty one instance whose work fits on
-  the others' free slots, under the disruption budget (the pool default: 2 moves an hour, 30 min
-  since a trial started or last moved; and a looser one). Modelled as checkpoint-and-resume: the
+  the others' free slots, under the disruption budget (the pool default: 30 moves an hour, 30 min
+  since a trial started or last moved; and the old default, 2 an hour). Modelled as checkpoint-and-resume: the
   trial checkpoints when asked and resumes elsewhere, losing CHECKPOINT_S + RESTORE_S of progress
   (its remaining work grows by that); the emptied instance bills CHECKPOINT_S more, then goes;
 * types and spot: the decider is given the pool's options (type x capacity with its $/h) and picks

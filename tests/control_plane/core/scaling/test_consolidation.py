@@ -18,6 +18,7 @@ from control_plane.core.scaling.consolidation import (
     moves_left,
 )
 from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation
+from shipyard_common.consolidation_settings import DEFAULT_MAX_MOVES_PER_HOUR, DEFAULT_MIN_RUN_TIME
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 LONG_AGO = (NOW - timedelta(hours=2)).timestamp()
@@ -205,3 +206,15 @@ def test_a_zero_budget_moves_nothing(bad: Budget) -> None:
     a, b = inst("a", 8, used=1), inst("b", 8, used=1)
     d = decide([a, b], [run("t1", a, 1), run("t2", b, 1)], [], bad, [], NOW)
     assert d.plan is None and all("0 moves left" in why for _, why in d.refused)
+
+
+def test_the_default_budget_empties_an_instance_running_several_trials() -> None:
+    """The pool default (shipyard_common/consolidation_settings.py) moves the four 1-slot trials of
+    a half-used instance onto another (whose own trial may not move); the old default of 2 moves an
+    hour could not, which is what kept provisioned/used at 1.26-1.29 in benchmarks/elastic_trace.py."""
+    a, b = inst("a", 8, used=4), inst("b", 8, used=4)
+    running = [*(run(f"t{k}", a, 1, first=k) for k in range(4)), run("big", b, 4, first=0, preemptible=False)]
+    d = decide([a, b], running, [], Budget(DEFAULT_MAX_MOVES_PER_HOUR, DEFAULT_MIN_RUN_TIME), [], NOW)
+    assert d.plan is not None and d.plan.instance == "a" and len(d.plan.allocations) == 4
+    old = decide([a, b], running, [], Budget(2, DEFAULT_MIN_RUN_TIME), [], NOW)
+    assert old.plan is None and "exceeds the 2 moves left this hour" in dict(old.refused)["a"]
