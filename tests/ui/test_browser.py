@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from control_plane.ui.session import SESSION_COOKIE
+from tests.integration.conftest import model_files
 from tests.ui.conftest import OPEN_PAGES, UICluster
 
 pytestmark = pytest.mark.integration
@@ -226,12 +228,71 @@ def test_live_page_actions_layout_and_polling(browser: Any, ui_cluster: UICluste
     page.context.close()
 
 
+def team_pages(c: UICluster) -> dict[str, Any]:
+    """A workspace with a project holding a paused experiment, and a killed command (nothing for the
+    autoscaler to start): the pages of workspaces, projects and tasks have rows. Made once a module."""
+    assert c.api
+    if "team" not in c.data:
+        ws = c.api.post("/api/v1/workspaces", json={"name": "team-ui"}).json()["workspace"]
+        project = c.api.post(f"/api/v1/workspaces/{ws['id']}/projects",
+                             json={"name": "vision", "workspaceId": ws["id"], "description": "cats"}).json()["project"]
+        config = {"name": "in-vision", "entrypoint": "python3 train.py", "hyperparameters": {"lr": 0.1},
+                  "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 5}}}
+        r = c.api.post("/api/v1/experiments", json={"config": yaml.safe_dump(config), "modelDefinition": model_files(),
+                                                    "activate": False, "projectId": project["id"]})
+        assert r.status_code == 200, r.text
+        cmd = c.api.post("/api/v1/commands", json={"config": {"entrypoint": ["sleep", "60"],
+                                                              "resources": {"slots": 0}}}).json()["command"]
+        c.api.post(f"/api/v1/commands/{cmd['id']}/kill")
+        c.data["team"] = {"ws": ws["id"], "project": project["id"], "exp": r.json()["experiment"]["id"], "cmd": cmd["id"]}
+    return dict(c.data["team"])
+
+
+def team_paths(c: UICluster) -> list[str]:
+    t = team_pages(c)
+    return ["/tasks", f"/tasks/{t['cmd']}", "/workspaces", f"/workspaces/{t['ws']}",
+            f"/?workspace={t['ws']}&project={t['project']}"]
+
+
+def test_workspace_project_experiment_navigation(browser: Any, ui_cluster: UICluster) -> None:
+    """Workspaces → a workspace → its project → the experiments list filtered to it → the experiment,
+    whose breadcrumb leads back; the filter's selects narrow the list; the tasks page lists the command."""
+    t = team_pages(ui_cluster)
+    page = new_page(browser, ui_cluster)
+    log_in(page, "admin", ui_cluster.password)
+    submit(page, "nav a[href='/workspaces']")
+    submit(page, f"tr[data-workspace-id='{t['ws']}'] a")
+    submit(page, f"tr[data-project-id='{t['project']}'] a")
+    page.wait_for_selector("#experiments-table")
+    listed = page.eval_on_selector_all("#experiments-table a[href^='/experiments/']",
+                                       "els => [...new Set(els.map(e => e.getAttribute('href')))]")
+    assert listed == [f"/experiments/{t['exp']}"], listed
+    assert "team-ui" in page.inner_text("#crumbs") and "in project vision" in page.inner_text("h1")
+    submit(page, f"#experiments-table a[href='/experiments/{t['exp']}']")
+    assert page.inner_text("#crumbs").split() == ["team-ui", "›", "vision"]
+    # The filter: Uncategorized (workspace 1) does not hold it.
+    page.goto("/")
+    page.select_option("#filter-workspace", "1")
+    submit(page, "#filters button[type=submit]")
+    assert f"/experiments/{t['exp']}" not in page.inner_html("#experiments-table")
+    page.goto("/tasks")
+    row = page.wait_for_selector(f"tr.task[data-task-id='{t['cmd']}']")
+    assert row.get_attribute("data-kind") == "command" and "terminated" in row.inner_text()
+    page.context.close()
+
+
 def test_dark_theme_and_narrow_list(browser: Any, ui_cluster: UICluster, tmp_path: Path) -> None:
     page = new_page(browser, ui_cluster)
     log_in(page, "admin", ui_cluster.password)
     page.wait_for_selector("#experiments-table")
     no_sideways_scroll(page, 800)
     no_sideways_scroll(page, 360)
+    for path in team_paths(ui_cluster):  # the tasks, workspaces and projects pages too
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.goto(path)
+        no_sideways_scroll(page, 800)
+        no_sideways_scroll(page, 360)
+    page.goto("/")
     page.screenshot(path=tmp_path / "experiments-360.png", full_page=True)
     background = "() => getComputedStyle(document.body).backgroundColor"
     assert page.evaluate(background) == "rgb(246, 247, 249)"
@@ -383,7 +444,7 @@ def test_every_page_passes_axe_in_light_and_dark(browser: Any, ui_cluster: UIClu
         assert ui_cluster.api.post("/api/v1/models", json={"name": "ui-axe-model", "labels": ["a"],
                                                            "metadata": {"k": 1}}).status_code == 200
     pages = ["/", f"/experiments/{exp['id']}", f"/trials/{trial_id}", "/cluster", "/models", "/models/ui-axe-model",
-             "/no/such/page"]
+             "/no/such/page", *team_paths(ui_cluster)]
     found: dict[str, list[str]] = {}
     # axe sees what the page shows: a low-contrast note would be reported.
     page = new_page(browser, ui_cluster)

@@ -60,4 +60,33 @@ def test_a_cell_runs_from_chromium_through_the_master(browser: Any, tmp_path: Pa
         other = new_page(browser, c)
         log_in(other, "trudy", "trudy-password-1")
         assert other.goto(base + "api/status").status == 404
+        _the_tasks_page(c, page, other, nb["id"])
         c.api.post(f"/api/v1/notebooks/{nb['id']}/kill")
+
+
+def _the_tasks_page(c: UICluster, page: Any, other: Any, nb_id: str) -> None:
+    """The tasks page: a running command and the notebook, Open only for the notebook and only for
+    who may open it (its owner, here the admin; another user sees neither task); Kill from the page."""
+    assert c.api is not None
+    cmd = c.api.post("/api/v1/commands", json={"config": {"entrypoint": ["sleep", "300"],
+                                                          "resources": {"slots": 0}}}).json()["command"]
+    deadline = time.monotonic() + 120
+    while c.api.get(f"/api/v1/commands/{cmd['id']}").json()["command"]["state"] != "STATE_RUNNING":
+        assert time.monotonic() < deadline, "the command never ran"
+        time.sleep(0.5)
+    page.goto("/tasks")
+    row = page.wait_for_selector(f"tr.task[data-task-id='{cmd['id']}'][data-state='running']")
+    assert row.query_selector("a.open") is None and row.query_selector("button.kill") is not None
+    nb_row = page.wait_for_selector(f"tr.task[data-task-id='{nb_id}']")
+    assert nb_row.get_attribute("data-state") == "running"
+    assert nb_row.eval_on_selector("a.open", "a => a.getAttribute('href')") == f"/proxy/{nb_id}/"
+    other.goto("/tasks")
+    assert other.query_selector("tr.task") is None and other.query_selector("a.open") is None
+    page.on("dialog", lambda d: d.accept())  # the Kill button asks first
+    with page.expect_navigation():
+        row.query_selector("button.kill").click()
+    assert "Killing the task" in page.inner_text("#flash")
+    deadline = time.monotonic() + 60
+    while c.api.get(f"/api/v1/commands/{cmd['id']}").json()["command"]["state"] != "STATE_TERMINATED":
+        assert time.monotonic() < deadline, "the command was not killed"
+        time.sleep(0.5)
