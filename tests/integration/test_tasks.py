@@ -184,6 +184,8 @@ def test_tensorboard_of_a_finished_experiment_through_the_proxy_then_culled_idle
     assert {step: round(value, 5) for _wall, step, value in series} == {s: round(v, 5) for s, v in stored.items()}
     code, out, _ = det(capsys, cluster.url, "tensorboard", "list")
     assert code == 0 and tb_id in out and "RUNNING" in out, out
+    code, out, _ = det(capsys, cluster.url, "tensorboard", "open", tb_id, "--no-browser")
+    assert (code, out.strip()) == (0, f"{cluster.url}/proxy/{tb_id}/")
     admin.post("/api/v1/users", json={"user": {"username": "eve"}, "password": "eve-password-1"}).raise_for_status()
     eve = httpx.post(cluster.url + "/api/v1/auth/login", json={"username": "eve", "password": "eve-password-1"}).json()
     assert httpx.get(f"{cluster.url}{base}/data/runs", headers={"Authorization": f"Bearer {eve['token']}"}).status_code == 404
