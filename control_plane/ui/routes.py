@@ -714,20 +714,40 @@ def model_page(request: Request, model_name: str) -> Response:
                                            "flash": "Saved." if request.query_params.get("saved") else None}, ui=ui)
 
 
+def _metadata(raw: Any) -> dict[str, Any] | None:
+    """The form's metadata: absent leaves it; else a JSON object (no NUL: no database stores it)."""
+    if raw is None:
+        return None
+    text = str(raw).strip() or "{}"
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise bad_request(f"is not JSON: {e}", "metadata") from None
+    if not isinstance(value, dict):
+        raise bad_request("must be a JSON object", "metadata")
+    if "\x00" in json.dumps(value, ensure_ascii=False):
+        raise bad_request("must not contain NUL characters", "metadata")
+    return value
+
+
 @router.post("/models/{model_name}/edit")
 async def model_edit(request: Request, model_name: str) -> Response:
-    """Description and labels (comma-separated), as the model's owner or an admin; a refusal (the
-    service's status and message) is shown on the model's page."""
+    """Description, labels (comma-separated), metadata (a JSON object) and notes, as the model's
+    owner or an admin, through the service `PATCH /api/v1/models/{name}` calls; a refusal (the
+    service's status and message, or a 400 naming the field) is shown on the model's page."""
     ui = await run_in_threadpool(_session, request)
     await sess.check_csrf(request, ui)
     form = await request.form()
     description = str(form.get("description") or "")
     labels = [x.strip() for x in str(form.get("labels") or "").split(",") if x.strip()]
+    notes = str(form["notes"]) if "notes" in form else None
     master = _master(request)
 
     def change() -> None:
+        metadata = _metadata(form.get("metadata"))
         with _write(master) as s:
-            models.edit_model(s, master, ui.principal, models.get_model(s, model_name), description, labels)
+            models.edit_model(s, master, ui.principal, models.get_model(s, model_name), description, labels,
+                              metadata=metadata, notes=notes)
 
     try:
         await run_in_threadpool(change)

@@ -342,5 +342,16 @@ def test_model_page_shows_versions_with_metrics_and_is_edited_by_its_owner(clien
     assert r.status_code == 303 and r.headers["location"] == "/models/mnist%20cnn?saved=1"
     m = client.get("/api/v1/models/mnist cnn", headers=alice).json()["model"]
     assert m["description"] == "handwritten digits" and m["labels"] == ["vision", "cnn"]
+    r = client.post("/models/mnist cnn/edit", data={"csrf": csrf, "description": "handwritten digits", "labels": "cnn",
+                                                     "metadata": '{"dataset": "mnist", "layers": 4}', "notes": "# v2"},
+                    follow_redirects=False)
+    assert r.status_code == 303
+    m = client.get("/api/v1/models/mnist cnn", headers=alice).json()["model"]
+    assert (m["metadata"], m["notes"], m["labels"]) == ({"dataset": "mnist", "layers": 4}, "# v2", ["cnn"])
+    assert 'id="model-notes"># v2</pre>' in client.get("/models/mnist cnn").text
+    for bad in ("[1]", "{oops"):
+        r = client.post("/models/mnist cnn/edit", data={"csrf": csrf, "metadata": bad})
+        assert r.status_code == 400 and "metadata" in r.text, r.text
+    assert client.get("/api/v1/models/mnist cnn", headers=alice).json()["model"]["metadata"]["layers"] == 4
     r = client.post("/models/mnist cnn/edit", data={"csrf": csrf, "description": "d", "labels": "x" * 300})
     assert r.status_code == 400 and "at most 255 characters" in r.text, r.text
