@@ -24,6 +24,7 @@ from control_plane.api import (
     metrics,
     models,
     ntsc,
+    pool_bindings,
     pools,
     prometheus,
     proxy,
@@ -77,6 +78,7 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     app.include_router(templates.router)  # config templates (api/templates.py)
     app.include_router(groups.router)  # user groups (api/groups.py)
     app.include_router(rbac.router)  # roles and their assignments (api/rbac.py)
+    app.include_router(pool_bindings.router)  # pools bound to workspaces (api/pool_bindings.py)
     app.include_router(master_config.router)  # GET /api/v1/master/config (api/master_config.py)
     if master.config.metrics_enabled:
         app.include_router(prometheus.router)  # GET /metrics (api/prometheus.py)

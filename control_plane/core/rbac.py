@@ -158,7 +158,8 @@ def decide(perm: Perm, user_id: int | None, grants: Iterable[Grant], target: Tar
             continue
         if perm in CLUSTER_ONLY and g.workspace_id is not None:
             continue
-        held.append(role)
+        if not g.own_only:
+            held.append(role)
         if perm not in role.permissions:
             continue
         if g.own_only and perm in OWNER_MAY:

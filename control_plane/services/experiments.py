@@ -43,7 +43,15 @@ from control_plane.db.models import (
 )
 from control_plane.errors import FieldProblem, Invalid, bad_request, conflict, not_found
 from control_plane.master import Master
-from control_plane.services import access, authz, lifecycle, pool_capacity, templates, workspaces
+from control_plane.services import (
+    access,
+    authz,
+    lifecycle,
+    pool_bindings,
+    pool_capacity,
+    templates,
+    workspaces,
+)
 from control_plane.services.metrics import searcher_goal
 from control_plane.services.text import clean_text
 from shipyard_common.model_def import (
@@ -131,6 +139,7 @@ def validate(s: Session, master: Master, new: NewExperiment) -> ValidatedExperim
             f"no resource pool named {cfg.resources.resource_pool!r}; pools are {names}",
             "config.resources.resource_pool",
         )
+    pool_bindings.require_usable(s, pool.name, ws.id, "config.resources.resource_pool")
     if pool.max_slots_per_agent is not None and cfg.resources.slots_per_trial > pool.max_slots_per_agent:
         raise bad_request(
             f"{cfg.resources.slots_per_trial} slots per trial cannot fit on one agent of pool {pool.name!r} "

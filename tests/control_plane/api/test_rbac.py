@@ -1,14 +1,30 @@
 """Groups, roles and the one authorization service over HTTP on both databases (issue 30): the
 authorization matrix (write routes x Viewer, Editor, WorkspaceAdmin, ClusterAdmin, no role, the
-owner) in one app per database, and Determined 0.38.1's shapes of /api/v1/groups and /api/v1/roles."""
+owner) in one app per database, and Determined 0.38.1's shapes of /api/v1/groups, /api/v1/roles and
+the pool bindings."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from tests.control_plane.api.test_experiments import create, create_ok, make_user
+import pytest
+import yaml
+
+from tests.conftest import ADMIN_PASSWORD, TEST_PASSWORD_HASHING, _from_migrated_schema
+from tests.control_plane.api.test_experiments import CONFIG, create, create_ok, make_user
 
 CLUSTER_ADMIN, WORKSPACE_ADMIN, VIEWER, EDITOR = 1, 2, 4, 5
+
+
+@pytest.fixture
+def master_config(db_url: str, tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Two pools: "team" to bind to a workspace, "default" (the cluster's) for everyone."""
+    from control_plane.config import load_config
+
+    _from_migrated_schema(db_url, request)
+    return load_config(env={}, db_url=db_url, state_dir=str(tmp_path / "state"), admin_password=ADMIN_PASSWORD,
+                       resource_pools=[{"name": "default"}, {"name": "team"}], **TEST_PASSWORD_HASHING)
 
 
 def _ok(r: Any) -> Any:
@@ -138,3 +154,32 @@ def test_groups_and_roles_wire(client, admin_headers) -> None:  # type: ignore[n
     assert _ok(client.get("/api/v1/master", headers=admin))["rbacEnabled"] is True
     _ok(client.delete(f"/api/v1/groups/{g['groupId']}", headers=admin))
     assert _ok(client.get(f"/api/v1/roles/search/by-user/{ids['ann']}", headers=admin))["roles"] == []
+    _a_cluster_admin_binds_a_pool(client, admin)
+
+
+def _a_cluster_admin_binds_a_pool(client, admin: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """/api/v1/resource-pools/{name}/workspace-bindings (part of the wire test: one app)."""
+    boss, editor = make_user(client, admin, "boss"), make_user(client, admin, "ed")
+    ids = _ids(client, admin)
+    _ok(_assign(client, admin, CLUSTER_ADMIN, user=ids["boss"]))
+    ws = _ok(client.post("/api/v1/workspaces", headers=admin, json={"name": "T"}))["workspace"]["id"]
+    _ok(_assign(client, admin, EDITOR, user=ids["ed"], workspace=ws))
+    path = "/api/v1/resource-pools/team/workspace-bindings"
+    body = {"resourcePoolName": "team", "workspaceNames": ["T"]}
+    assert "needs ClusterAdmin" in client.post(path, headers=editor, json=body).json()["message"]
+    _ok(client.post(path, headers=boss, json=body))
+    assert _ok(client.get(path, headers=editor))["workspaceIds"] == [ws]
+    refused = client.post("/api/v1/resource-pools/default/workspace-bindings", headers=boss,
+                          json={"workspaceNames": ["T"]})
+    assert refused.status_code == 400 and "default pool" in refused.json()["message"]
+    assert client.post(path, headers=boss, json={"workspaceNames": ["nope"]}).status_code == 400
+    team_cfg = yaml.safe_load(CONFIG)
+    team_cfg["resources"] = {**(team_cfg.get("resources") or {}), "resource_pool": "team"}
+    uncat = create(client, editor, config=yaml.safe_dump(team_cfg))
+    assert uncat.status_code == 400 and "'team' is bound to other workspaces" in uncat.json()["message"]
+    proj = _ok(client.post(f"/api/v1/workspaces/{ws}/projects", headers=editor, json={"name": "p"}))["project"]["id"]
+    assert create_ok(client, editor, config=yaml.safe_dump(team_cfg), projectId=proj)["experiment"]["resourcePool"] \
+        == "team"
+    _ok(client.request("DELETE", path, headers=boss, json=body))
+    assert _ok(client.get(path, headers=editor))["workspaceIds"] == []
+    assert create(client, editor, config=yaml.safe_dump(team_cfg)).status_code == 200
