@@ -13,7 +13,7 @@ from cli.errors import CliError
 from control_plane import __version__
 
 COMMAND_MODULES = ("user", "master", "experiment", "trial", "checkpoint", "agent", "resource_pool",
-                   "model", "deploy", "job", "task", "shell", "workspace", "template")
+                   "model", "deploy", "job", "task", "shell", "workspace", "template", "rbac", "user_group")
 
 
 def build_parser() -> argparse.ArgumentParser:
