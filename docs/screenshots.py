@@ -55,9 +55,35 @@ def prepare(c: UICluster) -> dict[str, str]:
     if best_ckpt:
         r = c.api.post("/api/v1/models/mnist-cnn/versions", json={"checkpointUuid": best_ckpt["uuid"], "name": "best of the search"})
         assert r.status_code == 200, r.text
+    team = _team(c, exp["id"])
     return {"experiments": "/", "experiment": f"/experiments/{exp['id']}",
             "experiment-hparams": f"/experiments/{exp['id']}#parallel", "trial": f"/trials/{best_trial}",
-            "cluster": "/cluster", "models": "/models", "model": "/models/mnist-cnn", "not-found": "/no/such/page"}
+            "cluster": "/cluster", "models": "/models", "model": "/models/mnist-cnn", "not-found": "/no/such/page",
+            "workspaces": "/workspaces", "workspace": f"/workspaces/{team['ws']}",
+            "project": f"/?workspace={team['ws']}&project={team['project']}",
+            "tasks": "/tasks", "task": f"/tasks/{team['cmd']}"}
+
+
+def _team(c: UICluster, exp_id: int) -> dict[str, str]:
+    """A workspace with two projects, the search moved into one of them, and a running command
+    with a few log lines (0 slots: it shares the agent the search left)."""
+    assert c.api
+    ws = c.api.post("/api/v1/workspaces", json={"name": "research"}).json()["workspace"]["id"]
+    projects = [c.api.post(f"/api/v1/workspaces/{ws}/projects", json={"name": name, "workspaceId": ws,
+                                                                      "description": about}).json()["project"]["id"]
+                for name, about in (("vision", "Image classifiers"), ("nlp", "Text models"))]
+    r = c.api.post(f"/api/v1/experiments/{exp_id}/move", json={"destinationProjectId": projects[0]})
+    assert r.status_code == 200, r.text
+    script = "for i in 1 2 3; do echo preparing shard $i of 3; done; echo data ready; sleep 600"
+    cmd = c.api.post("/api/v1/commands", json={"config": {"entrypoint": ["sh", "-c", script], "description": "prepare-data",
+                                                          "resources": {"slots": 0}}}).json()["command"]["id"]
+    deadline = time.monotonic() + 120
+    while c.api.get(f"/api/v1/commands/{cmd}").json()["command"]["state"] != "STATE_RUNNING":
+        if time.monotonic() > deadline:
+            raise SystemExit(f"command {cmd} did not start")
+        time.sleep(1)
+    time.sleep(2)  # its first lines shipped
+    return {"ws": str(ws), "project": str(projects[0]), "cmd": cmd}
 
 
 def shoot(c: UICluster, pages: dict[str, str], out: Path) -> list[Path]:
