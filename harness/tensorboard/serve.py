@@ -3,16 +3,20 @@
 Reads its trials' event files where the harness wrote them (harness/tensorboard/sync.py): a
 shared_fs storage's directory directly; an S3 or GCS storage's prefix copied to a local directory
 before TensorBoard starts and again every SYNC_INTERVAL_S (through harness/storage, so no
-TensorFlow and no second storage client). Starts the real `tensorboard` on a free port, each trial
+TensorFlow and no second storage client). Starts the real `tensorboard` on a loopback port, each trial
 a run named exp<E>-trial<T>, serving
-under the master's proxy path (`--path_prefix /proxy/<task id>`), tells the master where it serves
-(shipyard_common/jupyter_launch.py's way) and waits for it, passing a stop signal on.
+under the master's proxy path (`--path_prefix /proxy/<task id>`). TensorBoard has no login of its
+own, so what the master reaches is a gate on a free port of the host that forwards only requests
+carrying the task's token (the master's proxy adds it, as for Jupyter; the browser never sees it).
+Tells the master where the gate serves (shipyard_common/jupyter_launch.py's way) and waits for
+TensorBoard, passing a stop signal on.
 
-The master gives it SHIPYARD_PROXY_BASE and SHIPYARD_TENSORBOARD_SOURCES: a JSON list of
-{"name": run name, "storage": checkpoint_storage config, "path": the trial's path in it}."""
+The master gives it SHIPYARD_PROXY_BASE, SHIPYARD_TASK_TOKEN and SHIPYARD_TENSORBOARD_SOURCES: a
+JSON list of {"name": run name, "storage": checkpoint_storage config, "path": the trial's path in it}."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -20,10 +24,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
@@ -85,8 +91,58 @@ def sources_from_env(env: Mapping[str, str], scratch: Path) -> list[Source]:
 
 
 def tensorboard_argv(scratch: Path, port: int, base: str) -> list[str]:
-    return [sys.executable, "-m", "tensorboard.main", "--logdir", str(scratch), "--host", "0.0.0.0",
+    return [sys.executable, "-m", "tensorboard.main", "--logdir", str(scratch), "--host", "127.0.0.1",
             "--port", str(port), "--path_prefix", base.rstrip("/"), "--reload_interval", "5"]
+
+
+# Not passed between the gate and TensorBoard (hop-by-hop, the token, and lengths the gate sets).
+_DROP = frozenset({"authorization", "connection", "keep-alive", "host", "transfer-encoding", "content-length",
+                   "proxy-authorization", "te", "trailer", "upgrade"})
+
+
+def gate(token: str, upstream_port: int, port: int = 0) -> ThreadingHTTPServer:
+    """An HTTP server on every interface that forwards requests with `Authorization: token <token>`
+    to 127.0.0.1:upstream_port (answers whole, as sent: TensorBoard's are small) and refuses the
+    rest (403). Serve it with `serve_forever` in a thread."""
+    expected = "token " + token
+
+    class Gate(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _forward(self) -> None:
+            if self.headers.get("Authorization") != expected:
+                self.send_error(403, "this task is reached through the master's proxy")
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _DROP}
+            upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=120)
+            try:
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+            except OSError as e:
+                self.send_error(502, f"TensorBoard did not answer: {e}")
+                return
+            finally:
+                upstream.close()
+            self.send_response(answer.status, answer.reason)
+            for k, v in answer.getheaders():
+                if k.lower() not in _DROP:
+                    self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_POST = do_HEAD = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _forward
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Gate)
+    server.daemon_threads = True
+    return server
 
 
 def _answers(url: str) -> bool:
@@ -113,13 +169,15 @@ def main(env: Optional[Mapping[str, str]] = None) -> int:
     _sync_all(sources)
     port = _free_port()
     child = subprocess.Popen(tensorboard_argv(scratch, port, base))
+    front = gate(env["SHIPYARD_TASK_TOKEN"], port)
+    threading.Thread(target=front.serve_forever, name="tensorboard-gate", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: child.send_signal(s))
     while child.poll() is None and not _answers(f"http://127.0.0.1:{port}{base}data/environment"):
         time.sleep(0.2)
     if child.poll() is None:
         _report(env["DET_MASTER"], env["DET_ALLOCATION_ID"], env["DET_SESSION_TOKEN"],
-                f"{_address_towards(env['DET_MASTER'])}:{port}")
+                f"{_address_towards(env['DET_MASTER'])}:{front.server_address[1]}")
         print(f"TensorBoard is ready for {len(sources)} trial(s); the master proxies it at {base}", flush=True)
     next_sync = time.monotonic() + SYNC_INTERVAL_S
     while child.poll() is None:

@@ -43,3 +43,47 @@ def test_a_trials_uploaded_event_files_reach_the_tensorboard(kind: str, tmp_path
     assert source.sync() == 0  # nothing new
     argv = tensorboard_argv(scratch, 6006, "/proxy/t-1/")
     assert argv[argv.index("--logdir") + 1] == str(scratch) and argv[argv.index("--path_prefix") + 1] == "/proxy/t-1"
+
+
+def test_the_gate_forwards_only_requests_with_the_tasks_token(tmp_path: Path) -> None:
+    """What the master reaches: TensorBoard's answers (bytes and headers as sent) for the proxy's
+    token, 403 for anyone else on the network; the token itself never reaches TensorBoard."""
+    import gzip
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from harness.tensorboard.serve import gate
+
+    seen: list[dict[str, str]] = []
+
+    class Upstream(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            body = gzip.compress(b'{"run": ["Determined/loss"]}')
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    front = gate("s3cret", upstream.server_address[1])
+    for server in (upstream, front):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{front.server_address[1]}/proxy/t/data/plugin/scalars/tags?x=1"
+        assert httpx.get(url).status_code == 403
+        assert httpx.get(url, headers={"Authorization": "token wrong"}).status_code == 403
+        r = httpx.get(url, headers={"Authorization": "token s3cret", "X-Seen": "yes"})
+        assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
+        assert r.json() == {"run": ["Determined/loss"]}
+        (headers,) = seen
+        assert headers["x-seen"] == "yes" and "authorization" not in headers
+    finally:
+        front.shutdown()
+        upstream.shutdown()

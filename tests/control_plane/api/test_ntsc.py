@@ -14,6 +14,7 @@ from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation
 from control_plane.loops import placement
 from control_plane.services import agents as agent_service
+from control_plane.services import tasks
 from tests.control_plane.api.test_experiments import make_user
 
 # Required constructor fields of 0.38.1's v1Command (v1Notebook adds serviceAddress).
@@ -127,6 +128,7 @@ def test_tensorboard_launch_its_trials_spec_and_refusals(client, admin_headers, 
         alloc = s.scalar(select(Allocation).where(Allocation.task_id == tb["id"]))
         spec = agent_service.task_spec(s, master, alloc, s.get(Agent, "a1"))
     assert spec.argv == ["python3", "-m", "harness.tensorboard.serve"] and spec.env["DET_TASK_TYPE"] == "TENSORBOARD"
+    assert spec.env["SHIPYARD_TASK_TOKEN"] == tasks.jupyter_token(master, tb["id"])  # the gate's; the proxy sends it
     (source,) = json.loads(spec.env["SHIPYARD_TENSORBOARD_SOURCES"])
     assert source["name"] == f"exp{exp_id}-trial{trial.id}" and source["storage"]["type"] == "shared_fs"
     assert source["path"] == f"{master.cluster_id}/tensorboard/experiment/{exp_id}/trial/{trial.id}"
