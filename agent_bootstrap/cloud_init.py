@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
 import yaml
+
+from agent_bootstrap.agent.pins import agent_constraints, constraints_text  # noqa: F401 (both are this module's API)
+from agent_bootstrap.agent.pins import normalized as _normalized
 
 CONF_DIR = "/etc/shipyard"
 CONFIG_PATH = f"{CONF_DIR}/agent.yaml"
@@ -157,44 +159,6 @@ def agent_config(p: BootstrapParams) -> dict[str, Any]:
     cfg["interruption_watch"] = p.provider
     cfg.update(p.agent_options)
     return cfg
-
-
-def constraints_text() -> str:
-    """agent_bootstrap/constraints.txt: exact pins of what the agent and the harness import, for
-    every Python from 3.9 to 3.13 (the master's own pins may need a newer one)."""
-    return resources.files("agent_bootstrap").joinpath("constraints.txt").read_text("utf-8")
-
-
-_MARKER_RE = re.compile(r'^python_version\s*(<|<=|>=|>|==)\s*"(\d+)\.(\d+)"$')
-_COMPARE = {"<": tuple.__lt__, "<=": tuple.__le__, ">=": tuple.__ge__, ">": tuple.__gt__, "==": tuple.__eq__}
-
-
-def agent_constraints(python: tuple[int, int] | None = None) -> dict[str, str]:
-    """The constraints file as {normalized distribution name: version} for Python `python` (default:
-    this interpreter's): a pin with a marker (`; python_version < "3.10"`, the only kind the file
-    uses) counts where the marker holds."""
-    py = python or (sys.version_info[0], sys.version_info[1])
-    pins: dict[str, str] = {}
-    for line in constraints_text().splitlines():
-        line, _, marker = line.split("#", 1)[0].partition(";")
-        line, marker = line.strip(), marker.strip()
-        if not line:
-            continue
-        name, sep, ver = line.partition("==")
-        if not sep or not ver.strip():
-            raise ValueError(f"constraints.txt: {line!r} is not an exact pin (name==version)")
-        if marker:
-            m = _MARKER_RE.match(marker)
-            if m is None:
-                raise ValueError(f"constraints.txt: {marker!r} is not a python_version marker")
-            if not _COMPARE[m.group(1)](py, (int(m.group(2)), int(m.group(3)))):
-                continue
-        pins[_normalized(name)] = ver.strip()
-    return pins
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def pip_pins(container_runtime: str = "process", provider: str | None = None) -> list[str]:

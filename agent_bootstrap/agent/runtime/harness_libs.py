@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from agent_bootstrap.cloud_init import agent_constraints
+from agent_bootstrap.agent.pins import agent_constraints
 
 CONTAINER_PATH = "/opt/shipyard-harness-libs"
 ENV = "SHIPYARD_FALLBACK_SITE"
