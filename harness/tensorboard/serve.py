@@ -87,7 +87,14 @@ class Source:
 
 
 def sources_from_env(env: Mapping[str, str], scratch: Path) -> list[Source]:
-    return [Source(s["name"], s["storage"], s["path"], scratch) for s in json.loads(env[SOURCES_ENV])]
+    """Each trial's source; one whose storage cannot be read is left out, with a line saying why."""
+    out = []
+    for s in json.loads(env[SOURCES_ENV]):
+        try:
+            out.append(Source(s["name"], s["storage"], s["path"], scratch))
+        except StorageError as e:
+            print(f"{s['name']} is left out: its checkpoint storage cannot be read ({e})", flush=True)
+    return out
 
 
 def tensorboard_argv(scratch: Path, port: int, base: str) -> list[str]:

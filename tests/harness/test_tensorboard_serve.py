@@ -87,3 +87,18 @@ def test_the_gate_forwards_only_requests_with_the_tasks_token(tmp_path: Path) ->
     finally:
         front.shutdown()
         upstream.shutdown()
+
+
+def test_a_trial_whose_storage_cannot_be_read_is_left_out_with_why(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from harness.tensorboard.serve import SOURCES_ENV, sources_from_env
+
+    good = {"name": "exp1-trial1", "storage": {"type": "shared_fs", "host_path": str(tmp_path / "c")},
+            "path": sync_path("c", 1, 1)}
+    bad = {"name": "exp2-trial2", "storage": {"type": "shared_fs", "host_path": "relative/dir"},
+           "path": sync_path("c", 2, 2)}
+    found = sources_from_env({SOURCES_ENV: json.dumps([good, bad])}, tmp_path)
+    assert [s.name for s in found] == ["exp1-trial1"]
+    assert "exp2-trial2 is left out: its checkpoint storage cannot be read" in capsys.readouterr().out
