@@ -71,6 +71,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/api/v1/models"): r.ModelResponse,
     ("GET", "/api/v1/models"): r.GetModelsResponse,
     ("GET", "/api/v1/models/{modelName}"): r.ModelResponse,
+    ("PATCH", "/api/v1/models/{modelName}"): r.ModelResponse,
     ("POST", "/api/v1/models/{modelName}/versions"): r.ModelVersionResponse,
     ("GET", "/api/v1/models/{modelName}/versions"): r.GetModelVersionsResponse,
     ("GET", "/api/v1/models/{modelName}/versions/{modelVersionNum}"): r.ModelVersionResponse,
