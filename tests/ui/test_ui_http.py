@@ -30,12 +30,15 @@ def make_user(client, headers, name: str = "bob", password: str = "bob-password-
 
 
 def test_login_required_everywhere(client) -> None:  # type: ignore[no-untyped-def]
-    for path in ("/", "/cluster", "/models", "/experiments/1", "/trials/1"):
+    for path in ("/", "/cluster", "/models", "/experiments/1", "/trials/1", "/tasks", "/tasks/x", "/workspaces",
+                 "/workspaces/1", "/projects/1"):
         r = client.get(path, follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"].startswith("/login?next="), path
     r = client.get("/ui/fragments/experiments", headers={"HX-Request": "true"})
     assert r.status_code == 401 and r.headers["HX-Redirect"] == "/login"
     assert client.get("/ui/data/experiments/1/metrics").status_code == 401
+    assert client.get("/ui/data/tasks/x/logs").status_code == 401
+    assert client.post("/workspaces", follow_redirects=False).status_code == 303
     assert client.post("/experiments/1/actions/kill", follow_redirects=False).status_code == 303
     assert client.get("/ui/static/app.js").status_code == 200  # static files need no session
 
