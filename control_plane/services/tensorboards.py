@@ -27,13 +27,15 @@ MAX_TRIALS = 100
 
 def trials_for(s: Session, p: Principal, experiment_ids: Sequence[int], trial_ids: Sequence[int]) -> list[int]:
     """The trials a TensorBoard of these experiments and trials serves (each readable by the caller):
-    every trial of each experiment, then the named ones, without repeats."""
+    each experiment's trials (its MAX_TRIALS best by validation metric if it has more, as Determined
+    picks them), then the named ones, without repeats; more than MAX_TRIALS in all is refused."""
     if not experiment_ids and not trial_ids:
         raise bad_request("name experiments (experimentIds) or trials (trialIds) to show", "experimentIds")
     found: list[int] = []
     for exp_id in experiment_ids:
-        access.require_read_experiment(s, p, access.get_experiment(s, exp_id))
-        found += s.scalars(select(Trial.id).where(Trial.experiment_id == exp_id).order_by(Trial.id))
+        exp = access.get_experiment(s, exp_id)
+        access.require_read_experiment(s, p, exp)
+        found += _best(s, exp)
     for trial_id in trial_ids:
         access.require_read_trial(p, access.get_trial(s, trial_id))
         found.append(trial_id)
@@ -43,6 +45,17 @@ def trials_for(s: Session, p: Principal, experiment_ids: Sequence[int], trial_id
     if len(unique) > MAX_TRIALS:
         raise bad_request(f"{len(unique)} trials: a TensorBoard shows at most {MAX_TRIALS}", "trialIds")
     return unique
+
+
+def _best(s: Session, exp: Experiment) -> list[int]:
+    """The experiment's trials in id order, or its MAX_TRIALS best (validated ones first) if more."""
+    rows = list(s.execute(select(Trial.id, Trial.best_validation).where(Trial.experiment_id == exp.id)
+                          .order_by(Trial.id)))
+    if len(rows) <= MAX_TRIALS:
+        return [trial_id for trial_id, _ in rows]
+    smaller = ((exp.config or {}).get("searcher") or {}).get("smaller_is_better", True) is not False
+    ranked = sorted(rows, key=lambda r: (r[1] is None, 0.0 if r[1] is None else (r[1] if smaller else -r[1]), r[0]))
+    return sorted(trial_id for trial_id, _ in ranked[:MAX_TRIALS])
 
 
 def sources(s: Session, cluster_id: str, trial_ids: Sequence[int]) -> list[dict[str, Any]]:

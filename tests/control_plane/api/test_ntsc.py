@@ -136,3 +136,27 @@ def test_tensorboard_launch_its_trials_spec_and_refusals(client, admin_headers, 
     assert task["taskType"] == "TASK_TYPE_TENSORBOARD" and task["allocations"][0]["isReady"] is False
     killed = client.post(f"/api/v1/tensorboards/{tb['id']}/kill", headers=admin_headers).json()["tensorboard"]
     assert killed["state"] == "STATE_TERMINATING"
+
+
+def test_tensorboard_of_a_large_experiment_takes_its_best_trials(client, admin_headers, master,  # type: ignore[no-untyped-def]
+                                                                  monkeypatch) -> None:
+    """Determined's rule: an experiment with more trials than a TensorBoard shows gives its best by
+    validation metric (smaller is better by default); naming more trials than that is refused."""
+    from control_plane.db.models import Trial
+    from control_plane.services import tensorboards
+    from tests.control_plane.api.test_experiments import create_ok, only_trial
+
+    monkeypatch.setattr(tensorboards, "MAX_TRIALS", 2)
+    exp_id = create_ok(client, admin_headers)["experiment"]["id"]
+    unvalidated = only_trial(master, exp_id).id
+    with transaction(master.sessions) as s:
+        added = [Trial(experiment_id=exp_id, request_id=f"r{i}", hparams={}, seed=i, state="COMPLETED",
+                       task_id=f"extra-{i}", best_validation=v) for i, v in ((1, 0.9), (2, 0.1))]
+        s.add_all(added)
+        s.flush()
+        worse, best = (t.id for t in added)
+    r = client.post("/api/v1/tensorboards", headers=admin_headers, json={"experimentIds": [exp_id]})
+    assert r.status_code == 200, r.text
+    assert r.json()["tensorboard"]["trialIds"] == sorted([worse, best])
+    r = client.post("/api/v1/tensorboards", headers=admin_headers, json={"trialIds": [unvalidated, worse, best]})
+    assert r.status_code == 400 and "at most 2" in r.text and "trialIds" in r.text, r.text
