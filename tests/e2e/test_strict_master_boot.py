@@ -10,7 +10,7 @@ are), answers on its port, launches an agent through moto (the GCE fake) whose o
 in a second clean machine (Debian bullseye, Python 3.9), whose boot installs its cloud's storage
 client (boto3 / google-cloud-storage, at the agent constraints' pins) in the agent's venv, and a Core
 API trial runs there and completes with its checkpoint in the cluster's bucket (moto's S3 / the GCS
-emulator). A boot whose wheel is missing from the bucket fails.
+emulator) and its output in the master's trial log API (shipped by that agent). A boot whose wheel is missing from the bucket fails.
 
 What stands in, and how the machine is pointed at it (never by changing the user-data):
 - the cloud API: moto's server / the GCE fake, at the endpoints the rendered master.yaml names;
@@ -198,10 +198,12 @@ def assert_master_machine(harness: DeployContainerHarness, master: EmulatedInsta
     assert ADMIN_PASSWORD not in master.boot_log + master.agent_log
 
 
+TRIAL_LINE = "a trial on a strictly booted agent"
 # The trial: a Core API loop that checkpoints to the cluster's storage (the bucket) from the agent.
 CHECKPOINTING_TRAIN_PY = """\
 from harness import core
 
+print("a trial on a strictly booted agent")
 with core.init() as ctx:
     for op in ctx.searcher.operations():
         with ctx.checkpoint.store_path({"steps_completed": op.length}) as (path, uuid):
@@ -234,6 +236,14 @@ def run_checkpointing_trial(url: str, harness: DeployContainerHarness, master: E
 
     state = harness.wait_for(ended, 600, f"trial {trial} ended")
     assert state == "STATE_COMPLETED", f"{state}\n{logs()[-3000:]}\n{master.agent_log[-3000:]}"
+    # The trial's own output comes back through the master's log API (what `det trial logs` reads),
+    # shipped by the agent from the clean machine.
+    try:
+        harness.wait_for(lambda: TRIAL_LINE in logs(), 60, f"trial {trial}'s output in its logs")
+    except AssertionError:
+        [agent] = agents_of(harness, master.id)
+        harness.collect_logs(agent)
+        raise AssertionError(f"{logs()[-2000:]!r}\nagent: {agent.agent_log[-6000:]}") from None
     r = httpx.get(f"{url}/api/v1/trials/{trial}/checkpoints", headers=headers, timeout=30)
     [ckpt] = r.json()["checkpoints"]
     assert ckpt["state"] == "STATE_COMPLETED", ckpt
