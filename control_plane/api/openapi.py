@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
-from control_plane.api import deps, task_responses
+from control_plane.api import deps, rbac_responses, task_responses
 from control_plane.api import responses as r
 from control_plane.api.streams import STREAM_MEDIA_TYPE
 from shipyard_common.agent_protocol import COMMANDS_PATH, CommandsResponse, RegisterResponse
@@ -103,6 +103,8 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", "/api/v1/master/config"): r.MasterConfigResponse,
     # commands and notebooks (api/ntsc.py)
     **task_responses.RESPONSES,
+    # groups, roles and pool bindings (api/groups.py, api/rbac.py, api/pool_bindings.py)
+    **rbac_responses.RESPONSES,
     # health and the master
     ("GET", "/health"): r.HealthResponse,
     ("GET", "/info"): r.MasterInfo,

@@ -211,6 +211,8 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     values.update(commandId=cmd["id"], notebookId=nb["id"], taskId=cmd["id"], tensorboardId=tb["id"])
     me = check("GET", "/api/v1/me")
     values["userId"] = me["user"]["id"]
+    values["groupId"] = check("POST", "/api/v1/groups", json={"name": "typed-group"})["group"]["groupId"]
+    values["resourcePoolName"] = "default"
     for (method, path) in RESPONSES:
         if method == "GET" and (method, path) not in checked:
             check(method, path, headers=trial_auth if "/searcher/" in path or "/signals/" in path else None)
