@@ -2,7 +2,8 @@
 create|add-user|remove-user|list|describe|delete`, `det rbac list-roles|describe-role|assign-role|
 unassign-role|list-users-roles|list-groups-roles|my-permissions`; a Viewer of a workspace lists and
 describes its experiments but cannot kill one (403 naming the role), an Editor (through a group)
-creates and kills there. Experiments are created paused: nothing here needs a trial to run."""
+creates and kills there; pool bindings refused to an Editor and for the
+default pool. Experiments are created paused: nothing here needs a trial to run."""
 
 from __future__ import annotations
 
@@ -63,6 +64,13 @@ def test_viewer_reads_editor_changes(det: Det, compat_cluster: CompatCluster, tm
     theirs = _create(det, cfg, project, **editor)
     det.ok("experiment", "kill", exp_id, **editor)  # the admin's: the Editor role covers the workspace
     det.ok("experiment", "kill", theirs, **editor)
+    # Pool bindings are a ClusterAdmin's, and the cluster's default pool (this cluster's only one)
+    # is never bound.
+    r = det("resource-pool", "bindings", "add", "default", "compat-rbac", **editor)
+    assert r.code != 0 and "needs ClusterAdmin" in (r.out + r.err), (r.out, r.err)
+    r = det("resource-pool", "bindings", "add", "default", "compat-rbac")
+    assert r.code != 0 and "cluster's default pool" in (r.out + r.err), (r.out, r.err)
+    assert "default" in det.ok("resource-pool", "bindings", "list-workspaces", "default")
     det.ok("rbac", "unassign-role", "Editor", "-w", "compat-rbac", "-g", "rbac-editors")
     r = det("experiment", "create", "--paused", "--project_id", project, cfg, MODEL_DIR, **editor)
     assert r.code != 0 and "has no role on workspace" in (r.out + r.err), (r.out, r.err)
