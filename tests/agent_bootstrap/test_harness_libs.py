@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_bootstrap.agent.runtime import harness_libs
 from agent_bootstrap.agent.pins import agent_constraints
+from agent_bootstrap.agent.runtime import harness_libs
 
 
 @pytest.mark.parametrize(("text", "expected"), [("3.9\n", (3, 9)), ("warning: x\n3.12\n", (3, 12)),
