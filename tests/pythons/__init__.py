@@ -30,9 +30,10 @@ What the inner runs leave out, and why (all of it runs in the main suite):
   provider, and tests/agent_bootstrap/test_cloud_init.py's package endpoint test (the in-process
   master app): master code. The package check above runs the served archive on each interpreter.
 - tests/agent_bootstrap/test_agent_integration.py (agent processes against a real master, about
-  80 s of each run) runs on 3.9 and 3.10, the Pythons of the agent hosts (Debian 11, Ubuntu 22.04:
-  the clouds' default images); 3.12 and 3.13, the newer training images' for the harness, run all
-  the rest, keeping the four runs within a few minutes of `make test`.
+  80 s of each run) runs on 3.9, the oldest agent host's Python (Debian 11; the main suite runs it
+  on 3.11, and the strict boot runs a cloud agent on 3.9); 3.10 (Ubuntu 22.04, the clouds' default
+  images), 3.12 and 3.13 (the newer training images', for the harness) run all the rest, keeping
+  the four runs within a few minutes of `make test`.
 - tests/harness/test_launch_distributed.py skips itself without torch (as in the main suite when
   the `torch` extra is not installed).
 

@@ -1,6 +1,6 @@
 """The agent and the harness on Python 3.13 (tests/pythons/__init__.py says what runs and why).
 
-The agent's integration tests run on the agent hosts' Pythons (3.9, 3.10) only."""
+The agent's integration tests run on 3.9 only (tests/pythons/__init__.py)."""
 
 from tests.pythons import version_tests
 
