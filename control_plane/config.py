@@ -167,6 +167,11 @@ class MasterConfig(_Strict):
     # The same for a TensorBoard (Determined's tensorboard_timeout, 5 minutes; either name); None: never.
     tensorboard_timeout_s: float | None = Field(
         300.0, gt=0, validation_alias=AliasChoices("tensorboard_timeout_s", "tensorboard_timeout"))
+    # `det shell open`'s tunnel (/proxy/<shell id>/ WebSocket): "ssh_key" (Determined's way, and what
+    # its 0.38.1 client needs: its tunnel sends no credentials) lets a tunnel without a session reach
+    # the shell's sshd, which admits only the key pair the master issued to the shell's owner; a
+    # tunnel with a session must still be the owner's or an admin's. "session": a session always.
+    shell_tunnel_auth: Literal["ssh_key", "session"] = "ssh_key"
     # A trial reaches only its task directory and its checkpoint storage (issue 27): experiment
     # configs with bind_mounts, resources.devices or environment.add_capabilities are refused (400)
     # unless the admin sets this.

@@ -4,7 +4,9 @@ task's owner or an admin, by the session they already have (a bearer token, Dete
 cookie, or the web UI's session cookie): no token in the URL, nothing that outlives the session.
 Another user's request is answered 404, as for a task that does not exist. The master adds the
 task's Jupyter token to the upstream request; the browser never sees it. A shell's WebSocket is
-relayed as raw bytes to its sshd's TCP port (`det shell open`'s tunnel, cli/tunnel.py)."""
+relayed as raw bytes to its sshd's TCP port (`det shell open`'s tunnel, cli/tunnel.py); with the
+master's shell_tunnel_auth: ssh_key (the default, as Determined) a tunnel without a session gets
+through to sshd too, which admits only the owner's key (Determined 0.38.1's tunnel sends none)."""
 
 from __future__ import annotations
 
@@ -45,10 +47,14 @@ CHUNK = 1 << 20
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
-def _target(master: Master, conn: HTTPConnection, task_id: str) -> tuple[str, str]:
-    """(host:port, jupyter token) for the caller, or a DomainError (401, 404)."""
+def _target(master: Master, conn: HTTPConnection, task_id: str, *, tunnel: bool = False) -> tuple[str, str]:
+    """(host:port, jupyter token) for the caller, or a DomainError (401, 404). A WebSocket `tunnel`
+    without a session reaches a shell's sshd when the master's shell_tunnel_auth is ssh_key."""
     token = deps.bearer_token(conn) or conn.cookies.get(UI_SESSION_COOKIE)  # type: ignore[arg-type]
     if not token:
+        if tunnel and master.config.shell_tunnel_auth == "ssh_key":
+            with master.read_sessions() as s:
+                return tasks.shell_target(s, task_id), ""
         raise unauthenticated()
     now = master.clock()
     with master.read_sessions() as s:
@@ -131,7 +137,7 @@ async def proxy_websocket(websocket: WebSocket, taskId: str, path: str) -> None:
 
     master: Master = websocket.app.state.master
     try:
-        address, jtoken = await run_in_threadpool(_target, master, websocket, taskId)
+        address, jtoken = await run_in_threadpool(lambda: _target(master, websocket, taskId, tunnel=True))
     except DomainError as e:
         if "websocket.http.response" in websocket.scope.get("extensions", {}):  # the real status (401, 404)
             await websocket.send_denial_response(domain_error_response(e))

@@ -1,5 +1,5 @@
 """The typed answers of commands, notebooks and TensorBoards (api/ntsc.py), in Determined 0.38.1's
-shapes (v1Command, v1Notebook, v1Tensorboard, v1Task), for the OpenAPI document (api/openapi.py RESPONSES)."""
+shapes (v1Command, v1Notebook, v1Tensorboard, v1Shell, v1Task), for the OpenAPI document (api/openapi.py RESPONSES)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,31 @@ class KillTensorboardResponse(Wire):
     tensorboard: TensorboardOut
 
 
+class AgentUserGroupOut(Wire):
+    user: str | None  # the shell's login account, once its sshd listens
+
+
+class ShellOut(TaskOut):
+    """v1Shell: the login account, and for its owner (launch and get only) the key pair."""
+
+    agent_user_group: AgentUserGroupOut | None = None
+    private_key: str | None = None
+    public_key: str | None = None
+
+
+class ShellResponse(Wire):
+    shell: ShellOut
+    config: dict[str, Any]
+
+
+class GetShellsResponse(Wire):
+    shells: list[ShellOut]
+
+
+class KillShellResponse(Wire):
+    shell: ShellOut
+
+
 class TaskAllocationOut(Wire):
     allocation_id: str
     task_id: str
@@ -120,6 +145,10 @@ RESPONSES: dict[tuple[str, str], type[Wire]] = {
     ("GET", "/api/v1/tensorboards"): GetTensorboardsResponse,
     ("GET", "/api/v1/tensorboards/{tensorboardId}"): TensorboardResponse,
     ("POST", "/api/v1/tensorboards/{tensorboardId}/kill"): KillTensorboardResponse,
+    ("POST", "/api/v1/shells"): ShellResponse,
+    ("GET", "/api/v1/shells"): GetShellsResponse,
+    ("GET", "/api/v1/shells/{shellId}"): ShellResponse,
+    ("POST", "/api/v1/shells/{shellId}/kill"): KillShellResponse,
     ("GET", "/api/v1/tasks/{taskId}"): GetTaskResponse,
     ("GET", "/api/v1/tasks/{taskId}/context"): ContextResponse,
     ("POST", "/api/v1/allocations/{allocationId}/proxy_address"): Empty,

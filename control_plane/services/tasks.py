@@ -34,7 +34,7 @@ from control_plane.core.task_config import (
     parse_task_config,
 )
 from control_plane.db.models import Agent, Allocation, ModelDefinition, Task, User
-from control_plane.errors import FieldProblem, Invalid, bad_request, forbidden, not_found
+from control_plane.errors import FieldProblem, Invalid, bad_request, forbidden, not_found, unauthenticated
 from control_plane.master import Master
 from control_plane.services import allocations, lifecycle, pool_capacity, shells, tensorboards
 from shipyard_common.agent_protocol import TaskSpec
@@ -204,6 +204,19 @@ def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> tuple
     if state != st.AllocationState.RUNNING or task.proxy_address is None:
         raise not_found(f"task {task_id} is not serving ({state})")
     return task.proxy_address, task.last_activity_at is None or now - task.last_activity_at >= ACTIVITY_RESOLUTION
+
+
+def shell_target(s: Session, task_id: str) -> str:
+    """A running shell's sshd (`user@host:port`) for a tunnel without a session (the master's
+    shell_tunnel_auth: ssh_key): sshd, not the master, decides who gets in, by the owner's key."""
+    task = s.get(Task, task_id)
+    if task is None or task.kind != "shell":
+        raise unauthenticated()
+    state = s.scalar(select(Allocation.state).where(Allocation.task_id == task_id)
+                     .order_by(Allocation.run_id.desc()).limit(1))
+    if state != st.AllocationState.RUNNING or task.proxy_address is None:
+        raise not_found(f"task {task_id} is not serving ({state})")
+    return task.proxy_address
 
 
 def touch(s: Session, task_id: str, now: datetime) -> None:

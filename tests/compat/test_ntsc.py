@@ -53,14 +53,17 @@ def test_det_notebook_start_list_kill(det: Det, compat_cluster: CompatCluster) -
              "the killed notebook to end")
 
 
-def test_det_shell_start_list_kill(det: Det, compat_cluster: CompatCluster) -> None:
-    """The real client's shell verbs (its `det shell open` tunnel connects without credentials, which
-    Shipyard's master refuses: Shipyard's own `det shell open` is the way in, tests/integration/test_shells.py)."""
+def test_det_shell_start_open_list_kill(det: Det, compat_cluster: CompatCluster) -> None:
+    """The real client's shell verbs. Its `det shell open` tunnel (determined.cli.tunnel) connects
+    without credentials: the master's default shell_tunnel_auth (ssh_key, as Determined) lets it
+    reach the shell's sshd, which admits only the owner's key, fetched by the client with its session."""
     shell_id = det.ok("shell", "start", "-d", "--config", "resources.slots=0").strip()
     assert re.fullmatch(UUID, shell_id), shell_id
     wait_for(lambda: compat_cluster.get(f"/api/v1/shells/{shell_id}")["shell"]["isReady"], "the shell's sshd")
     shell = compat_cluster.get(f"/api/v1/shells/{shell_id}")["shell"]
     assert shell["privateKey"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----") and shell["agentUserGroup"]["user"]
+    out = det.ok("shell", "open", shell_id, "echo", "hello-from-0.38.1", timeout=120)
+    assert "hello-from-0.38.1" in out, out
     listed = det.ok("shell", "list")
     assert shell_id in listed and "RUNNING" in listed, listed
     assert "Killed shell" in det.ok("shell", "kill", shell_id)

@@ -1,17 +1,21 @@
 """Shells over HTTP (api/ntsc.py → services/shells.py), both databases: Determined 0.38.1's v1Shell
 with the task's key pair for its owner only (a working OpenSSH key whose public half the task gets),
 another user's shell not found, the task spec (the launcher and the public key), the login account
-from the address the task reports, and no idle culling."""
+from the address the task reports, no idle culling, and who a tunnel without a session reaches (shell_tunnel_auth)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from cryptography.hazmat.primitives import serialization
 from sqlalchemy import select
+from starlette.requests import HTTPConnection
 
+from control_plane.api import proxy
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation
+from control_plane.errors import DomainError, http_status
 from control_plane.loops import placement
 from control_plane.services import agents as agent_service
 from control_plane.services import tasks
@@ -66,3 +70,17 @@ def test_shell_keys_owner_only_spec_and_address(client: Any, admin_headers: dict
     with transaction(master.sessions) as s:
         assert shell["id"] not in {c.task_id for c in tasks.idle_candidates(s, master)}
     assert client.get(f"/api/v1/shells/{shell['id']}", headers=alice).json()["shell"]["isReady"] is True
+    # A tunnel with no session (Determined 0.38.1's `det shell open` sends none): with the master's
+    # shell_tunnel_auth ssh_key (the default) it reaches the shell's sshd, which admits only the
+    # owner's key; never another kind of task, an unknown id, plain HTTP, or with `session`.
+    notebook = client.post("/api/v1/notebooks", headers=alice, json={"config": {"resources": {"slots": 0}}})
+    bare = HTTPConnection({"type": "websocket", "headers": []})
+    assert proxy._target(master, bare, shell["id"], tunnel=True) == ("alice@10.0.0.5:2222", "")
+    for task_id, tunnel in ((shell["id"], False), (notebook.json()["notebook"]["id"], True), ("no-such-task", True)):
+        with pytest.raises(DomainError) as refused:
+            proxy._target(master, bare, task_id, tunnel=tunnel)
+        assert http_status(refused.value) == 401, task_id
+    master.config = master.config.model_copy(update={"shell_tunnel_auth": "session"})
+    with pytest.raises(DomainError) as refused:
+        proxy._target(master, bare, shell["id"], tunnel=True)
+    assert http_status(refused.value) == 401
