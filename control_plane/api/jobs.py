@@ -1,7 +1,8 @@
 """The job queue over HTTP, in Determined's shapes: `GET /api/v1/job-queues-v2` (v1RBACJob, each
 job `full`), `GET /api/v1/job-queues` (v1Job), `GET /api/v1/job-queues/stats` (v1RPQueueStat) and
 `POST /api/v1/job-queues` (v1QueueControl updates). The queue and its rules are in
-control_plane/services/jobs.py. A job here is an experiment; `waitingReason` is Shipyard's own
+control_plane/services/jobs.py. A job here is an experiment or a command, notebook, TensorBoard or
+shell; `waitingReason` is Shipyard's own
 (additive) field: why a queued job's allocations wait."""
 
 from __future__ import annotations
@@ -23,9 +24,15 @@ router = APIRouter()
 _JOB_STATES = (*service.JOB_STATES, "STATE_SCHEDULED_BACKFILLED")
 
 
+_TASK_TYPES = {"command": "TYPE_COMMAND", "notebook": "TYPE_NOTEBOOK", "tensorboard": "TYPE_TENSORBOARD",
+               "shell": "TYPE_SHELL"}
+
+
 def job_json(v: service.JobView) -> dict[str, Any]:
     """Determined's v1Job, plus `waitingReason`."""
     exp = v.exp
+    if exp is None:
+        return _task_job_json(v)
     return {
         "summary": {"state": v.state, "jobsAhead": v.jobs_ahead},
         "type": "TYPE_EXPERIMENT",
@@ -42,6 +49,31 @@ def job_json(v: service.JobView) -> dict[str, Any]:
         "allocatedSlots": v.allocated_slots,
         "name": exp.name,
         "progress": exp.progress,
+        "workspaceId": 1,
+        "waitingReason": v.waiting_reason,
+    }
+
+
+def _task_job_json(v: service.JobView) -> dict[str, Any]:
+    """A command, notebook, TensorBoard or shell as Determined lists it: its own job, not preemptible."""
+    task = v.task
+    assert task is not None
+    return {
+        "summary": {"state": v.state, "jobsAhead": v.jobs_ahead},
+        "type": _TASK_TYPES.get(task.kind, "TYPE_UNSPECIFIED"),
+        "submissionTime": ts(task.created_at),
+        "username": v.username,
+        "userId": task.owner_id,
+        "resourcePool": task.pool,
+        "isPreemptible": False,
+        "priority": v.priority,
+        "weight": float(task.config.get("resources", {}).get("weight") or 1.0),
+        "entityId": task.id,
+        "jobId": task.id,
+        "requestedSlots": v.requested_slots,
+        "allocatedSlots": v.allocated_slots,
+        "name": task.description,
+        "progress": None,
         "workspaceId": 1,
         "waitingReason": v.waiting_reason,
     }

@@ -589,7 +589,7 @@ class JobOut(Wire):
     requested_slots: int
     allocated_slots: int
     name: str
-    progress: float
+    progress: float | None  # None for a command, notebook, TensorBoard or shell
     workspace_id: int
     waiting_reason: str | None
 

@@ -461,7 +461,7 @@ def cluster_view(s: Session, master: Master, now: datetime) -> list[PoolView]:
     rows = {r.name: r for r in s.scalars(select(ResourcePool).where(ResourcePool.name.in_(configured)))}
     queue: dict[str, list[jobs.JobView]] = defaultdict(list)
     for job in jobs.list_jobs(s, master).jobs:
-        queue[job.exp.resource_pool].append(job)
+        queue[job.pool].append(job)
     return [_pool_view(s, master, rows[name], now, queue.get(name, [])) for name in configured if name in rows]
 
 

@@ -1,4 +1,5 @@
-"""The job queue: every experiment with live allocations is a job of its pool, ordered as the
+"""The job queue: every experiment with live allocations is a job of its pool (and so is each live
+command, notebook, TensorBoard or shell, listed but not changed here: its own verbs kill it), ordered as the
 priority scheduler orders it — priority (1–99, lower first), then queue position, then submission
 time — and the changes an owner or an admin may make to it (priority, weight, max_slots, position,
 pool), by job (`det job update`) or by experiment (`det e set`).
@@ -27,7 +28,7 @@ from control_plane.auth import Principal
 from control_plane.config import SchedulerConfig
 from control_plane.core import states as st
 from control_plane.core.expconf import ExperimentConfig
-from control_plane.db.models import Allocation, Experiment, User
+from control_plane.db.models import Allocation, Experiment, Task, User
 from control_plane.errors import Conflict, FieldProblem, Invalid, NotFound, PermissionDenied
 from control_plane.master import Master
 from control_plane.services import pool_capacity
@@ -42,7 +43,7 @@ PRIORITY_MIN, PRIORITY_MAX = 1, 99
 
 @dataclass(frozen=True)
 class JobView:
-    exp: Experiment
+    exp: Experiment | None  # None for a command, notebook, TensorBoard or shell (`task`)
     username: str
     priority: int  # the effective priority (the pool's default when the experiment sets none)
     state: str  # JOB_QUEUED (nothing placed yet) or JOB_SCHEDULED
@@ -50,6 +51,15 @@ class JobView:
     allocated_slots: int
     requested_slots: int
     waiting_reason: str | None  # why its pending allocations wait (None: nothing pending, or unknown)
+    task: Task | None = None
+
+    @property
+    def pool(self) -> str:
+        return self.exp.resource_pool if self.exp is not None else self.task.pool  # type: ignore[union-attr]
+
+    @property
+    def job_id(self) -> str:
+        return self.exp.job_id if self.exp is not None else self.task.id  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True)
@@ -86,19 +96,37 @@ def _live_allocations(s: Session, experiment_ids: Iterable[int] | None = None) -
     return out
 
 
-def _queue(s: Session, master: Master, pool: str | None = None) -> dict[str, list[tuple[Experiment, list[Allocation]]]]:
-    """Each pool's jobs in queue order, each with its live allocations."""
+Job = tuple[Experiment | Task, list[Allocation]]
+
+
+def _job_order(master: Master, job: Job) -> tuple[int, float, int | str]:
+    """An experiment by `_order`; a task (one allocation) by its allocation's priority, then launch
+    time, as the scheduler takes it."""
+    what, allocs = job
+    if isinstance(what, Experiment):
+        return _order(master, what)
+    return allocs[0].priority or default_priority(master, what.pool), what.created_at.timestamp(), what.id
+
+
+def _queue(s: Session, master: Master, pool: str | None = None) -> dict[str, list[Job]]:
+    """Each pool's jobs in queue order, each with its live allocations: experiments, and the tasks
+    other than trials (commands, notebooks, TensorBoards, shells), each its own job."""
+    by_pool: dict[str, list[Job]] = defaultdict(list)
     live = _live_allocations(s)
-    if not live:
-        return {}
-    q = select(Experiment).where(Experiment.id.in_(list(live)))
+    if live:
+        q = select(Experiment).where(Experiment.id.in_(list(live)))
+        if pool is not None:
+            q = q.where(Experiment.resource_pool == pool)
+        for exp in s.scalars(q):
+            by_pool[exp.resource_pool].append((exp, live[exp.id]))
+    tq = (select(Task, Allocation).join(Allocation, Allocation.task_id == Task.id)
+          .where(Allocation.state.in_(st.ALLOC_LIVE), Allocation.experiment_id.is_(None)))
     if pool is not None:
-        q = q.where(Experiment.resource_pool == pool)
-    by_pool: dict[str, list[tuple[Experiment, list[Allocation]]]] = defaultdict(list)
-    for exp in s.scalars(q):
-        by_pool[exp.resource_pool].append((exp, live[exp.id]))
+        tq = tq.where(Task.pool == pool)
+    for task, alloc in s.execute(tq):
+        by_pool[task.pool].append((task, [alloc]))
     for jobs in by_pool.values():
-        jobs.sort(key=lambda j: _order(master, j[0]))
+        jobs.sort(key=lambda j: _job_order(master, j))
     return dict(by_pool)
 
 
@@ -121,15 +149,18 @@ def list_jobs(s: Session, master: Master, *, pool: str | None = None, states: Se
                       [FieldProblem("resourcePool", f"no resource pool named {pool!r}")])
     queue = _queue(s, master, pool)
     owners = {u.id: u.username for u in s.scalars(select(User).where(
-        User.id.in_({exp.owner_id for jobs in queue.values() for exp, _ in jobs})))} if queue else {}
+        User.id.in_({what.owner_id for jobs in queue.values() for what, _ in jobs})))} if queue else {}
     cache = pool_capacity.CapacityCache(s, master)
     views: list[JobView] = []
     for name in sorted(queue):
-        for ahead, (exp, allocs) in enumerate(queue[name]):
+        for ahead, (what, allocs) in enumerate(queue[name]):
             placed = [a for a in allocs if a.state in st.ALLOC_ON_AGENT]
             pending = [a for a in allocs if a.state == st.AllocationState.PENDING]
+            exp = what if isinstance(what, Experiment) else None
             views.append(JobView(
-                exp=exp, username=owners.get(exp.owner_id, ""), priority=effective_priority(master, exp),
+                exp=exp, task=None if exp is not None else what,  # type: ignore[arg-type]
+                username=owners.get(what.owner_id, ""),
+                priority=effective_priority(master, exp) if exp is not None else int(_job_order(master, (what, allocs))[0]),
                 state=JOB_SCHEDULED if placed else JOB_QUEUED, jobs_ahead=ahead,
                 allocated_slots=sum(a.slots_needed for a in placed),
                 requested_slots=sum(a.slots_needed for a in allocs),
@@ -184,6 +215,10 @@ def _invalid(field: str, reason: str) -> Invalid:
 
 def _job(s: Session, job_id: str, field: str) -> Experiment:
     exp = s.scalar(select(Experiment).where(Experiment.job_id == job_id))
+    task = s.get(Task, job_id) if exp is None else None
+    if task is not None:
+        raise _invalid(field, f"job {job_id!r} is a {task.kind}: its priority and pool are set when it is launched "
+                              f"(det {task.kind} kill {job_id} stops it)")
     if exp is None:
         raise NotFound(f"job {job_id!r} not found", [FieldProblem(field, f"no job {job_id!r}")])
     return exp
@@ -299,7 +334,8 @@ def _move(s: Session, master: Master, exp: Experiment, anchor_id: str, *, ahead:
     if anchor.resource_pool != exp.resource_pool:
         raise _invalid(field, f"job {anchor_id!r} is in resource pool {anchor.resource_pool!r}, this job in "
                               f"{exp.resource_pool!r}: queue positions are per pool (move the job first)")
-    queue = [e for e, _ in _queue(s, master, exp.resource_pool).get(exp.resource_pool, []) if e.id != exp.id]
+    queue = [e for e, _ in _queue(s, master, exp.resource_pool).get(exp.resource_pool, [])
+             if isinstance(e, Experiment) and e.id != exp.id]  # tasks keep their places
     at = next((i for i, e in enumerate(queue) if e.id == anchor.id), None)
     if at is None:
         raise _invalid(field, f"job {anchor_id!r} is not queued (it has nothing running or waiting)")

@@ -164,3 +164,26 @@ def test_ended_job_cannot_be_changed(client, admin_headers, master) -> None:  # 
     with master.sessions() as s:
         exp = s.get(Experiment, job["id"])
         assert exp is not None and exp.priority is None
+
+
+def test_commands_and_notebooks_are_jobs_of_their_pool(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    # Determined lists every task in the queue: a command and a notebook are jobs of their own,
+    # ordered with the experiments by priority then submission, counted in the stats, not changed
+    # through the queue (their own verbs kill them), gone once they end.
+    exp = submit(client, admin_headers)
+    cmd = client.post("/api/v1/commands", headers=admin_headers,
+                      json={"config": {"entrypoint": ["true"], "resources": {"slots": 0, "priority": 10}}}).json()["command"]
+    nb = client.post("/api/v1/notebooks", headers=admin_headers, json={"config": {"resources": {"slots": 0}}}).json()["notebook"]
+    jobs = {j["full"]["jobId"]: j["full"] for j in jobs_v2(client, admin_headers)["jobs"]}
+    assert list(jobs) == [cmd["id"], exp["jobId"], nb["id"]]  # priority 10 first, then by submission
+    assert V1_JOB_REQUIRED <= set(jobs[cmd["id"]])
+    assert jobs[cmd["id"]]["type"] == "TYPE_COMMAND" and jobs[nb["id"]]["type"] == "TYPE_NOTEBOOK"
+    assert jobs[cmd["id"]]["isPreemptible"] is False and jobs[cmd["id"]]["priority"] == 10
+    assert jobs[nb["id"]]["summary"] == {"state": "STATE_QUEUED", "jobsAhead": 2}
+    assert jobs[nb["id"]]["requestedSlots"] == 0 and jobs[nb["id"]]["progress"] is None
+    stats = client.get("/api/v1/job-queues/stats", headers=admin_headers).json()["results"]
+    assert {s["resourcePool"]: s["stats"]["queuedCount"] for s in stats}["default"] == 3
+    r = post_updates(client, admin_headers, {"jobId": nb["id"], "priority": 5})
+    assert r.status_code == 400 and "is a notebook" in r.text, r.text
+    assert client.post(f"/api/v1/commands/{cmd['id']}/kill", headers=admin_headers).status_code == 200
+    assert cmd["id"] not in queue_ids(client, admin_headers)
