@@ -213,6 +213,7 @@ LONGEST_FIRST = (
     "tests/pythons/test_python_3_9.py",
     "tests/pythons/test_python_3_10.py",
     "tests/control_plane/api/test_schemathesis.py",
+    "tests/control_plane/api/test_schemathesis_postgres.py",
     "tests/integration/test_master_outage.py",
     "tests/pythons/test_python_3_12.py",
     "tests/pythons/test_python_3_13.py",

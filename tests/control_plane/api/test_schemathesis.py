@@ -1,7 +1,8 @@
 """schemathesis over the whole OpenAPI document of the real app, in process: every operation, as
 an admin, as a plain user and unauthenticated, with valid and invalid generated input. Not one
 server error, and every answer as the document says (status code, content type, body schema).
-SQLite and PostgreSQL; a bounded number of examples per operation keeps it to a few minutes."""
+SQLite and PostgreSQL, 50 examples per operation and generation mode (schemathesis'
+`--max-examples 50`), each sent as an admin, a plain user or unauthenticated (drawn with it)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.parameters import ParameterLocation
+from schemathesis.specs.openapi._hypothesis import _draw_negated_locations
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -33,23 +37,33 @@ from tests.conftest import ADMIN_PASSWORD, TEST_PASSWORD_HASHING
 from tests.control_plane.api.test_checkpoints import ckpt_body, report_ckpt
 from tests.control_plane.api.test_experiments import allocation_headers, create_ok, make_user, only_trial
 
-# Examples per operation and caller (SCHEMATHESIS_EXAMPLES overrides, for a deeper run).
-EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "6"))
+# Examples per operation (SCHEMATHESIS_EXAMPLES overrides), as schemathesis' `--max-examples 50`:
+# like its fuzzing phase, each example is drawn in either generation mode (positive or negative),
+# and here sent once, as a caller drawn with it.
+EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "50"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 CALLERS = ("admin", "plain", "anonymous")  # "plain": a user without admin rights
+SHARDS = 4  # the operations in this many tests per database, each well inside the per-test timeout
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module")
 def fuzzed_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One master per database for the whole module (creating one per example would dominate the
-    run), with an experiment, its trial, a checkpoint, a model with a version and a plain user, for
-    the generated ids to find."""
+    """SQLite here; PostgreSQL in test_schemathesis_postgres.py, a file of its own so that the
+    suite's two workers (`--dist loadfile`) run the two databases side by side."""
+    yield from fuzzed_master(request, tmp_path_factory, "sqlite")
+
+
+def fuzzed_master(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  database: str) -> Iterator[Any]:
+    """One master for the whole module (creating one per example would dominate the run), with an
+    experiment, its trial, a checkpoint, a model with a version and a plain user, for the generated
+    ids to find; with the operations of its OpenAPI document."""
     from control_plane.api.app import create_app
     from control_plane.config import load_config
     from control_plane.master import Master
 
-    tmp: Path = tmp_path_factory.mktemp(f"schemathesis-{request.param}")
-    if request.param == "sqlite":
+    tmp: Path = tmp_path_factory.mktemp(f"schemathesis-{database}")
+    if database == "sqlite":
         db_url = f"sqlite:///{tmp / 'shipyard.db'}"
     else:
         db_url = request.getfixturevalue("postgres_server").create_database()
@@ -64,7 +78,8 @@ def fuzzed_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         client.post("/api/v1/models", headers=admin, json={"name": "m"}).raise_for_status()
         client.post("/api/v1/models/m/versions", headers=admin, json={"checkpointUuid": ckpt}).raise_for_status()
         make_user(client, admin, "plain")
-        yield master, app
+        yield master, app, [result.ok() for result in schemathesis.openapi.from_asgi("/openapi.json", app)
+                            .get_all_operations()]
     master.stop()
 
 
@@ -88,44 +103,76 @@ def _bounded(case: Any) -> None:
             case.query["timeoutSeconds"] = 0
 
 
-def _fuzz(master: Any, operation: Any, mode: GenerationMode, failures: list[str]) -> int:
-    """Send EXAMPLES generated requests of one operation, each as every caller; returns how many
-    requests were sent. Failures are collected (one per operation and mode), not raised, so one
-    run reports every operation that misbehaves."""
-    sent = 0
+def _modes(operation: Any) -> list[GenerationMode]:
+    """Positive always; negative where the operation has something to break. schemathesis' own
+    choice of what a negative case may break (a path id of plain `type: string` cannot be: any
+    string is valid on the wire) finds nothing for an id-only route, and its generator then rejects
+    every draw until hypothesis gives up: 459 rejected draws and no request for each such route, the
+    largest single cost of the run before this check."""
+    everywhere = dict.fromkeys((ParameterLocation.PATH, ParameterLocation.HEADER, ParameterLocation.COOKIE,
+                                ParameterLocation.QUERY))
+    breakable = _draw_negated_locations(lambda _strategy: True, operation, GenerationMode.NEGATIVE,
+                                        explicit=everywhere, body_is_generated=True)
+    return [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if breakable is not None else [])
 
-    @given(case=operation.as_strategy(generation_mode=mode))
+
+def _fuzz(master: Any, operation: Any, failures: list[str]) -> int:
+    """Send EXAMPLES generated requests of one operation, each in a generation mode and as a caller
+    drawn with it (one session per caller for the operation: a session per request cost a database
+    write each); returns how many requests were sent. Failures are collected (one per operation), not raised,
+    so one run reports every operation that misbehaves. No shrinking (Phase.shrink): a CI gate
+    needs the failing request, which the report carries, not the smallest one; derandomized, so a
+    run is reproducible."""
+    sent = 0
+    tokens: dict[str, str] = {}
+
+    modes = st.one_of([operation.as_strategy(generation_mode=mode) for mode in _modes(operation)])
+
+    @given(case=modes, caller=st.sampled_from(CALLERS))
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
-    def run(case: Any) -> None:
+    def run(case: Any, caller: str) -> None:
         nonlocal sent
         _bounded(case)
-        for caller in CALLERS:
-            headers = {} if caller == "anonymous" else {"Authorization": f"Bearer {_token(master, caller)}"}
-            sent += 1
-            case.call_and_validate(headers=headers, checks=CHECKS)
+        if caller not in tokens:
+            tokens[caller] = "" if caller == "anonymous" else _token(master, caller)
+        headers = {"Authorization": f"Bearer {tokens[caller]}"} if tokens[caller] else {}
+        sent += 1
+        case.call_and_validate(headers=headers, checks=CHECKS)
 
     try:
         run()
     except Unsatisfiable:
-        pass  # nothing to generate in this mode (no parameters that can be made invalid)
+        pass  # nothing to generate in this mode
     except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup, or an error in the app
-        failures.append(f"{operation.label} [{mode.value}]: {str(exc)[:2000]}")
+        failures.append(f"{operation.label}: {str(exc)[:2000]}")
     return sent
 
 
-def test_the_api_answers_as_documented(fuzzed_app: Any) -> None:
-    """Every operation, valid and invalid input, as an admin, a plain user and unauthenticated: no
-    5xx, and status, content type and body as the OpenAPI document says."""
-    master, app = fuzzed_app
-    api = schemathesis.openapi.from_asgi("/openapi.json", app)
-    operations = [result.ok() for result in api.get_all_operations()]
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_the_api_answers_as_documented(fuzzed_app: Any, shard: int) -> None:
+    answers_as_documented(fuzzed_app, shard)
+
+
+def answers_as_documented(fuzzed_app: Any, shard: int) -> None:
+    """Every operation (a quarter of them per shard), valid and invalid input, as an admin, a
+    plain user and unauthenticated: no 5xx, and status, content type and body as the OpenAPI
+    document says. Prints the slowest operations (CPU seconds, the app's threads included)."""
+    master, _app, operations = fuzzed_app
     assert len(operations) >= 70
     failures: list[str] = []
+    timings = []
     started = time.monotonic()
-    sent = sum(_fuzz(master, op, mode, failures) for op in operations for mode in GenerationMode)
-    print(f"schemathesis: {len(operations)} operations, {EXAMPLES} examples per operation and mode, "
-          f"{sent} requests, {time.monotonic() - started:.1f} s")
+    sent = 0
+    for operation in operations[shard::SHARDS]:
+        begun = time.process_time()
+        sent_now = _fuzz(master, operation, failures)
+        sent += sent_now
+        timings.append((time.process_time() - begun, sent_now, operation.label))
+    print(f"schemathesis shard {shard}: {len(timings)} operations, {EXAMPLES} examples each, {sent} requests, "
+          f"{time.monotonic() - started:.1f} s")
+    for cpu_s, sent_now, label in sorted(timings, reverse=True)[:8]:
+        print(f"  {cpu_s:6.2f} s CPU  {sent_now:3d} requests  {label}")
     assert not failures, f"{len(failures)} operations misbehaved:\n\n" + "\n\n".join(failures)
 
 
