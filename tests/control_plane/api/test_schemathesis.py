@@ -255,7 +255,9 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     nb = check("POST", "/api/v1/notebooks", json={"config": {"resources": {"slots": 0}}})["notebook"]
     tb = check("POST", "/api/v1/tensorboards", json={"experimentIds": [exp_id],
                                                      "config": {"resources": {"slots": 0}}})["tensorboard"]
-    values.update(commandId=cmd["id"], notebookId=nb["id"], taskId=cmd["id"], tensorboardId=tb["id"])
+    shell = check("POST", "/api/v1/shells", json={"config": {"resources": {"slots": 0}}})["shell"]
+    values.update(commandId=cmd["id"], notebookId=nb["id"], taskId=cmd["id"], tensorboardId=tb["id"],
+                  shellId=shell["id"])
     me = check("GET", "/api/v1/me")
     values["userId"] = me["user"]["id"]
     values["groupId"] = check("POST", "/api/v1/groups", json={"name": "typed-group"})["group"]["groupId"]
@@ -282,6 +284,7 @@ def test_typed_answers_match_their_documented_schema(client, admin_headers, mast
     check("DELETE", "/api/v1/agents/{agentId}/enrolment")
     check("POST", "/api/v1/commands/{commandId}/kill")
     check("POST", "/api/v1/notebooks/{notebookId}/kill")
+    check("POST", "/api/v1/shells/{shellId}/kill")
     check("POST", "/api/v1/tensorboards/{tensorboardId}/kill")
     gets = {k for k in RESPONSES if k[0] == "GET"}
     assert gets <= checked and len(checked) >= len(gets) + 16
