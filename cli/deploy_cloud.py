@@ -52,6 +52,7 @@ from infra.settings import (
     settings_from_json,
     settings_kwargs,
 )
+from shipyard_common import passwords
 
 Cloud = Literal["aws", "gcp"]
 PROJECT = "shipyard"
@@ -259,8 +260,8 @@ def up(cloud: Cloud, s: Settings, backend: Backend, *, db_password: str | None, 
 
     stack = _stack(cloud, s.cluster_id, backend, create=True)
     existing = stack.get_all_config()
-    db_password = db_password or _existing(existing, "shipyard:dbPassword") or secrets.token_urlsafe(24)
-    admin_password = admin_password or _existing(existing, "shipyard:adminPassword") or secrets.token_urlsafe(18)
+    db_password = db_password or _existing(existing, "shipyard:dbPassword") or passwords.generate(24)
+    admin_password = admin_password or _existing(existing, "shipyard:adminPassword") or passwords.generate(18)
     config = {
         "shipyard:cloud": auto.ConfigValue(cloud),
         "shipyard:settings": auto.ConfigValue(s.to_json()),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from typing import Any
 
 from cli import session
 from cli.errors import CliError
-from shipyard_common import private_files
+from shipyard_common import passwords, private_files
 from shipyard_common.processes import pid_alive, start_session, stop_process_group
 
 # httpx is imported where a request is made, as in cli.session: ~100 ms that `det deploy local status`
@@ -127,7 +126,7 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
         password = pw_file.read_text().strip()
         new_password = False
     else:
-        password = secrets.token_urlsafe(15)
+        password = passwords.generate(15)
         private_files.write_private(pw_file, password.encode())
         new_password = True
     env = dict(os.environ, SHIPYARD_ADMIN_PASSWORD=password)

@@ -29,7 +29,7 @@ from sqlalchemy import bindparam, delete, func, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.db.models import LoginFailure, Token, User
-from shipyard_common import private_files
+from shipyard_common import passwords, private_files
 
 log = logging.getLogger("shipyard.auth")
 
@@ -116,7 +116,7 @@ def password_problem(password: str) -> str | None:
 
 
 def generate_password() -> str:
-    return secrets.token_urlsafe(15)
+    return passwords.generate(15)
 
 
 def token_digest(token: str) -> str:

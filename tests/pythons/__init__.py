@@ -22,7 +22,8 @@ What the inner runs leave out, and why (all of it runs in the main suite):
   static provider): master code, on 3.11+.
 - `[postgres]` cases (`-k "not postgres"`): making a PostgreSQL database needs psycopg2 in the test
   process; the SQLite cases run the same agent code against the same master.
-- The S3 and GCS cases of tests/harness/test_storage.py and test_tensorboard_events.py: their servers
+- The S3 and GCS cases of tests/harness/test_storage.py, test_tensorboard_events.py and
+  test_tensorboard_serve.py: their servers
   (moto, gcp-storage-emulator) are not installed there. The clients (boto3, google-cloud-storage)
   are, at the constraints' pins (a cloud agent's boot installs its own cloud's;
   tests/e2e/test_strict_master_boot.py checkpoints through them on 3.9).
@@ -94,6 +95,8 @@ DESELECTED = (
     "tests/harness/test_storage.py::test_missing_s3_bucket_fails_at_init",
     "tests/harness/test_tensorboard_events.py::test_sync_to_buckets[s3]",
     "tests/harness/test_tensorboard_events.py::test_sync_to_buckets[gcs]",
+    "tests/harness/test_tensorboard_serve.py::test_a_trials_uploaded_event_files_reach_the_tensorboard[s3]",
+    "tests/harness/test_tensorboard_serve.py::test_a_trials_uploaded_event_files_reach_the_tensorboard[gcs]",
     "tests/harness/test_storage.py::test_missing_gcs_bucket_fails_at_init",
     "tests/shipyard_common/test_private_files.py::test_the_cli_token_cache_is_private",
     "tests/shipyard_common/test_private_files.py::test_deploy_local_state_is_private",
