@@ -21,6 +21,7 @@ A local cluster (`det deploy local up`: master on SQLite + 1 agent, process runt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -113,18 +115,14 @@ def _throughput(client: httpx.Client, path: str, mib: int) -> float:
     return best
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--starts", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--mib", type=int, default=128)
-    args = ap.parse_args()
-    # The agent runs the notebook's `python3` from PATH: this virtualenv's, where JupyterLab is.
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+@contextlib.contextmanager
+def local_cluster() -> Iterator[tuple[Path, str, str, httpx.Client]]:
+    """A `det deploy local` cluster (one agent, SQLite) in a temporary directory, and the admin's
+    (state dir, URL, token, client); taken down at the end. Under a private directory (mkdtemp's
+    0700), as in the tests: the agent runs tasks as its own user (agent_bootstrap/agent/identity.py),
+    who can run this virtualenv's python3, where JupyterLab is (a per-user task uid could not reach
+    an interpreter under /root)."""
     with tempfile.TemporaryDirectory() as tmp:
-        # Under a private directory (mkdtemp's 0700), as in the tests: the agent runs tasks as its own
-        # user (agent_bootstrap/agent/identity.py), who can run this virtualenv's python3, where
-        # JupyterLab is (a per-user task uid could not reach an interpreter under /root).
         state = Path(tmp) / "state"
         private_files.private_dir(state)
         private_files.write_private(state / "admin-password", b"Bench-password-1")
@@ -136,30 +134,42 @@ def main() -> None:
         try:
             token = httpx.post(url + "/api/v1/auth/login", json={"username": "admin",
                                                                  "password": "Bench-password-1"}).json()["token"]
-            auth = {"Authorization": f"Bearer {token}"}
-            client = httpx.Client(base_url=url, headers=auth, timeout=60)
-            starts, ids = [], []
-            for _ in range(args.starts):
-                nb_id, took = _ready(client, "/api/v1/notebooks", "notebook")
-                ids.append(nb_id)
-                starts.append(took)
-            for nb_id in ids[1:]:
-                client.post(f"/api/v1/notebooks/{nb_id}/kill")
-            nb_id = ids[0]
-            direct_url, jtoken = _direct(state, nb_id)
-            direct = httpx.Client(base_url=direct_url, headers={"Authorization": f"token {jtoken}"}, timeout=60)
-            path = f"/proxy/{nb_id}/api/status"
-            proxied_t, direct_t, master_t, health_t = [], [], [], []
-            for _ in range(args.requests // 50):  # interleaved, 50 at a time
-                proxied_t += _latency(client, path, 50)
-                direct_t += _latency(direct, path, 50)
-                master_t += _latency(client, "/api/v1/me", 50)
-                health_t += _latency(client, "/health", 50)
-            _write_file(url, auth, nb_id, args.mib)
-            file_path = f"/proxy/{nb_id}/files/big.bin"
-            proxied_mb, direct_mb = _throughput(client, file_path, args.mib), _throughput(direct, file_path, args.mib)
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+                yield state, url, token, client
         finally:
             deploy_local.down(state, quiet=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--starts", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--mib", type=int, default=128)
+    args = ap.parse_args()
+    # The agent runs the notebook's `python3` from PATH: this virtualenv's, where JupyterLab is.
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    with local_cluster() as (state, url, token, client):
+        auth = {"Authorization": f"Bearer {token}"}
+        starts, ids = [], []
+        for _ in range(args.starts):
+            nb_id, took = _ready(client, "/api/v1/notebooks", "notebook")
+            ids.append(nb_id)
+            starts.append(took)
+        for nb_id in ids[1:]:
+            client.post(f"/api/v1/notebooks/{nb_id}/kill")
+        nb_id = ids[0]
+        direct_url, jtoken = _direct(state, nb_id)
+        direct = httpx.Client(base_url=direct_url, headers={"Authorization": f"token {jtoken}"}, timeout=60)
+        path = f"/proxy/{nb_id}/api/status"
+        proxied_t, direct_t, master_t, health_t = [], [], [], []
+        for _ in range(args.requests // 50):  # interleaved, 50 at a time
+            proxied_t += _latency(client, path, 50)
+            direct_t += _latency(direct, path, 50)
+            master_t += _latency(client, "/api/v1/me", 50)
+            health_t += _latency(client, "/health", 50)
+        _write_file(url, auth, nb_id, args.mib)
+        file_path = f"/proxy/{nb_id}/files/big.bin"
+        proxied_mb, direct_mb = _throughput(client, file_path, args.mib), _throughput(direct, file_path, args.mib)
     p50 = statistics.median
     print(f"{'measure':<40} {'through the master':>20} {'direct':>12} {'target':>22}")
     print(f"{'notebook start -> ready p50 (s)':<40} {p50(starts):>20.2f} {'':>12} {'< 5 s':>22}")

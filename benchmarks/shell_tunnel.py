@@ -22,22 +22,17 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import pct, print_table  # noqa: E402
-from benchmarks.notebook_proxy import _ready  # noqa: E402
-from cli import deploy_local  # noqa: E402
+from benchmarks.notebook_proxy import _ready, local_cluster  # noqa: E402
 from cli.commands.shell import ssh_argv  # noqa: E402
 from cli.tunnel import TOKEN_ENV  # noqa: E402
 from control_plane.services.shells import split_address  # noqa: E402
 from shipyard_common import private_files  # noqa: E402
-from tests.pg import free_port  # noqa: E402
 
 
 def _direct(argv: list[str], address: str) -> list[str]:
@@ -76,45 +71,32 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256)
     args = ap.parse_args()
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    with tempfile.TemporaryDirectory() as tmp:
-        state = Path(tmp) / "state"
-        private_files.private_dir(state)
-        private_files.write_private(state / "admin-password", b"Bench-password-1")
-        cfg = state / "master.yaml"
-        cfg.write_text("task_kill_grace_s: 3\n")
-        data = deploy_local.up(state, agents=1, port=free_port(), db=f"sqlite:///{state / 'shipyard.db'}", slots=1,
-                               pool_config=cfg)
-        url = data["master_url"]
-        try:
-            token = httpx.post(url + "/api/v1/auth/login", json={"username": "admin",
-                                                                 "password": "Bench-password-1"}).json()["token"]
-            client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
-            starts, ids = [], []
-            for _ in range(args.starts):
-                shell_id, took = _ready(client, "/api/v1/shells", "shell")
-                ids.append(shell_id)
-                starts.append(took)
-            for shell_id in ids[1:]:
-                client.post(f"/api/v1/shells/{shell_id}/kill")
-            shell = client.get(f"/api/v1/shells/{ids[0]}").json()["shell"]
-            from sqlalchemy import create_engine, text
+    with local_cluster() as (state, url, token, client):
+        tmp = state.parent
+        starts, ids = [], []
+        for _ in range(args.starts):
+            shell_id, took = _ready(client, "/api/v1/shells", "shell")
+            ids.append(shell_id)
+            starts.append(took)
+        for shell_id in ids[1:]:
+            client.post(f"/api/v1/shells/{shell_id}/kill")
+        shell = client.get(f"/api/v1/shells/{ids[0]}").json()["shell"]
+        from sqlalchemy import create_engine, text
 
-            with create_engine(f"sqlite:///{state / 'shipyard.db'}").connect() as c:
-                address = c.execute(text("SELECT proxy_address FROM tasks WHERE id = :i"), {"i": ids[0]}).scalar_one()
-            key = Path(tmp) / "key"
-            private_files.write_private(key, shell["privateKey"].encode())
-            env = {**os.environ, TOKEN_ENV: token}
-            tunnel = ssh_argv(url, shell, str(key), [], ["true"], interactive=False)
-            direct = _direct(tunnel, address)
-            tunnel_t, direct_t = [], []
-            for _ in range(args.runs):
-                tunnel_t.append(_timed(tunnel, env))
-                direct_t.append(_timed(direct, env))
-            bulk = ["head", "-c", str(args.mib * 2**20), "/dev/zero"]
-            tunnel_mb = _throughput([*tunnel[:-1], *bulk], env, args.mib)
-            direct_mb = _throughput([*direct[:-1], *bulk], env, args.mib)
-        finally:
-            deploy_local.down(state, quiet=True)
+        with create_engine(f"sqlite:///{state / 'shipyard.db'}").connect() as c:
+            address = c.execute(text("SELECT proxy_address FROM tasks WHERE id = :i"), {"i": ids[0]}).scalar_one()
+        key = Path(tmp) / "key"
+        private_files.write_private(key, shell["privateKey"].encode())
+        env = {**os.environ, TOKEN_ENV: token}
+        tunnel = ssh_argv(url, shell, str(key), [], ["true"], interactive=False)
+        direct = _direct(tunnel, address)
+        tunnel_t, direct_t = [], []
+        for _ in range(args.runs):
+            tunnel_t.append(_timed(tunnel, env))
+            direct_t.append(_timed(direct, env))
+        bulk = ["head", "-c", str(args.mib * 2**20), "/dev/zero"]
+        tunnel_mb = _throughput([*tunnel[:-1], *bulk], env, args.mib)
+        direct_mb = _throughput([*direct[:-1], *bulk], env, args.mib)
     tunnel_t.sort()
     direct_t.sort()
     ms = 1e3
