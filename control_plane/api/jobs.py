@@ -18,6 +18,7 @@ from control_plane.api.wire import Count32, Int32, StrictWire, ts
 from control_plane.auth import Principal
 from control_plane.master import Master
 from control_plane.services import jobs as service
+from control_plane.services import tasks
 
 router = APIRouter()
 
@@ -67,7 +68,7 @@ def _task_job_json(v: service.JobView) -> dict[str, Any]:
         "resourcePool": task.pool,
         "isPreemptible": False,
         "priority": v.priority,
-        "weight": float(task.config.get("resources", {}).get("weight") or 1.0),
+        "weight": tasks.config_of(task).resources.weight,
         "entityId": task.id,
         "jobId": task.id,
         "requestedSlots": v.requested_slots,

@@ -77,8 +77,8 @@ def task_json(v: TaskView) -> dict[str, Any]:
     if v.task.kind in SERVING_KINDS:
         out["serviceAddress"] = f"/proxy/{v.task.id}/"
     if v.task.kind == "tensorboard":
-        out["experimentIds"] = v.task.config.get("experiment_ids") or []
-        out["trialIds"] = v.task.config.get("trial_ids") or []
+        cfg = tasks.config_of(v.task)
+        out["experimentIds"], out["trialIds"] = cfg.experiment_ids, cfg.trial_ids
     return out
 
 

@@ -206,6 +206,11 @@ def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> tuple
     return task.proxy_address, task.last_activity_at is None or now - task.last_activity_at >= ACTIVITY_RESOLUTION
 
 
+def config_of(task: Task) -> TaskConfig:
+    """The task's config as launched (stored as `config_dict` of its typed TaskConfig)."""
+    return TaskConfig.model_validate(task.config)
+
+
 def shell_target(s: Session, task_id: str) -> str:
     """A running shell's sshd (`user@host:port`) for a tunnel without a session (the master's
     shell_tunnel_auth: ssh_key): sshd, not the master, decides who gets in, by the owner's key."""
@@ -237,7 +242,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_
     task = s.get(Task, alloc.task_id)
     if task is None:
         raise not_found(f"task {alloc.task_id}")
-    cfg = TaskConfig.model_validate(task.config)
+    cfg = config_of(task)
     token = allocations.ensure_allocation_token(s, master, alloc)
     owner = s.get(User, task.owner_id)
     env = cfg.environment.environment_variables.as_dict(device)
@@ -283,7 +288,7 @@ def idle_candidates(s: Session, master: Master) -> list[IdleCandidate]:
         Task.kind.in_(SERVING_KINDS), Task.proxy_address.is_not(None), Allocation.state == st.AllocationState.RUNNING,
         Allocation.kill_requested.is_(False)))
     for task, alloc in rows:
-        own = TaskConfig.model_validate(task.config).idle_timeout_s
+        own = config_of(task).idle_timeout_s
         default = (master.config.tensorboard_timeout_s if task.kind == "tensorboard"
                    else master.config.notebook_idle_timeout_s)
         timeout = own or default
