@@ -173,9 +173,16 @@ def set_proxy_address(s: Session, p: Principal, allocation_id: str, address: str
     task = s.get(Task, alloc.task_id) if alloc is not None else None
     if alloc is None or task is None:
         raise not_found(f"allocation {allocation_id}")
+    if task.kind not in READY_ON_ADDRESS:
+        raise bad_request(f"a {task.kind} serves nothing through the master's proxy", "proxyAddress")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise bad_request("must be host:port", "proxyAddress")
+    # Once: the launcher reports where it listens before any user code can run there; code the
+    # user runs later (a notebook cell, a shell session holds the token too) cannot point the
+    # master's proxy, or a shell's tunnel, at another host.
+    if task.proxy_address is not None and task.proxy_address != address:
+        raise bad_request(f"task {task.id} already serves at its reported address; it cannot move", "proxyAddress")
     task.proxy_address = address
     log.info("event=task_address task_id=%s address=%s", task.id, address)
 
@@ -220,7 +227,7 @@ def shell_target(s: Session, task_id: str) -> str:
     state = s.scalar(select(Allocation.state).where(Allocation.task_id == task_id)
                      .order_by(Allocation.run_id.desc()).limit(1))
     if state != st.AllocationState.RUNNING or task.proxy_address is None:
-        raise not_found(f"task {task_id} is not serving ({state})")
+        raise unauthenticated()  # no session: nothing said of which shells exist
     return task.proxy_address
 
 

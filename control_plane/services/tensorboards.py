@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from control_plane.auth import Principal
 from control_plane.db.models import Experiment, Trial
 from control_plane.errors import bad_request
-from control_plane.services import access
+from control_plane.services import access, metrics
 
 # Determined's limit: at most this many trials per TensorBoard.
 MAX_TRIALS = 100
@@ -53,7 +53,7 @@ def _best(s: Session, exp: Experiment) -> list[int]:
                           .order_by(Trial.id)))
     if len(rows) <= MAX_TRIALS:
         return [trial_id for trial_id, _ in rows]
-    smaller = ((exp.config or {}).get("searcher") or {}).get("smaller_is_better", True) is not False
+    smaller = metrics.searcher_goal(exp.config).smaller_is_better
     ranked = sorted(rows, key=lambda r: (r[1] is None, 0.0 if r[1] is None else (r[1] if smaller else -r[1]), r[0]))
     return sorted(trial_id for trial_id, _ in ranked[:MAX_TRIALS])
 

@@ -16,6 +16,7 @@ JSON list of {"name": run name, "storage": checkpoint_storage config, "path": th
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import json
 import logging
@@ -117,7 +118,7 @@ def gate(token: str, upstream_port: int, port: int = 0) -> ThreadingHTTPServer:
         protocol_version = "HTTP/1.1"
 
         def _forward(self) -> None:
-            if self.headers.get("Authorization") != expected:
+            if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected.encode()):
                 self.send_error(403, "this task is reached through the master's proxy")
                 return
             length = int(self.headers.get("Content-Length") or 0)

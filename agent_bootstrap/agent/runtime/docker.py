@@ -65,6 +65,7 @@ DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 # json-file logs are what the output threads follow; bounded so a chatty trial cannot fill the disk.
 LOG_MAX_SIZE = "50m"
 LOG_MAX_FILES = "2"
+PROBE_TIMEOUT_S = 30  # asking an image's python3 for its version (harness_libs)
 
 _NOT_FOUND = re.compile(r"executable file not found|no such file or directory", re.I)
 _NOT_EXECUTABLE = re.compile(r"permission denied", re.I)
@@ -139,7 +140,7 @@ class DockerRuntime:
                                      f"{_explanation(e)}") from None
         self._leftovers: list[LeftoverTask] = []
         self.harness_libs = harness_libs.HarnessLibs(options.work_dir / "harness-libs") if options.harness_libs else None
-        self._pythons: dict[Any, Any] = {}  # (image id, read-only mounts) → its python3's (major, minor) or None
+        self._pythons: dict[Any, Any] = {}  # (image id, PATH, read-only mounts) → its python3's (major, minor)
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -239,7 +240,7 @@ class DockerRuntime:
         root = str(determined_env.PACKAGE_ROOT)
         if (determined_env.PACKAGE_ROOT / "harness").is_dir() and all(m["Target"] != root for m in mounts):
             mounts.append(types.Mount(target=root, source=root, type="bind", read_only=True))
-        python = self._image_python(spec.container.image, [m for m in mounts if m.get("ReadOnly")])
+        python = self._image_python(spec.container.image, [m for m in mounts if m.get("ReadOnly")], env.get("PATH"))
         if python is None:
             spec.output("stderr", f"[shipyard-agent] image {spec.container.image} has no python3 that answers: "
                                   "the harness's libraries are not added\n")
@@ -256,22 +257,36 @@ class DockerRuntime:
         mounts.append(types.Mount(target=harness_libs.CONTAINER_PATH, source=str(path), type="bind", read_only=True))
         return mounts, {**env, harness_libs.ENV: harness_libs.CONTAINER_PATH}
 
-    def _image_python(self, image: str, mounts: list[Any]) -> tuple[int, int] | None:
-        """The (major, minor) of `python3` in `image` (with the task's read-only mounts), asked once."""
+    def _image_python(self, image: str, mounts: list[Any], path: str | None) -> tuple[int, int] | None:
+        """The (major, minor) of the `python3` the task would run in `image` (its PATH, the task's
+        read-only mounts), asked once per image: as nobody, no capabilities, no network, at most
+        PROBE_TIMEOUT_S. Only an answer is remembered (an engine error is asked again next time)."""
         try:
             image_id = self.client.api.inspect_image(image)["Id"]
         except Exception:
             image_id = image
-        key = (image_id, tuple(sorted((m["Target"], m["Source"]) for m in mounts)))
-        if key not in self._pythons:
-            try:
-                out = self.client.containers.run(image, entrypoint=["python3", "-c", harness_libs.PROBE], remove=True,
-                                                 network_mode="none", mounts=mounts, stdout=True, stderr=False)
-                self._pythons[key] = harness_libs.parse_version(out.decode(errors="replace"))
-            except Exception as e:
-                log.warning("event=image_python_unknown image=%r error=%r", image, _explanation(e))
-                self._pythons[key] = None
-        return self._pythons[key]
+        key = (image_id, path, tuple(sorted((m["Target"], m["Source"]) for m in mounts)))
+        if key in self._pythons:
+            return self._pythons[key]
+        container = None
+        try:
+            container = self.client.containers.create(
+                image, entrypoint=["python3", "-c", harness_libs.PROBE], network_mode="none", mounts=mounts,
+                environment={"PATH": path} if path else None, user="65534:65534", privileged=False,
+                cap_drop=["ALL"], security_opt=["no-new-privileges"])
+            container.start()
+            container.wait(timeout=PROBE_TIMEOUT_S)
+            version = harness_libs.parse_version(container.logs(stdout=True, stderr=False).decode(errors="replace"))
+        except Exception as e:
+            log.warning("event=image_python_unknown image=%r error=%r", image, _explanation(e))
+            return None
+        finally:
+            if container is not None:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+        if version is not None:
+            self._pythons[key] = version
+        return version
 
     def _give_task_dir(self, workdir: Path) -> None:
         """A numeric `container_user` gets the task directory (the code, the private info files with

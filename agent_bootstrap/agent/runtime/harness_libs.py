@@ -119,8 +119,13 @@ class HarnessLibs:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
                 raise HarnessLibsUnavailable(f"pip install --target for Python {python[0]}.{python[1]} failed: {tail}")
-            for d, _dirs, _files in os.walk(tmp):  # readable by every task user (trials run as their own uids)
+            for d, _dirs, files in os.walk(tmp):  # readable by every task user (trials run as their own uids)
                 os.chmod(d, 0o755)
+                for name in files:  # read for all; what its owner may run, all may run (scripts in bin/)
+                    f = os.path.join(d, name)
+                    mode = os.lstat(f).st_mode
+                    if not os.path.islink(f):
+                        os.chmod(f, mode | 0o444 | (0o111 if mode & 0o100 else 0))
             (tmp / ".complete").write_text("\n".join(self.requirements) + "\n")
             shutil.rmtree(dest, ignore_errors=True)
             os.replace(tmp, dest)
