@@ -65,6 +65,14 @@ def test_shell_keys_owner_only_spec_and_address(client: Any, admin_headers: dict
                     json={"proxyAddress": "alice@10.0.0.5:2222"})
     assert r.status_code == 200, r.text
     assert client.get(f"/api/v1/shells/{shell['id']}", headers=alice).json()["shell"]["agentUserGroup"] == {"user": "alice"}
+    # Once reported, the address stays: code in the shell (which holds the token) cannot point the
+    # master's tunnel elsewhere; the launcher's retry of the same address is fine.
+    def report(address: str) -> Any:
+        return client.post(f"/api/v1/allocations/{alloc_id}/proxy_address",
+                           headers={"Authorization": f"Bearer {spec.token}"}, json={"proxyAddress": address})
+    moved = report("alice@10.0.0.9:5432")
+    assert moved.status_code == 400 and "cannot move" in moved.text, moved.text
+    assert report("alice@10.0.0.5:2222").status_code == 200
     with transaction(master.sessions) as s:  # running and serving: still never culled when idle
         s.get(Allocation, alloc_id).state = "running"
     with transaction(master.sessions) as s:
