@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
@@ -16,6 +17,7 @@ from control_plane.frontdoor import fastjson
 from control_plane.frontdoor.admission import Ticket
 from control_plane.frontdoor.admission import ticket as admission_ticket
 from control_plane.master import Master
+from control_plane.services import authz
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -101,10 +103,19 @@ async def user(p: Principal = Depends(principal)) -> Principal:
     return p
 
 
-async def admin(p: Principal = Depends(user)) -> Principal:
-    if not p.admin:
-        raise forbidden("admin only")
-    return p
+async def admin(p: Principal = Depends(user), master: Master = Depends(get_master)) -> Principal:
+    """An admin: the user's admin flag, or the ClusterAdmin role held cluster-wide (directly or
+    through a group; services/authz.py), asked of the database only when the flag is not set."""
+    if p.admin:
+        return p
+    if p.user_id is not None and await run_in_threadpool(_cluster_admin_by_role, master, p.user_id):
+        return p
+    raise forbidden("admin only (the admin flag or the ClusterAdmin role cluster-wide)")
+
+
+def _cluster_admin_by_role(master: Master, user_id: int) -> bool:
+    with master.read_sessions() as s:
+        return authz.holds_cluster_admin(s, user_id)
 
 
 def require_agent(p: Principal) -> Principal:

@@ -32,6 +32,12 @@ def grants_of(s: Session, user_id: int) -> list[Grant]:
     return [Grant(r.role_id, r.workspace_id) for r in rows]
 
 
+def holds_cluster_admin(s: Session, user_id: int) -> bool:
+    """Whether the user holds ClusterAdmin cluster-wide by assignment (the admin flag aside): the
+    admin-only routes (users, agents, pools, master config and logs) admit them too."""
+    return any(g.role_id == rbac.CLUSTER_ADMIN.id and g.workspace_id is None for g in grants_of(s, user_id))
+
+
 def workspace_of_project(s: Session, project_id: int) -> int:
     ws = s.scalar(select(Project.workspace_id).where(Project.id == project_id))
     return ws if ws is not None else rbac.DEFAULT_WORKSPACE_ID

@@ -166,6 +166,9 @@ def _a_cluster_admin_binds_a_pool(client, admin: dict[str, str]) -> None:  # typ
     _ok(_assign(client, admin, EDITOR, user=ids["ed"], workspace=ws))
     path = "/api/v1/resource-pools/team/workspace-bindings"
     body = {"resourcePoolName": "team", "workspaceNames": ["T"]}
+    # ClusterAdmin held cluster-wide opens the admin-only routes too; an Editor of a workspace does not.
+    assert client.get("/api/v1/master/config", headers=boss).status_code == 200
+    assert client.get("/api/v1/master/config", headers=editor).status_code == 403
     assert "needs ClusterAdmin" in client.post(path, headers=editor, json=body).json()["message"]
     _ok(client.post(path, headers=boss, json=body))
     assert _ok(client.get(path, headers=editor))["workspaceIds"] == [ws]
