@@ -63,7 +63,8 @@ class Recorder(logging.Handler):
         self._queue: deque[dict[str, object]] = deque(maxlen=QUEUE_MAX)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="master-log-recorder", daemon=True)
-        self.dropped = 0
+        self.dropped = 0  # lines lost while the database was away (the queue is bounded)
+        self._failing = False
 
     def emit(self, record: logging.LogRecord) -> None:
         if threading.current_thread() is self._thread or record.name.startswith("sqlalchemy"):
@@ -83,10 +84,13 @@ class Recorder(logging.Handler):
         return self
 
     def close(self) -> None:
+        """Stop the writer and write what is left, once, unless the writer is stuck or the last
+        write failed (the database is away: shutdown does not wait for its timeouts)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        self._flush()
+        if not self._thread.is_alive() and not self._failing:
+            self._flush()
         super().close()
 
     def _run(self) -> None:
@@ -106,8 +110,13 @@ class Recorder(logging.Handler):
             with transaction(self._sessions) as s:
                 s.execute(insert(MasterLog), rows)
         except Exception:
-            self._queue.extendleft(reversed(rows))
+            # Keep the newest that fit beside what arrived meanwhile; the oldest are dropped, counted.
+            room = max(0, QUEUE_MAX - len(self._queue))
+            self.dropped += max(0, len(rows) - room)
+            self._queue.extendleft(reversed(rows[len(rows) - room:] if room else []))
+            self._failing = True
             return False
+        self._failing = False
         return True
 
     def _trim(self) -> None:
