@@ -50,7 +50,7 @@ def job_json(v: service.JobView) -> dict[str, Any]:
         "allocatedSlots": v.allocated_slots,
         "name": exp.name,
         "progress": exp.progress,
-        "workspaceId": 1,
+        "workspaceId": v.workspace_id,
         "waitingReason": v.waiting_reason,
     }
 
@@ -75,7 +75,7 @@ def _task_job_json(v: service.JobView) -> dict[str, Any]:
         "allocatedSlots": v.allocated_slots,
         "name": task.description,
         "progress": None,
-        "workspaceId": 1,
+        "workspaceId": v.workspace_id,
         "waitingReason": v.waiting_reason,
     }
 

@@ -26,9 +26,10 @@ from sqlalchemy.orm import Session
 
 from control_plane.auth import Principal
 from control_plane.config import SchedulerConfig
+from control_plane.core import rbac
 from control_plane.core import states as st
 from control_plane.core.expconf import ExperimentConfig
-from control_plane.db.models import Allocation, Experiment, Task, User
+from control_plane.db.models import Allocation, Experiment, Project, Task, User
 from control_plane.errors import Conflict, FieldProblem, Invalid, NotFound, PermissionDenied
 from control_plane.master import Master
 from control_plane.services import pool_capacity
@@ -52,6 +53,7 @@ class JobView:
     requested_slots: int
     waiting_reason: str | None  # why its pending allocations wait (None: nothing pending, or unknown)
     task: Task | None = None
+    workspace_id: int = 1  # its project's workspace (tasks: the default workspace)
 
     @property
     def pool(self) -> str:
@@ -105,7 +107,12 @@ def _job_order(master: Master, job: Job) -> tuple[int, float, int | str]:
     what, allocs = job
     if isinstance(what, Experiment):
         return _order(master, what)
-    return allocs[0].priority or default_priority(master, what.pool), what.created_at.timestamp(), what.id
+    return task_priority(master, what, allocs[0]), what.created_at.timestamp(), what.id
+
+
+def task_priority(master: Master, task: Task, alloc: Allocation) -> int:
+    """A task's priority: what its allocation was given at launch (the pool's default if none)."""
+    return alloc.priority or default_priority(master, task.pool)
 
 
 def _queue(s: Session, master: Master, pool: str | None = None) -> dict[str, list[Job]]:
@@ -151,6 +158,9 @@ def list_jobs(s: Session, master: Master, *, pool: str | None = None, states: Se
     owners = {u.id: u.username for u in s.scalars(select(User).where(
         User.id.in_({what.owner_id for jobs in queue.values() for what, _ in jobs})))} if queue else {}
     cache = pool_capacity.CapacityCache(s, master)
+    projects = {what.project_id for jobs in queue.values() for what, _ in jobs if isinstance(what, Experiment)}
+    workspaces = dict(s.execute(select(Project.id, Project.workspace_id).where(Project.id.in_(projects))).all()) \
+        if projects else {}
     views: list[JobView] = []
     for name in sorted(queue):
         for ahead, (what, allocs) in enumerate(queue[name]):
@@ -160,7 +170,9 @@ def list_jobs(s: Session, master: Master, *, pool: str | None = None, states: Se
             views.append(JobView(
                 exp=exp, task=None if exp is not None else what,  # type: ignore[arg-type]
                 username=owners.get(what.owner_id, ""),
-                priority=effective_priority(master, exp) if exp is not None else int(_job_order(master, (what, allocs))[0]),
+                priority=effective_priority(master, exp) if exp is not None else task_priority(master, what, allocs[0]),  # type: ignore[arg-type]
+                workspace_id=workspaces.get(exp.project_id, rbac.DEFAULT_WORKSPACE_ID) if exp is not None
+                else rbac.DEFAULT_WORKSPACE_ID,
                 state=JOB_SCHEDULED if placed else JOB_QUEUED, jobs_ahead=ahead,
                 allocated_slots=sum(a.slots_needed for a in placed),
                 requested_slots=sum(a.slots_needed for a in allocs),

@@ -187,3 +187,12 @@ def test_commands_and_notebooks_are_jobs_of_their_pool(client, admin_headers, ma
     assert r.status_code == 400 and "is a notebook" in r.text, r.text
     assert client.post(f"/api/v1/commands/{cmd['id']}/kill", headers=admin_headers).status_code == 200
     assert cmd["id"] not in queue_ids(client, admin_headers)
+
+
+def test_a_job_reports_its_projects_workspace(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    ws = client.post("/api/v1/workspaces", headers=admin_headers, json={"name": "team-q"}).json()["workspace"]["id"]
+    proj = client.post(f"/api/v1/workspaces/{ws}/projects", headers=admin_headers, json={"name": "p"}).json()["project"]
+    in_team = create_ok(client, admin_headers, projectId=proj["id"])["experiment"]
+    plain = submit(client, admin_headers)
+    jobs = {j["full"]["jobId"]: j["full"]["workspaceId"] for j in jobs_v2(client, admin_headers)["jobs"]}
+    assert jobs == {in_team["jobId"]: ws, plain["jobId"]: 1}
