@@ -325,7 +325,8 @@ def test_a_task_that_exited_while_the_master_was_away_is_reregistered_until_its_
     join(agent, "r2")
 
 
-def test_a_task_user_who_cannot_run_the_agents_python_is_told_why_in_its_log(tmp_path: Path) -> None:
+def test_a_task_user_who_cannot_run_the_agents_python_is_told_why_in_its_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A root agent installed in a Python under a 0700 directory (pyenv or conda under /root): the
     # task's uid would silently get the system's python3, without the agent's packages.
     if os.geteuid() != 0:
@@ -339,12 +340,16 @@ def test_a_task_user_who_cannot_run_the_agents_python_is_told_why_in_its_log(tmp
     public = Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp"))  # tasks need a traversable path
     try:
         public.chmod(0o711)
+        # The agent installed in a Python under that private directory: the agent finds it itself.
+        monkeypatch.setattr(sys, "executable", str(private / "py" / "bin" / "python3"))
+        monkeypatch.setattr(sys, "prefix", str(private / "py"))
         a = Agent(AgentConfig(master_url="http://127.0.0.1:9", agent_id="agent-1", work_dir=public / "work"),
                   "agent-secret", GPUS, ProcessRuntime(poll_interval=0.02), base_env=dict(os.environ))
         assert a.identities.enabled
         a.tasks_dir.mkdir(parents=True)
         a.shipper = LogShipper(ListSink(), flush_interval=0.01).start()
-        a._python_blocked = blocked
+        monkeypatch.undo()  # the tasks themselves run with this process's real interpreter on PATH
+        assert a._python_blocked == blocked
         start(a, "u1", "echo ran as $(id -u)")
         a._start(StartCommand(type="start", allocation_id="u2", spec=TaskSpec(
             allocation_id="u2", task_id="task-u2", entrypoint="echo ran as $(id -u)", slot_ids=["1"],
