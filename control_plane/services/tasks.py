@@ -206,11 +206,10 @@ def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> tuple
     task = s.get(Task, task_id)
     if task is None or p.kind is not TokenKind.USER or not _may_see(p, task):
         raise not_found(f"task {task_id}")
-    state = s.scalar(select(Allocation.state).where(Allocation.task_id == task_id)
-                     .order_by(Allocation.run_id.desc()).limit(1))
-    if state != st.AllocationState.RUNNING or task.proxy_address is None:
+    address, state = _serving_address(s, task)
+    if address is None:
         raise not_found(f"task {task_id} is not serving ({state})")
-    return task.proxy_address, task.last_activity_at is None or now - task.last_activity_at >= ACTIVITY_RESOLUTION
+    return address, task.last_activity_at is None or now - task.last_activity_at >= ACTIVITY_RESOLUTION
 
 
 def config_of(task: Task) -> TaskConfig:
@@ -222,13 +221,18 @@ def shell_target(s: Session, task_id: str) -> str:
     """A running shell's sshd (`user@host:port`) for a tunnel without a session (the master's
     shell_tunnel_auth: ssh_key): sshd, not the master, decides who gets in, by the owner's key."""
     task = s.get(Task, task_id)
-    if task is None or task.kind != "shell":
-        raise unauthenticated()
-    state = s.scalar(select(Allocation.state).where(Allocation.task_id == task_id)
+    address = _serving_address(s, task)[0] if task is not None and task.kind == "shell" else None
+    if address is None:
+        raise unauthenticated()  # no session: nothing said of which tasks or shells exist
+    return address
+
+
+def _serving_address(s: Session, task: Task) -> tuple[str | None, str | None]:
+    """(where the task serves, or None unless its latest allocation runs and it reported an address;
+    that allocation's state)."""
+    state = s.scalar(select(Allocation.state).where(Allocation.task_id == task.id)
                      .order_by(Allocation.run_id.desc()).limit(1))
-    if state != st.AllocationState.RUNNING or task.proxy_address is None:
-        raise unauthenticated()  # no session: nothing said of which shells exist
-    return task.proxy_address
+    return (task.proxy_address if state == st.AllocationState.RUNNING else None), state
 
 
 def touch(s: Session, task_id: str, now: datetime) -> None:
