@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import yaml
 
-from agent_bootstrap.agent.pins import agent_constraints, constraints_text  # noqa: F401 (both are this module's API)
+from agent_bootstrap.agent.pins import STORAGE_CLIENTS, agent_constraints, constraints_text  # noqa: F401 (the last two are this module's API)
 from agent_bootstrap.agent.pins import normalized as _normalized
 
 CONF_DIR = "/etc/shipyard"
@@ -66,8 +66,8 @@ PACKAGES = ("python3", "python3-venv", "python3-yaml", "python3-httpx", "python3
 PIP_REQUIREMENTS = {"httpx": "httpx", "pyyaml": "PyYAML", "pydantic": "pydantic", "tenacity": "tenacity"}
 # The bucket's storage client of each cloud (distribution name → pip requirement, and the module the
 # harness's checkpoint storage imports): an agent gets its own cloud's only.
-STORAGE_REQUIREMENTS = {"aws": {"boto3": "boto3"}, "gcp": {"google-cloud-storage": "google-cloud-storage"}}
-STORAGE_MODULES = {"aws": "boto3", "gcp": "google.cloud.storage"}
+STORAGE_REQUIREMENTS = {cloud: {dist: dist} for cloud, (_module, dist) in STORAGE_CLIENTS.items()}
+STORAGE_MODULES = {cloud: module for cloud, (module, _dist) in STORAGE_CLIENTS.items()}
 # In the source tree and in the agent package (agent_bootstrap/package.py), relative to its root.
 CONSTRAINTS_PATH = "agent_bootstrap/constraints.txt"
 # What `container_runtime: docker` adds: the engine, and the SDK the docker runtime speaks through.

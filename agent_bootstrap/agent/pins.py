@@ -16,6 +16,10 @@ def constraints_text() -> str:
     return resources.files("agent_bootstrap").joinpath("constraints.txt").read_text("utf-8")
 
 
+# Each cloud's bucket client: (the module the harness's storage imports, its distribution). A cloud
+# agent's boot installs its own cloud's (cloud_init.py); container_harness_libs adds those the agent has.
+STORAGE_CLIENTS = {"aws": ("boto3", "boto3"), "gcp": ("google.cloud.storage", "google-cloud-storage")}
+
 _MARKER_RE = re.compile(r'^python_version\s*(<|<=|>=|>|==)\s*"(\d+)\.(\d+)"$')
 _COMPARE = {"<": tuple.__lt__, "<=": tuple.__le__, ">=": tuple.__ge__, ">": tuple.__gt__, "==": tuple.__eq__}
 

@@ -28,14 +28,12 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from agent_bootstrap.agent.pins import agent_constraints
+from agent_bootstrap.agent.pins import STORAGE_CLIENTS, agent_constraints
 
 CONTAINER_PATH = "/opt/shipyard-harness-libs"
 ENV = "SHIPYARD_FALLBACK_SITE"
 # What the harness imports besides the standard library (harness/core/_session.py, its retries).
 HARNESS_REQUIREMENTS = ("requests", "tenacity")
-# The bucket clients (module the harness's storage imports → distribution).
-STORAGE_CLIENTS = (("boto3", "boto3"), ("google.cloud.storage", "google-cloud-storage"))
 PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
 PIP_TIMEOUT_S = 900
 
@@ -53,7 +51,7 @@ def _importable(module: str) -> bool:
 
 def wanted() -> list[str]:
     """The distributions a container's Python gets: the harness's and this agent's storage clients."""
-    return list(HARNESS_REQUIREMENTS) + [dist for module, dist in STORAGE_CLIENTS if _importable(module)]
+    return list(HARNESS_REQUIREMENTS) + [dist for module, dist in STORAGE_CLIENTS.values() if _importable(module)]
 
 
 def parse_version(text: str) -> Optional[tuple[int, int]]:
