@@ -20,6 +20,7 @@ from control_plane.auth import Principal
 from control_plane.db.models import Experiment, Trial
 from control_plane.errors import bad_request
 from control_plane.services import access, metrics
+from shipyard_common.tensorboard_paths import sync_path
 
 # Determined's limit: at most this many trials per TensorBoard.
 MAX_TRIALS = 100
@@ -66,5 +67,5 @@ def sources(s: Session, cluster_id: str, trial_ids: Sequence[int]) -> list[dict[
                      .where(Trial.id.in_(list(trial_ids))).order_by(Trial.id))
     for trial_id, exp_id, config in rows:
         out.append({"name": f"exp{exp_id}-trial{trial_id}", "storage": (config or {}).get("checkpoint_storage") or {},
-                    "path": f"{cluster_id or 'default'}/tensorboard/experiment/{exp_id}/trial/{trial_id}"})
+                    "path": sync_path(cluster_id, exp_id, trial_id)})
     return out

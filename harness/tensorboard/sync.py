@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from harness.storage import CheckpointStorage
+from shipyard_common.tensorboard_paths import sync_path  # noqa: F401 (this module's API)
 
 log = logging.getLogger("harness.tensorboard")
 
@@ -32,12 +33,6 @@ TB_FILE_PATTERNS = ("*tfevents*", "*.trace.json.gz", "*.trace.json", "*.memory_p
 
 Selector = Callable[[Path], bool]
 Mangler = Callable[[Path, int], Path]
-
-
-def sync_path(cluster_id: Optional[str], experiment_id: Optional[int], trial_id: Optional[int]) -> str:
-    """Where a trial's files go under the storage (Determined's `get_sync_path`)."""
-    return str(PurePosixPath(cluster_id or "default", "tensorboard", "experiment", str(experiment_id),
-                             "trial", str(trial_id)))
 
 
 def local_path(storage_config: Mapping[str, Any], allocation_id: Optional[str], rank: int) -> Path:
