@@ -68,26 +68,28 @@ def main():
     sshd = _sshd()
     user = pwd.getpwuid(os.getuid()).pw_name
     workdir = tempfile.mkdtemp(prefix="shipyard-shell-")
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{workdir}/host_key"], check=True)
-    with open(f"{workdir}/authorized_keys", "w") as f:
-        f.write(env["SHIPYARD_SSH_PUBLIC_KEY"].strip() + "\n")
-    os.chmod(f"{workdir}/authorized_keys", 0o600)
-    port = helpers["_free_port"]()
-    with open(f"{workdir}/sshd_config", "w") as f:
-        f.write(sshd_config(workdir, port, user, env))
-    child = subprocess.Popen([sshd, "-D", "-e", "-f", f"{workdir}/sshd_config"])
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, _f: child.send_signal(s))
-    if not _listening(port, child):
-        print(f"shell: sshd did not listen on port {port}", file=sys.stderr, flush=True)
-        child.kill()
-        sys.exit(child.wait() or 1)
-    address = helpers["_address_towards"](env["DET_MASTER"])
-    helpers["_report"](env["DET_MASTER"], env["DET_ALLOCATION_ID"], env["DET_SESSION_TOKEN"],
-                       f"{user}@{address}:{port}")
-    print(f"shell: sshd listening on port {port} for {user}", flush=True)
-    code = child.wait()
-    shutil.rmtree(workdir, ignore_errors=True)
+    try:  # the task's host key is removed however this ends
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{workdir}/host_key"], check=True)
+        with open(f"{workdir}/authorized_keys", "w") as f:
+            f.write(env["SHIPYARD_SSH_PUBLIC_KEY"].strip() + "\n")
+        os.chmod(f"{workdir}/authorized_keys", 0o600)
+        port = helpers["_free_port"]()
+        with open(f"{workdir}/sshd_config", "w") as f:
+            f.write(sshd_config(workdir, port, user, env))
+        child = subprocess.Popen([sshd, "-D", "-e", "-f", f"{workdir}/sshd_config"])
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda s, _f: child.send_signal(s))
+        if not _listening(port, child):
+            print(f"shell: sshd did not listen on port {port}", file=sys.stderr, flush=True)
+            child.kill()
+            sys.exit(child.wait() or 1)
+        address = helpers["_address_towards"](env["DET_MASTER"])
+        helpers["_report"](env["DET_MASTER"], env["DET_ALLOCATION_ID"], env["DET_SESSION_TOKEN"],
+                           f"{user}@{address}:{port}")
+        print(f"shell: sshd listening on port {port} for {user}", flush=True)
+        code = child.wait()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(code)
 
 
