@@ -475,6 +475,9 @@ class Task(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     config: Mapped[dict[str, Any]] = mapped_column()  # as launched, defaults filled
     pool: Mapped[str] = mapped_column(String(64))
+    # Its workspace (the launch's workspaceId; 1, Uncategorized, by default): whose roles may kill
+    # it and whose pool bindings apply. Migration 0020.
+    workspace_id: Mapped[int] = mapped_column(Integer, default=1, server_default="1", index=True)
     context_id: Mapped[int | None] = mapped_column(ForeignKey("model_definitions.id"), nullable=True)
     proxy_address: Mapped[str | None] = mapped_column(String(255), nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
