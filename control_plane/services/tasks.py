@@ -261,12 +261,14 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_
                 "DET_TASK_ID": task.id, "DET_ALLOCATION_ID": alloc.id, "DET_SESSION_TOKEN": token,
                 "DET_TASK_TYPE": TASK_TYPES.get(task.kind, "GENERIC"), "DET_USER": owner.username if owner else "",
                 "DET_RESOURCES_ID": agent.id})
+    read_only: list[str] = []
     if task.kind == "notebook":
         argv: list[str] | str = ["python3", "-c", _LAUNCHER.read_text()]
         env.update({"SHIPYARD_PROXY_BASE": f"/proxy/{task.id}/", "JUPYTER_TOKEN": jupyter_token(master, task.id)})
     elif task.kind == "tensorboard":  # the harness's launcher (the agent puts it on PYTHONPATH)
         argv = ["python3", "-m", "harness.tensorboard.serve"]
         sources = tensorboards.sources(s, master.cluster_id, cfg.trial_ids)
+        read_only = tensorboards.shared_fs_paths(sources)
         env.update({"SHIPYARD_PROXY_BASE": f"/proxy/{task.id}/", "SHIPYARD_TASK_TOKEN": jupyter_token(master, task.id),
                     TENSORBOARD_SOURCES_ENV: json.dumps(sources)})
     elif task.kind == shells.KIND:
@@ -278,7 +280,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_
                     slot_ids=slot_ids, token=token,
                     model_definition_path=f"/api/v1/tasks/{task.id}/context" if task.context_id else None,
                     kill_grace_seconds=master.config.task_kill_grace_s, user_id=task.owner_id,
-                    container=task_container_spec(cfg, device))
+                    container=task_container_spec(cfg, device, read_only))
 
 
 @dataclass(frozen=True)

@@ -69,3 +69,9 @@ def sources(s: Session, cluster_id: str, trial_ids: Sequence[int]) -> list[dict[
         out.append({"name": f"exp{exp_id}-trial{trial_id}", "storage": (config or {}).get("checkpoint_storage") or {},
                     "path": sync_path(cluster_id, exp_id, trial_id)})
     return out
+
+
+def shared_fs_paths(sources: Sequence[dict[str, Any]]) -> list[str]:
+    """The shared_fs directories the sources read (a container running the task binds them read-only)."""
+    return list(dict.fromkeys(str(src["storage"]["host_path"]) for src in sources
+                              if src["storage"].get("type") == "shared_fs" and src["storage"].get("host_path")))
