@@ -2,7 +2,7 @@
 
 `shipyard-test:<key>` holds only what the host's Python needs from the system: the shared
 libraries (ldd closure) of the interpreter, its extension modules and the venv's, the dynamic
-loader, `sh`, /etc/passwd and /tmp. The interpreter, the venv and the repository are not in it: the
+loader, `sh`, openssh-server's `sshd` and `ssh-keygen` (shell tasks), /etc/passwd and /tmp. The interpreter, the venv and the repository are not in it: the
 agent binds them read-only into each container at their own paths (its `container_mounts`), so the
 harness runs inside an image of a few tens of MB that builds in seconds.
 
@@ -43,7 +43,12 @@ def _shared_objects() -> list[Path]:
         for p in root.rglob("*.so*"):
             if p.is_file() and not p.is_symlink() and re.search(r"\.so(\.\d+)*$", p.name):
                 found.add(p)
+    found.update(Path(b) for b in SSH_BINARIES)
     return sorted(found)
+
+
+# openssh-server's daemon and key tool, for shell tasks in a container (where the host has them).
+SSH_BINARIES = [b for b in ("/usr/sbin/sshd", "/usr/bin/ssh-keygen") if os.path.exists(b)]
 
 
 def _key(objects: list[Path]) -> str:
@@ -102,14 +107,14 @@ def build_rootfs(dest: Path) -> None:
     libs = _closure(objects, host_mounts())
     tmp = dest.with_suffix(".tmp")
     with tarfile.open(tmp, "w") as tar:
-        for d in ("usr", "usr/bin", "usr/lib", "usr/lib64", "etc", "proc", "sys", "dev", "run"):
+        for d in ("usr", "usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "etc", "proc", "sys", "dev", "run", "run/sshd"):
             _dir(tar, d)
         _dir(tar, "tmp", 0o1777)
         # Debian's merged /usr: the paths ldd printed (/lib/..., /lib64/...) resolve through these.
         for link, target in (("lib", "usr/lib"), ("lib64", "usr/lib64"), ("bin", "usr/bin")):
             _symlink(tar, link, target)
         seen: set[str] = set()
-        made: set[str] = {"usr", "usr/bin", "usr/lib", "usr/lib64"}
+        made: set[str] = {"usr", "usr/bin", "usr/sbin", "usr/lib", "usr/lib64"}
         for lib in sorted(libs):
             real_dir = os.path.realpath(os.path.dirname(lib))
             parts = real_dir.strip("/").split("/")
@@ -120,6 +125,8 @@ def build_rootfs(dest: Path) -> None:
                     _dir(tar, d)
             _add_file(tar, lib, f"{real_dir}/{os.path.basename(lib)}", seen)
         _add_file(tar, os.path.realpath("/bin/sh"), "/usr/bin/sh", seen)
+        for binary in SSH_BINARIES:
+            _add_file(tar, binary, binary, seen)
         passwd = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n"
         for name, data in (("etc/passwd", passwd), ("etc/group", b"root:x:0:\nnogroup:x:65534:\n")):
             info = tarfile.TarInfo(name)

@@ -1,11 +1,14 @@
-"""Notebooks and TensorBoards in containers (issue 29): a `det-agent --runtime docker` against a
-real `det-master` and a real Docker engine runs a notebook task and a TensorBoard task in the
-task's image, the way a cloud pool (Docker by default) runs them: JupyterLab answers through the
+"""Notebooks, TensorBoards and shells in containers (issue 29): a `det-agent --runtime docker`
+against a real `det-master` and a real Docker engine runs a notebook, a TensorBoard and a shell in
+the task's image, the way a cloud pool (Docker by default) runs them: JupyterLab answers through the
 master's proxy and its kernel runs a cell over the WebSocket; the TensorBoard serves the scalars a
-trial that ran in a container wrote to its shared_fs checkpoint storage."""
+trial that ran in a container wrote to its shared_fs checkpoint storage; the shell's sshd (the
+image's openssh-server, unprivileged as the task's user, which the image's /etc/passwd does not
+know: the agent adds it) runs a command through `det shell open`'s tunnel."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,10 +17,11 @@ import httpx
 import pytest
 
 from tests.agent_bootstrap.test_agent_integration import AgentProcess, wait_for
-from tests.conftest import LiveMaster
+from tests.conftest import ADMIN_PASSWORD, LiveMaster
 from tests.docker.conftest import Engine
+from tests.docker.images import SSH_BINARIES
 from tests.docker.test_docker_agent import TRAIN, Api, start_agent
-from tests.integration.test_tasks import _execute
+from tests.integration.test_tasks import _execute, det
 from tests.pg import missing_part
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
@@ -58,8 +62,9 @@ def _kill(api: Api, kind: str, task_id: str) -> None:
              what=f"{kind} {task_id} stopped")
 
 
-def test_notebook_and_tensorboard_run_in_the_tasks_image(master: LiveMaster, docker_engine: Engine,
-                                                          tmp_path: Path, agents: list[AgentProcess]) -> None:
+def test_notebook_tensorboard_and_shell_run_in_the_tasks_image(
+        master: LiveMaster, docker_engine: Engine, tmp_path: Path, agents: list[AgentProcess],
+        capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from websockets.sync.client import connect
 
     try:
@@ -67,6 +72,8 @@ def test_notebook_and_tensorboard_run_in_the_tasks_image(master: LiveMaster, doc
         import tensorboard  # noqa: F401
     except ImportError as e:
         missing_part(f"{e.name} is not installed (pip install -e '.[dev]')")
+    if len(SSH_BINARIES) < 2 or subprocess.run(["which", "ssh"], capture_output=True).returncode:
+        missing_part("openssh-server/openssh-client are not installed (tests/system_deps.sh)")
     api = Api(master)
     a = start_agent(master, docker_engine, tmp_path / "work", agents)
     image = {"image": docker_engine.image}
@@ -106,4 +113,24 @@ def test_notebook_and_tensorboard_run_in_the_tasks_image(master: LiveMaster, doc
     assert [c["Image"] for c in docker_engine.containers(a.agent_id, all=False)] == [docker_engine.image]
     _kill(api, "tensorboard", tb)
     wait_for(lambda: docker_engine.containers(a.agent_id) == [], what="the task containers removed")
-    assert httpx.get(f"{master.url}/proxy/{tb}/data/runs", headers=dict(api.c.headers)).status_code == 404
+    wait_for(lambda: httpx.get(f"{master.url}/proxy/{tb}/data/runs", headers=dict(api.c.headers)).status_code == 404,
+             timeout=15, what="the killed TensorBoard no longer proxied")
+
+    # A shell: the image's sshd as the task's uid, which the agent names in the container's /etc/passwd.
+    sh = _task(api, "shell", {"config": {"resources": {"slots": 0}, "environment": image}})
+    assert _get(api, "shell", sh)["isReady"], (_get(api, "shell", sh), a.stderr[-3000:])
+    monkeypatch.setenv("SHIPYARD_CLI_DIR", str(tmp_path / "cli"))
+    monkeypatch.setenv("COLUMNS", "240")
+    code, _out, err = det(capfd, master.url, "user", "login", "admin", "--password", ADMIN_PASSWORD)  # type: ignore[arg-type]
+    assert code == 0, err
+    # sh's builtins only (the image has no coreutils): USER and HOME come from the passwd entry.
+    code, out, err = det(capfd, master.url, "shell", "open", sh, "--",  # type: ignore[arg-type]
+                         "read", "init", "</proc/1/comm;", "echo", "$USER", "$HOME", "$DET_TASK_ID", "$init")
+    assert code == 0, (out, err)
+    user, home, task, init = out.split()
+    assert (task, init) == (sh, "docker-init"), out
+    assert user == _get(api, "shell", sh)["agentUserGroup"]["user"] and user != "root", out
+    assert home.startswith(str(tmp_path / "work")), out  # the task's directory
+    assert [c["Image"] for c in docker_engine.containers(a.agent_id, all=False)] == [docker_engine.image]
+    _kill(api, "shell", sh)
+    wait_for(lambda: docker_engine.containers(a.agent_id) == [], what="the shell's container removed")

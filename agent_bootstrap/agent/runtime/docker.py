@@ -41,7 +41,7 @@ from typing import Any
 
 from agent_bootstrap.agent import determined_env
 from agent_bootstrap.agent.logship import LineAssembler
-from agent_bootstrap.agent.runtime import harness_libs
+from agent_bootstrap.agent.runtime import accounts, harness_libs
 from agent_bootstrap.agent.runtime.base import (
     LaunchSpec,
     LeftoverTask,
@@ -141,6 +141,7 @@ class DockerRuntime:
         self._leftovers: list[LeftoverTask] = []
         self.harness_libs = harness_libs.HarnessLibs(options.work_dir / "harness-libs") if options.harness_libs else None
         self._pythons: dict[Any, Any] = {}  # (image id, PATH, read-only mounts) → its python3's (major, minor)
+        self._etc: dict[str, tuple[str, str]] = {}  # image id → its /etc/passwd and /etc/group
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -183,6 +184,8 @@ class DockerRuntime:
         mounts += [types.Mount(target=m.container_path, source=m.host_path, type="bind", read_only=m.read_only)
                    for m in c.mounts]
         env = dict(spec.env)
+        if spec.run_as is not None:
+            mounts += self._account_mounts(c.image, spec)
         if self.harness_libs is not None:
             mounts, env = self._with_harness_libs(spec, mounts, env)
         kwargs: dict[str, Any] = dict(
@@ -287,6 +290,56 @@ class DockerRuntime:
         if version is not None:
             self._pythons[key] = version
         return version
+
+    def _account_mounts(self, image: str, spec: LaunchSpec) -> list[Any]:
+        """/etc/passwd and /etc/group with the task's user and group (runtime/accounts.py), bound
+        read-only over the image's where it lacks them; written by the agent (root-owned, 0644) in
+        the task directory's .shipyard-etc. An image whose files cannot be read gets none."""
+        assert spec.run_as is not None
+        try:
+            image_id = self.client.api.inspect_image(image)["Id"]
+            if image_id not in self._etc:
+                self._etc[image_id] = (self._image_file(image, "/etc/passwd"), self._image_file(image, "/etc/group"))
+        except Exception as e:
+            log.warning("event=image_accounts_unknown image=%r error=%r", image, _explanation(e))
+            return []
+        uid, gid = spec.run_as.uid, spec.run_as.gid
+        try:
+            import pwd
+
+            name = pwd.getpwuid(uid).pw_name
+        except (ImportError, KeyError):
+            name = "task"
+        files = accounts.with_task_account(*self._etc[image_id], name=name, uid=uid, gid=gid, home=str(spec.workdir))
+        out = []
+        etc = spec.workdir / ".shipyard-etc"
+        for target, text in zip(("/etc/passwd", "/etc/group"), files):
+            if text is None:
+                continue
+            etc.mkdir(mode=0o755, exist_ok=True)
+            path = etc / Path(target).name
+            path.write_text(text)
+            path.chmod(0o644)
+            out.append(self._sdk.types.Mount(target=target, source=str(path), type="bind", read_only=True))
+        return out
+
+    def _image_file(self, image: str, path: str) -> str:
+        """A text file of the image ("" when it has none), read from a created, never started, container."""
+        import io
+        import tarfile
+
+        container = self.client.api.create_container(image, command=["true"], network_disabled=True)
+        try:
+            stream, _stat = self.client.api.get_archive(container["Id"], path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                f = tar.extractfile(member) if member is not None else None
+                return f.read().decode("utf-8", errors="replace") if f is not None else ""
+        except self._sdk.errors.NotFound:
+            return ""
+        finally:
+            with contextlib.suppress(Exception):
+                self.client.api.remove_container(container["Id"], force=True)
 
     def _give_task_dir(self, workdir: Path) -> None:
         """A numeric `container_user` gets the task directory (the code, the private info files with
