@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from sqlalchemy.orm import Session
 
 from control_plane.api import deps
-from control_plane.api.wire import Id, ProtoWire, ts
+from control_plane.api.wire import Count32, Id, ProtoWire, ts
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.core.task_config import SERVING_KINDS, TASK_TYPES
@@ -33,14 +33,13 @@ _STATES = {
     st.AllocationState.RUNNING: "STATE_RUNNING",
     st.AllocationState.TERMINATED: "STATE_TERMINATED",
 }
-DEFAULT_WORKSPACE_ID = 1
 
 
 class LaunchRequest(ProtoWire):
     config: dict[str, Any] | None = None
     files: list[dict[str, Any]] = []
     template_name: str | None = None
-    workspace_id: int | None = None
+    workspace_id: Count32 | None = None  # 0 or absent: Uncategorized
     data: str | None = None
     preview: bool = False
 
@@ -70,7 +69,7 @@ def task_json(v: TaskView) -> dict[str, Any]:
     out = {
         "id": v.task.id, "description": v.task.description, "state": task_state(v), "username": v.username,
         "userId": v.task.owner_id, "displayName": v.username, "resourcePool": v.task.pool,
-        "startTime": ts(v.task.created_at), "jobId": v.task.id, "workspaceId": DEFAULT_WORKSPACE_ID,
+        "startTime": ts(v.task.created_at), "jobId": v.task.id, "workspaceId": v.task.workspace_id,
         "exitStatus": exit_status(v), "exitCode": v.alloc.exit_code, "isReady": v.ready,
         "slots": v.alloc.slots_needed, "agentId": v.alloc.agent_id,
     }
@@ -99,8 +98,9 @@ def _routes(kind: str) -> None:
 
     @router.get(f"/api/v1/{plural}", name=f"list_{kind}s")
     def list_(p: Principal = Depends(deps.user), db: Session = Depends(deps.get_db, scope="function"),
-              users: list[str] = Query([])) -> dict[str, Any]:  # noqa: B008
-        return {plural: [task_json(v) for v in tasks.list_tasks(db, p, kind, users)]}
+              users: list[str] = Query([]), workspaceId: Count32 = 0) -> dict[str, Any]:  # noqa: B008
+        found = tasks.list_tasks(db, p, kind, users, workspace_id=workspaceId, everyone=True)
+        return {plural: [task_json(v) for v in found]}
 
     @router.get(one, name=f"get_{kind}")
     def get(task_id: str = Path(alias=f"{single}Id"), p: Principal = Depends(deps.user),
@@ -119,7 +119,7 @@ def _launch_route(kind: str, plural: str) -> None:
     @router.post(f"/api/v1/{plural}", name=f"launch_{kind}")
     def launch(body: LaunchRequest, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
                db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
-        return _one(kind, tasks.launch(db, master, p, kind, body.config, body.files), master, p)
+        return _one(kind, tasks.launch(db, master, p, kind, body.config, body.files, body.workspace_id), master, p)
 
 
 @router.post("/api/v1/tensorboards")
@@ -130,7 +130,7 @@ def launch_tensorboard(body: LaunchTensorboardRequest, p: Principal = Depends(de
     trial_ids = tensorboards.trials_for(db, p, body.experiment_ids, body.trial_ids)
     config = body.config if isinstance(body.config, dict) else {}
     config = {**config, "experiment_ids": body.experiment_ids, "trial_ids": trial_ids}
-    return _one("tensorboard", tasks.launch(db, master, p, "tensorboard", config, body.files))
+    return _one("tensorboard", tasks.launch(db, master, p, "tensorboard", config, body.files, body.workspace_id))
 
 
 for _kind in _KINDS:

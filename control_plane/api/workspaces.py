@@ -17,7 +17,7 @@ from control_plane.auth import Principal
 from control_plane.db.models import Project, User, Workspace
 from control_plane.errors import bad_request
 from control_plane.master import Master
-from control_plane.services import access, workspaces
+from control_plane.services import access, pool_bindings, workspaces
 
 router = APIRouter()
 
@@ -168,9 +168,9 @@ def delete_workspace(id: Id, p: Principal = Depends(deps.user),
 def get_workspace_pools(workspaceId: Id, _p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
                         db: Session = Depends(deps.get_db, scope="function"), offset: Count32 = 0,
                         limit: Count32 = 0) -> dict[str, Any]:
-    """`det workspace list-pools`: every pool of the master (pools are not bound to workspaces yet)."""
+    """`det workspace list-pools`: the pools the workspace may use (unbound ones and those bound to it)."""
     workspaces.get_workspace(db, workspaceId)
-    names = [pool.name for pool in master.config.resource_pools]
+    names = pool_bindings.usable_pools(db, master, workspaceId)
     shown = serializers.page(names, offset, limit)
     return {"resourcePools": shown, "pagination": serializers.pagination_json(offset, limit, len(names), len(shown))}
 

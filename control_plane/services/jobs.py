@@ -53,7 +53,7 @@ class JobView:
     requested_slots: int
     waiting_reason: str | None  # why its pending allocations wait (None: nothing pending, or unknown)
     task: Task | None = None
-    workspace_id: int = 1  # its project's workspace (tasks: the default workspace)
+    workspace_id: int = 1  # its project's workspace (a task's: its own)
 
     @property
     def pool(self) -> str:
@@ -172,7 +172,7 @@ def list_jobs(s: Session, master: Master, *, pool: str | None = None, states: Se
                 username=owners.get(what.owner_id, ""),
                 priority=effective_priority(master, exp) if exp is not None else task_priority(master, what, allocs[0]),  # type: ignore[arg-type]
                 workspace_id=workspaces.get(exp.project_id, rbac.DEFAULT_WORKSPACE_ID) if exp is not None
-                else rbac.DEFAULT_WORKSPACE_ID,
+                else what.workspace_id,
                 state=JOB_SCHEDULED if placed else JOB_QUEUED, jobs_ahead=ahead,
                 allocated_slots=sum(a.slots_needed for a in placed),
                 requested_slots=sum(a.slots_needed for a in allocs),

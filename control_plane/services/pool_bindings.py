@@ -74,3 +74,14 @@ def require_usable(s: Session, pool: str, workspace_id: int, field: str) -> None
     if ids and workspace_id not in ids:
         raise bad_request(f"resource pool {pool!r} is bound to other workspaces; workspace {workspace_id} "
                           f"cannot use it", field)
+
+
+def usable_pools(s: Session, master: Master, workspace_id: int) -> list[str]:
+    """The pools a workspace may use (`det workspace list-pools`, Determined's
+    ReadRPsAvailableToWorkspace): the unbound ones and those bound to it, in the master's order."""
+    rows = s.execute(select(PoolWorkspaceBinding.pool, PoolWorkspaceBinding.workspace_id)).all()
+    bound_to: dict[str, set[int]] = {}
+    for pool, ws in rows:
+        bound_to.setdefault(pool, set()).add(ws)
+    return [p.name for p in master.config.resource_pools
+            if p.name not in bound_to or workspace_id in bound_to[p.name]]

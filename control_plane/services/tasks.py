@@ -3,6 +3,12 @@ allocation, which the placement loop schedules like a trial's (priority, queue, 
 preempted: it cannot checkpoint), the agent runs with its runtime (process or Docker) and whose
 logs, exit and kill go the allocations' ways. A task's state and exit are its allocation's.
 
+A task belongs to a workspace (issue 30, Determined's `workspaceId`; 1, Uncategorized, by default):
+launching needs CREATE_NSC there (Editor; every user is Editor of Uncategorized), killing needs its
+owner or UPDATE_NSC there, and its pool must be one the workspace may use (pool_bindings). Reading a
+task (list, get, logs) is open to every user, as experiments are (services/authz.py); its proxy, its
+context archive and a shell's key stay its owner's and admins'.
+
 Every function works inside the caller's transaction and raises control_plane.errors."""
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.core.containers import task_container_spec
 from control_plane.core.expconf import ConfigInvalid
+from control_plane.core.rbac import DEFAULT_WORKSPACE_ID, Perm
 from control_plane.core.task_config import (
     READY_ON_ADDRESS,
     SERVING_KINDS,
@@ -33,10 +40,18 @@ from control_plane.core.task_config import (
     description_of,
     parse_task_config,
 )
-from control_plane.db.models import Agent, Allocation, ModelDefinition, Task, User
+from control_plane.db.models import Agent, Allocation, ModelDefinition, Task, User, Workspace
 from control_plane.errors import FieldProblem, Invalid, bad_request, forbidden, not_found, unauthenticated
 from control_plane.master import Master
-from control_plane.services import allocations, lifecycle, pool_capacity, shells, tensorboards
+from control_plane.services import (
+    allocations,
+    authz,
+    lifecycle,
+    pool_bindings,
+    pool_capacity,
+    shells,
+    tensorboards,
+)
 from shipyard_common.agent_protocol import TaskSpec
 from shipyard_common.model_def import ModelDefInvalid, pack_model_definition, validate_model_definition
 
@@ -82,20 +97,43 @@ def _context(s: Session, master: Master, files: Sequence[dict[str, Any]]) -> int
     return md.id
 
 
+def _workspace(s: Session, p: Principal, workspace_id: int | None) -> Workspace:
+    """The workspace a new task goes to (0 or None: Uncategorized), if the caller may create there."""
+    ws = s.get(Workspace, workspace_id or DEFAULT_WORKSPACE_ID)
+    if ws is None:
+        raise bad_request(f"workspace {workspace_id} does not exist", "workspaceId")
+    authz.require(s, p, Perm.CREATE_NSC, workspace_id=ws.id, what=f"workspace {ws.id}")
+    if ws.archived:
+        raise bad_request(f"workspace {ws.id} is archived; it takes no new tasks", "workspaceId")
+    return ws
+
+
+def _default_pool(master: Master, ws: Workspace, slots: int) -> str:
+    """Determined's ResolveResourcePool for a task that names no pool: its workspace's default aux
+    pool for 0 slots, its default compute pool otherwise, else the cluster's default."""
+    own = ws.default_aux_pool if slots == 0 else ws.default_compute_pool
+    return own or master.config.default_resource_pool
+
+
 def launch(s: Session, master: Master, p: Principal, kind: str, raw_config: Any,
-           files: Sequence[dict[str, Any]] = ()) -> TaskView:
+           files: Sequence[dict[str, Any]] = (), workspace_id: int | None = None) -> TaskView:
     """Store the task and its pending allocation (one transaction); placement does the rest."""
     if p.kind is not TokenKind.USER or p.user_id is None:
         raise forbidden(f"a {p.kind.value} token cannot launch tasks")
+    ws = _workspace(s, p, workspace_id)
     try:
-        cfg = parse_task_config(kind, raw_config, default_pool=master.config.default_resource_pool)
+        cfg = parse_task_config(kind, raw_config, default_pool="")
     except ConfigInvalid as e:
         raise _problems(e) from None
+    if not cfg.resources.resource_pool:
+        resources = cfg.resources.model_copy(update={"resource_pool": _default_pool(master, ws, cfg.resources.slots)})
+        cfg = cfg.model_copy(update={"resources": resources})
     pool = master.config.pool(cfg.resources.resource_pool)
     if pool is None:
         names = [x.name for x in master.config.resource_pools]
         raise bad_request(f"no resource pool named {cfg.resources.resource_pool!r}; pools are {names}",
                           "config.resources.resource_pool")
+    pool_bindings.require_usable(s, pool.name, ws.id, "config.resources.resource_pool")
     if cfg.resources.slots:
         unservable = pool_capacity.unservable_reason(s, master, pool.name, cfg.resources.slots)
         if unservable is not None:
@@ -107,14 +145,15 @@ def launch(s: Session, master: Master, p: Principal, kind: str, raw_config: Any,
     now = master.clock()
     cfg = cfg.model_copy(update={"description": description_of(kind, cfg, task_id)})
     task = Task(id=task_id, kind=kind, owner_id=p.user_id, description=cfg.description or "",
-                config=config_dict(cfg), pool=pool.name, context_id=_context(s, master, files), created_at=now)
+                config=config_dict(cfg), pool=pool.name, workspace_id=ws.id, context_id=_context(s, master, files), created_at=now)
     s.add(task)
     default_priority = pool.scheduler.default_priority
     alloc = Allocation(id=f"{task_id}.1", task_id=task_id, pool=pool.name, slots_needed=cfg.resources.slots,
                        priority=cfg.resources.priority or default_priority, weight=cfg.resources.weight,
                        state=st.AllocationState.PENDING, run_id=1, created_at=now)
     s.add(alloc)
-    log.info("event=task_launched task_id=%s kind=%s pool=%s slots=%s", task_id, kind, pool.name, alloc.slots_needed)
+    log.info("event=task_launched task_id=%s kind=%s pool=%s slots=%s workspace_id=%s", task_id, kind, pool.name,
+             alloc.slots_needed, ws.id)
     master.notify(s)
     return TaskView(task, alloc, p.username or "")
 
@@ -128,32 +167,46 @@ def _view(s: Session, task: Task) -> TaskView:
 
 
 def get(s: Session, p: Principal, task_id: str, kind: str | None = None) -> TaskView:
-    """The task, for its owner or an admin; another user's is not found (as if absent)."""
+    """The task, for any user (reads are open) or its own allocation's token."""
     task = s.get(Task, task_id)
-    if task is None or (kind is not None and task.kind != kind) or not _may_see(p, task):
+    if task is None or (kind is not None and task.kind != kind) or not _may_read(p, task):
         raise not_found(f"{kind or 'task'} {task_id}")
     return _view(s, task)
 
 
-def _may_see(p: Principal, task: Task) -> bool:
-    if p.kind is TokenKind.ALLOCATION:
-        return p.allocation_id is not None and p.allocation_id.startswith(task.id + ".")
-    return p.kind is TokenKind.USER and (p.admin or p.user_id == task.owner_id)
+def _own_allocation(p: Principal, task: Task) -> bool:
+    return p.kind is TokenKind.ALLOCATION and p.allocation_id is not None and p.allocation_id.startswith(task.id + ".")
 
 
-def list_tasks(s: Session, p: Principal, kind: str, usernames: Sequence[str] = ()) -> list[TaskView]:
-    """A user's own tasks of `kind` (an admin's: everyone's), optionally of the named users only."""
+def _may_read(p: Principal, task: Task) -> bool:
+    return p.kind is TokenKind.USER or _own_allocation(p, task)
+
+
+def _may_use(p: Principal, task: Task) -> bool:
+    """Its proxy and its context archive: its owner, an admin, or its own allocation."""
+    return _own_allocation(p, task) or (p.kind is TokenKind.USER and (p.admin or p.user_id == task.owner_id))
+
+
+def list_tasks(s: Session, p: Principal, kind: str, usernames: Sequence[str] = (), *,
+               workspace_id: int | None = None, everyone: bool = False) -> list[TaskView]:
+    """Tasks of `kind`: every user's with `everyone` (the API: reads are open), else the caller's own
+    (an admin's: everyone's; the web page's list); optionally of the named users or one workspace."""
     q = select(Task).where(Task.kind == kind).order_by(Task.created_at)
-    if not p.admin:
+    if not (everyone or p.admin):
         q = q.where(Task.owner_id == p.user_id)
+    if workspace_id:
+        q = q.where(Task.workspace_id == workspace_id)
     if usernames:
         q = q.join(User, User.id == Task.owner_id).where(User.username.in_(list(usernames)))
     return [_view(s, t) for t in s.scalars(q)]
 
 
 def kill(s: Session, master: Master, p: Principal, task_id: str, kind: str | None = None) -> TaskView:
-    """A queued task ends now; a placed one is killed by its agent (its exit ends it)."""
+    """A queued task ends now; a placed one is killed by its agent (its exit ends it). Its owner, or a
+    role allowing UPDATE_NSC in its workspace."""
     view = get(s, p, task_id, kind)
+    authz.require(s, p, Perm.UPDATE_NSC, workspace_id=view.task.workspace_id, what=f"{view.task.kind} {task_id}",
+                  owner_id=view.task.owner_id)
     alloc = view.alloc
     if alloc.state == st.AllocationState.PENDING:
         allocations.end_allocation(s, master, alloc, cause=st.ExitCause.KILLED, reason="killed before it started",
@@ -189,7 +242,7 @@ def set_proxy_address(s: Session, p: Principal, allocation_id: str, address: str
 
 def context_archive(s: Session, p: Principal, task_id: str) -> bytes:
     task = s.get(Task, task_id)
-    if task is None or not _may_see(p, task) or task.context_id is None:
+    if task is None or not _may_use(p, task) or task.context_id is None:
         raise not_found(f"context of task {task_id}")
     md = s.get(ModelDefinition, task.context_id)
     assert md is not None
@@ -204,7 +257,7 @@ def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> tuple
     """Where /proxy/<task id>/ forwards (host:port) for its owner or an admin, and whether its last
     activity is older than ACTIVITY_RESOLUTION (the caller then records this use: `touch`)."""
     task = s.get(Task, task_id)
-    if task is None or p.kind is not TokenKind.USER or not _may_see(p, task):
+    if task is None or p.kind is not TokenKind.USER or not _may_use(p, task):
         raise not_found(f"task {task_id}")
     address, state = _serving_address(s, task)
     if address is None:

@@ -41,11 +41,13 @@ def test_shell_keys_owner_only_spec_and_address(client: Any, admin_headers: dict
     assert again["publicKey"] == shell["publicKey"] and _public_of(again["privateKey"]) == _public_of(shell["privateKey"])
     other = client.post("/api/v1/shells", headers=alice, json={"config": {"resources": {"slots": 0}}}).json()["shell"]
     assert other["privateKey"] != shell["privateKey"]
-    # Nobody else gets the key: another user finds no shell, an admin sees it without the key, lists never carry it.
+    # Nobody else gets the key: another user reads the shell (reads are open) without it and may not
+    # kill it, an admin sees it without the key, lists never carry it.
     bob = make_user(client, admin_headers, "bob")
-    assert client.get(f"/api/v1/shells/{shell['id']}", headers=bob).status_code == 404
-    assert client.post(f"/api/v1/shells/{shell['id']}/kill", headers=bob).status_code == 404
-    assert client.get("/api/v1/shells", headers=bob).json()["shells"] == []
+    read = client.get(f"/api/v1/shells/{shell['id']}", headers=bob).json()["shell"]
+    assert read["id"] == shell["id"] and "privateKey" not in read
+    assert client.post(f"/api/v1/shells/{shell['id']}/kill", headers=bob).status_code == 403
+    assert not any("privateKey" in s for s in client.get("/api/v1/shells", headers=bob).json()["shells"])
     seen = client.get(f"/api/v1/shells/{shell['id']}", headers=admin_headers).json()["shell"]
     assert "privateKey" not in seen and seen["id"] == shell["id"]
     listed = client.get("/api/v1/shells", headers=alice).json()["shells"]
