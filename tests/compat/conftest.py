@@ -164,7 +164,9 @@ def compat_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fix
     private_files.private_dir(state)
     private_files.write_private(state / "admin-password", ADMIN_PASSWORD.encode())
     cfg = state / "master.yaml"
-    cfg.write_text(yaml.safe_dump({"agent_heartbeat_timeout_s": 8, "task_kill_grace_s": 3}))
+    # "compat-bound", without agents, for pool bindings (tests/compat/test_rbac.py); the agents join "default".
+    cfg.write_text(yaml.safe_dump({"agent_heartbeat_timeout_s": 8, "task_kill_grace_s": 3,
+                                   "resource_pools": [{"name": "default"}, {"name": "compat-bound"}]}))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STORAGE_EMULATOR_HOST", gcs_host)
         data = deploy_local.up(state, agents=2, port=free_port(), db=f"sqlite:///{state / 'shipyard.db'}", slots=1,

@@ -3,7 +3,8 @@ create|add-user|remove-user|list|describe|delete`, `det rbac list-roles|describe
 unassign-role|list-users-roles|list-groups-roles|my-permissions`; a Viewer of a workspace lists and
 describes its experiments but cannot kill one (403 naming the role), an Editor (through a group)
 creates and kills there; pool bindings refused to an Editor and for the
-default pool. Experiments are created paused: nothing here needs a trial to run."""
+default pool; `det workspace list-pools` and `det cmd run [-w]` with a bound pool. Experiments are
+created paused and commands take no slot on a pool without agents: nothing here needs a task to run."""
 
 from __future__ import annotations
 
@@ -76,3 +77,24 @@ def test_viewer_reads_editor_changes(det: Det, compat_cluster: CompatCluster, tm
     assert r.code != 0 and "has no role on workspace" in (r.out + r.err), (r.out, r.err)
     det.ok("user-group", "delete", "rbac-editors", "--yes")
     assert "rbac-editors" not in det.ok("user-group", "list")
+
+
+def test_bound_pool_list_pools_and_cmd_run(det: Det, compat_cluster: CompatCluster) -> None:
+    det.ok("workspace", "create", "compat-bound-ws")
+    det.ok("resource-pool", "bindings", "add", "compat-bound", "compat-bound-ws")
+    try:
+        pools = det.ok("workspace", "list-pools", "compat-bound-ws")
+        assert re.search(r"compat-bound-ws\s+\| default, compat-bound\s*$", pools, re.M), pools
+        pools = det.ok("workspace", "list-pools", "Uncategorized")
+        assert re.search(r"Uncategorized\s+\| default\s*$", pools, re.M), pools
+        on_bound = ("--config", "resources.resource_pool=compat-bound", "--config", "resources.slots=0")
+        r = det("cmd", "run", "-d", *on_bound, "true")
+        assert r.code != 0 and "'compat-bound' is bound to other workspaces" in (r.out + r.err), (r.out, r.err)
+        task_id = det.ok("cmd", "run", "-d", "-w", "compat-bound-ws", *on_bound, "true").strip()
+        cmd = compat_cluster.get(f"/api/v1/commands/{task_id}")["command"]
+        ws = compat_cluster.get("/api/v1/workspaces", name="compat-bound-ws")["workspaces"][0]["id"]
+        assert (cmd["resourcePool"], cmd["workspaceId"]) == ("compat-bound", ws)
+        assert task_id in det.ok("cmd", "list", "-w", "compat-bound-ws")
+        det.ok("cmd", "kill", task_id)
+    finally:
+        det.ok("resource-pool", "bindings", "remove", "compat-bound", "compat-bound-ws")
