@@ -12,7 +12,9 @@ A local cluster (`det deploy local up`: master on SQLite + 1 agent, process runt
   user's bearer token) and as many straight to Jupyter's port (with the task's Jupyter token), one
   keep-alive client each, interleaved;
 - throughput: a --mib MiB file the kernel wrote, downloaded through the proxy and directly, 3 times
-  each, best of each (MiB/s).
+  each, best of each (MiB/s);
+- the master's CPU time (/proc, Linux) per proxied request and per proxied GiB, beside /health's per
+  request: on a shared machine the wall-clock figures swing with the load, this much less.
 
     .venv/bin/python benchmarks/notebook_proxy.py                 # ~1 min
     .venv/bin/python benchmarks/notebook_proxy.py --starts 5 --requests 500 --mib 256
@@ -91,6 +93,15 @@ def _write_file(url: str, headers: dict[str, str], nb_id: str, mib: int) -> None
                 break
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process (Linux /proc), seconds; 0 where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _latency(client: httpx.Client, path: str, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -162,14 +173,24 @@ def main() -> None:
         direct = httpx.Client(base_url=direct_url, headers={"Authorization": f"token {jtoken}"}, timeout=60)
         path = f"/proxy/{nb_id}/api/status"
         proxied_t, direct_t, master_t, health_t = [], [], [], []
+        pid = deploy_local.status(state)["master_pid"]
+        cpu = {"proxy": 0.0, "health": 0.0}
         for _ in range(args.requests // 50):  # interleaved, 50 at a time
+            c0 = _cpu_s(pid)
             proxied_t += _latency(client, path, 50)
+            c1 = _cpu_s(pid)
             direct_t += _latency(direct, path, 50)
             master_t += _latency(client, "/api/v1/me", 50)
+            c2 = _cpu_s(pid)
             health_t += _latency(client, "/health", 50)
+            cpu["proxy"] += c1 - c0
+            cpu["health"] += _cpu_s(pid) - c2
         _write_file(url, auth, nb_id, args.mib)
         file_path = f"/proxy/{nb_id}/files/big.bin"
-        proxied_mb, direct_mb = _throughput(client, file_path, args.mib), _throughput(direct, file_path, args.mib)
+        c0 = _cpu_s(pid)
+        proxied_mb = _throughput(client, file_path, args.mib)
+        cpu["download"] = (_cpu_s(pid) - c0) / (3 * args.mib / 1024)
+        direct_mb = _throughput(direct, file_path, args.mib)
     p50 = statistics.median
     print(f"{'measure':<40} {'through the master':>20} {'direct':>12} {'target':>22}")
     print(f"{'notebook start -> ready p50 (s)':<40} {p50(starts):>20.2f} {'':>12} {'< 5 s':>22}")
@@ -179,9 +200,13 @@ def main() -> None:
     print(f"{'  GET /api/v1/me p50 (ms), the master alone':<40} {p50(master_t) * 1e3:>20.2f}")
     print(f"{'  GET /health p50 (ms), from memory':<40} {p50(health_t) * 1e3:>20.2f}")
     print(f"{'  added p50 (ms)':<40} {(p50(proxied_t) - p50(direct_t)) * 1e3:>20.2f}")
+    n = len(proxied_t)
+    print(f"{'  master CPU per request (ms): proxy':<40} {cpu['proxy'] / n * 1e3:>20.2f}")
+    print(f"{'  master CPU per request (ms): /health':<40} {cpu['health'] / n * 1e3:>20.2f}")
     print(f"{f'download {args.mib} MiB (MiB/s, best of 3)':<40} {proxied_mb:>20.0f} {direct_mb:>12.0f}"
           f" {'>= 90% of direct':>22}")
     print(f"{'  ratio':<40} {proxied_mb / direct_mb:>20.0%}")
+    print(f"{'  master CPU per GiB proxied (s)':<40} {cpu['download']:>20.2f}")
 
 
 if __name__ == "__main__":

@@ -134,7 +134,8 @@ def _install_admission(app: FastAPI, master: Master) -> None:
         threads=admission.limit + cluster.limit + THREAD_SLACK,
         health={"/health": lambda: {"status": "ok"}, "/info": info, "/api/v1/master": info})
     # Around the front door: refusals and health count and log too (frontdoor/access_log.py).
-    outermost: Any = RequestTelemetry(front, fixed_paths=HEALTH_PATHS)
+    # A proxied request whose target is cached goes to its task ahead of admission (api/proxy.py).
+    outermost: Any = RequestTelemetry(proxy.ProxyFront(front, app.state), fixed_paths=HEALTH_PATHS)
     if cfg.trusted_proxies:
         # Behind reverse proxies: the client and scheme they forward, believed from them only
         # (config.trusted_proxies), for everything inside (the login throttle, the access log).

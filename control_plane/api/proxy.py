@@ -13,19 +13,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from types import SimpleNamespace
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.concurrency import run_in_threadpool
-from starlette.background import BackgroundTask
 from starlette.requests import HTTPConnection
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
 
-from control_plane.api import deps
+from control_plane.api import deps, upstream
 from control_plane.auth import UI_SESSION_COOKIE, resolve_token
 from control_plane.db.engine import transaction
 from control_plane.errors import DomainError, bad_request, http_status, unauthenticated
@@ -37,20 +39,69 @@ log = logging.getLogger("shipyard.proxy")
 router = APIRouter()
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and what the master replaces: never passed through.
-_DROP_UP = frozenset({"host", "connection", "keep-alive", "proxy-authorization", "te", "trailer", "upgrade",
-                      "transfer-encoding", "authorization", "cookie", "content-length"})
-_DROP_DOWN = frozenset({"connection", "keep-alive", "transfer-encoding", "trailer", "upgrade", "content-length",
-                        "set-cookie"})
-# Bodies and answers up to this size go whole; larger answers come back in pieces of up to CHUNK bytes.
+_DROP_UP = frozenset({b"host", b"connection", b"keep-alive", b"proxy-authorization", b"te", b"trailer", b"upgrade",
+                      b"transfer-encoding", b"authorization", b"cookie", b"content-length", b"expect"})
+_DROP_DOWN = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"trailer", b"upgrade", b"set-cookie"})
+# Request bodies up to this size go whole; larger ones stream. A TCP tunnel reads up to CHUNK bytes at a time.
 WHOLE_BODY_BYTES = 1 << 20
 CHUNK = 1 << 20
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
+# A resolved target is reused for this long by the same session for the same task (a proxied page
+# loads dozens of files; each would otherwise cost two database reads): a revoked session, a killed
+# task or a change of owner stops getting through within TARGET_TTL_S. At most TARGET_CACHE_SIZE
+# entries (the oldest go first).
+TARGET_TTL_S = 2.0
+TARGET_CACHE_SIZE = 4096
+# What the access log and the request metrics name a proxied request (its route's template).
+_ROUTE = SimpleNamespace(path_format="/proxy/{taskId}/{path}")
+
+
+class TargetCache:
+    """(session token, task id) -> (host:port, Jupyter token) for TARGET_TTL_S (monotonic clock)."""
+
+    def __init__(self, ttl_s: float | None = None, size: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.size, self.clock = ttl_s, size, clock
+        self._entries: OrderedDict[tuple[str, str], tuple[float, str, str]] = OrderedDict()
+
+    def get(self, token: str, task_id: str) -> tuple[str, str] | None:
+        entry = self._entries.get((token, task_id))
+        if entry is None:
+            return None
+        if entry[0] <= self.clock():
+            self._entries.pop((token, task_id), None)
+            return None
+        return entry[1], entry[2]
+
+    def put(self, token: str, task_id: str, address: str, jtoken: str) -> None:
+        ttl = TARGET_TTL_S if self.ttl_s is None else self.ttl_s
+        self._entries[(token, task_id)] = (self.clock() + ttl, address, jtoken)
+        self._entries.move_to_end((token, task_id))
+        while len(self._entries) > (TARGET_CACHE_SIZE if self.size is None else self.size):
+            self._entries.popitem(last=False)
+
+    def drop(self, token: str, task_id: str) -> None:
+        self._entries.pop((token, task_id), None)
+
+
+def target_cache(state: Any) -> TargetCache:
+    """The app's cache (one per app: tests run several masters in one process)."""
+    cache = getattr(state, "proxy_targets", None)
+    if cache is None:
+        cache = state.proxy_targets = TargetCache()
+    return cache
+
+
+def _session_token(conn: HTTPConnection) -> str | None:
+    return deps.bearer_token(conn) or conn.cookies.get(UI_SESSION_COOKIE)  # type: ignore[arg-type]
+
+
 def _target(master: Master, conn: HTTPConnection, task_id: str, *, tunnel: bool = False) -> tuple[str, str]:
     """(host:port, jupyter token) for the caller, or a DomainError (401, 404). A WebSocket `tunnel`
     without a session reaches a shell's sshd when the master's shell_tunnel_auth is ssh_key."""
-    token = deps.bearer_token(conn) or conn.cookies.get(UI_SESSION_COOKIE)  # type: ignore[arg-type]
+    token = _session_token(conn)
     if not token:
         if tunnel and master.config.shell_tunnel_auth == "ssh_key":
             with master.read_sessions() as s:
@@ -65,30 +116,137 @@ def _target(master: Master, conn: HTTPConnection, task_id: str, *, tunnel: bool 
     if stale:
         with transaction(master.sessions) as s:
             tasks.touch(s, task_id, now)
-    return address, tasks.jupyter_token(master, task_id)
+    jtoken = tasks.jupyter_token(master, task_id)
+    target_cache(conn.app.state).put(token, task_id, address, jtoken)
+    return address, jtoken
 
 
-# One pooled client per event loop (a process serves on one; tests start several).
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+class ProxyFront:
+    """ASGI, ahead of admission and the middleware (api/app.py): a bodiless HTTP request to
+    /proxy/<task id>/ whose caller's target is in the TargetCache goes straight to the task (no
+    thread, no database). Anything else (no session, not cached, a body, which BodyLimits must see)
+    takes the route below, through admission, and fills the cache. Traffic still marks the task's
+    activity: every resolve does (`touch`), and a cached target is resolved again every TARGET_TTL_S,
+    well within ACTIVITY_RESOLUTION (services/tasks.py)."""
+
+    def __init__(self, app: Any, state: Any) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/proxy/"):
+            task_id = scope["path"][7:].partition("/")[0]
+            conn = HTTPConnection(scope)
+            token = _session_token(conn)
+            hit = target_cache(self.state).get(token, task_id) if token and not _has_body(conn) else None
+            if hit is not None and not shells.split_address(hit[0])[0]:
+                scope["route"] = _ROUTE
+                if not await _forward(scope, receive, send, task_id, *hit):
+                    target_cache(self.state).drop(token, task_id)  # type: ignore[arg-type]
+                return
+        await self.app(scope, receive, send)
 
 
-def _client() -> httpx.AsyncClient:
+def _has_body(conn: HTTPConnection) -> bool:
+    return conn.headers.get("content-length", "0") != "0" or "transfer-encoding" in conn.headers
+
+
+# One connection pool per event loop (a process serves on one; tests start several).
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, upstream.Pool] = weakref.WeakKeyDictionary()
+
+
+def _pool() -> upstream.Pool:
     loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    if client is None:
-        client = _clients[loop] = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
-    return client
+    pool = _pools.get(loop)
+    if pool is None:
+        pool = _pools[loop] = upstream.Pool()
+    return pool
 
 
-async def _body(request: Request) -> bytes | AsyncIterator[bytes] | None:
-    """No body, a small one whole (sent with its headers: a streamed empty body goes out chunked,
-    a second small packet that meets the upstream's delayed ACK, ~40 ms), a large one streamed."""
-    length = request.headers.get("content-length")
-    if length is None and "chunked" not in request.headers.get("transfer-encoding", ""):
-        return None
+async def _request_body(scope: Scope, receive: Receive) -> tuple[bytes | AsyncIterator[bytes], bytes]:
+    """The caller's body and the header that frames it upstream: none, a small one whole (sent with
+    its headers: a streamed body goes out in a second small packet that meets the upstream's delayed
+    ACK, ~40 ms), or a large or chunked one streamed as it arrives."""
+    headers = dict(scope["headers"])
+    length = headers.get(b"content-length")
+    if length is None and b"chunked" not in headers.get(b"transfer-encoding", b""):
+        return b"", b""
     if length is not None and length.isdigit() and int(length) <= WHOLE_BODY_BYTES:
-        return await request.body()
-    return request.stream()
+        parts = []
+        while True:
+            message = await receive()
+            parts.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(parts)
+        return body, b"content-length: %d\r\n" % len(body)
+
+    async def stream() -> AsyncIterator[bytes]:
+        while True:
+            message = await receive()
+            if message.get("body"):
+                yield message["body"]
+            if not message.get("more_body"):
+                return
+
+    return stream(), (b"content-length: %b\r\n" % length if length is not None else b"transfer-encoding: chunked\r\n")
+
+
+async def _forward(scope: Scope, receive: Receive, send: Send, task_id: str, address: str, jtoken: str) -> bool:
+    """The request to the task and its answer back, as sent (no decoding: the Content-Encoding the
+    headers name still applies), streamed as it arrives. False when the task did not answer (502)."""
+    body, framing = await _request_body(scope, receive)
+    target = scope.get("raw_path") or scope["path"].encode()
+    if scope.get("query_string"):
+        target += b"?" + scope["query_string"]
+    head = b"".join([scope["method"].encode(), b" ", target, b" HTTP/1.1\r\nhost: ", address.encode(),
+                     b"\r\nauthorization: token ", jtoken.encode(), b"\r\n", framing,
+                     *[b"%b: %b\r\n" % kv for kv in scope["headers"] if kv[0] not in _DROP_UP], b"\r\n"])
+    try:
+        answer = await _pool().request(address, head, body, head_only=scope["method"] == "HEAD")
+    except upstream.UpstreamError as e:
+        return await _bad_gateway(send, task_id, e)
+    watcher = None
+    try:
+        down = [(k, v) for k, v in answer.headers if k not in _DROP_DOWN]
+        await send({"type": "http.response.start", "status": answer.status, "headers": down})
+        if not answer.complete:  # a caller who leaves ends the upstream answer too
+            watcher = asyncio.ensure_future(_on_disconnect(receive, answer))
+        async for chunk in answer.body():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    except upstream.UpstreamError as e:  # the task went away in the middle of its answer
+        log.warning("event=proxy_upstream_error task_id=%s error=%r", task_id, str(e))
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        answer.release()
+    return True
+
+
+async def _on_disconnect(receive: Receive, answer: upstream.Answer) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    answer.abort()
+
+
+async def _bad_gateway(send: Send, task_id: str, e: Exception) -> bool:
+    log.warning("event=proxy_upstream_error task_id=%s error=%r", task_id, str(e))
+    body = f"task {task_id} did not answer: {type(e).__name__}".encode()
+    await send({"type": "http.response.start", "status": 502,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+    return False
+
+
+class _Forward(Response):
+    """The route's answer: the request forwarded as ProxyFront forwards a cached one."""
+
+    def __init__(self, task_id: str, address: str, jtoken: str) -> None:  # noqa: D107 (no body of its own)
+        self.task_id, self.address, self.jtoken = task_id, address, jtoken
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _forward(scope, receive, send, self.task_id, self.address, self.jtoken)
 
 
 @router.api_route("/proxy/{taskId}/{path:path}", methods=METHODS, include_in_schema=False)
@@ -100,34 +258,7 @@ async def proxy_http(taskId: str, path: str, request: Request) -> Response:
         return domain_error_response(e)
     if shells.split_address(address)[0]:  # a shell's sshd speaks SSH, not HTTP
         return domain_error_response(bad_request(f"task {taskId} is a shell: open it with det shell open {taskId}"))
-    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_UP]
-    headers.append(("authorization", f"token {jtoken}"))
-    url = httpx.URL(f"http://{address}{request.url.path}", query=request.url.query.encode())
-    upstream = _client().build_request(request.method, url, headers=headers, content=await _body(request))
-    try:
-        answer = await _client().send(upstream, stream=True)
-    except httpx.HTTPError as e:
-        log.warning("event=proxy_upstream_error task_id=%s error=%r", taskId, str(e))
-        return Response(f"task {taskId} did not answer: {type(e).__name__}", status_code=502)
-    down = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in _DROP_DOWN]
-    raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in down]
-    length = answer.headers.get("content-length", "")
-    if length.isdigit() and int(length) <= WHOLE_BODY_BYTES:  # a small answer whole, in one write
-        try:  # as sent (aread would undo a Content-Encoding that the header still names)
-            content = b"".join([chunk async for chunk in answer.aiter_raw()])
-        finally:
-            await answer.aclose()
-        whole = Response(content, status_code=answer.status_code)
-        whole.raw_headers = [*raw_headers, (b"content-length", str(len(content)).encode())]
-        return whole
-
-    async def body() -> AsyncIterator[bytes]:
-        async for chunk in answer.aiter_raw(CHUNK):
-            yield chunk
-
-    response = StreamingResponse(body(), status_code=answer.status_code, background=BackgroundTask(answer.aclose))
-    response.raw_headers = raw_headers
-    return response
+    return _Forward(taskId, address, jtoken)
 
 
 @router.websocket("/proxy/{taskId}/{path:path}")

@@ -1,12 +1,15 @@
 """The task proxy (api/proxy.py) in process, both databases, against a small HTTP server standing in
 for a notebook's Jupyter: the caller's session by bearer token, Determined's `auth` cookie or the
 web UI's session cookie; owner or admin only (another user 404, nobody 401); upstream gets the
-task's Jupyter token and none of the caller's credentials; traffic marks the task's activity."""
+task's Jupyter token and none of the caller's credentials; traffic marks the task's activity. A target is cached for TARGET_TTL_S (shortened here): a logged-out
+session or a killed task stops getting through once it has passed; a cached GET takes the front
+door's fast path (api/proxy.py ProxyFront), a POST the route."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -14,10 +17,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from control_plane.api import proxy
 from control_plane.auth import UI_SESSION_COOKIE
 from control_plane.db.engine import transaction
 from control_plane.db.models import Allocation, Task
 from control_plane.services.tasks import jupyter_token
+from tests.conftest import login
 from tests.control_plane.api.test_experiments import make_user
 
 
@@ -57,7 +62,9 @@ def serving_notebook(client: Any, headers: dict[str, str], master: Any, address:
     return nb_id
 
 
-def test_proxy_sessions_owner_only_and_upstream_credentials(client, admin_headers, master, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_proxy_sessions_owner_only_and_upstream_credentials(client, admin_headers, master, upstream,  # type: ignore[no-untyped-def]
+                                                            monkeypatch) -> None:
+    monkeypatch.setattr(proxy, "TARGET_TTL_S", 0.3)
     nb_id = serving_notebook(client, admin_headers, master, upstream)
     token = admin_headers["Authorization"].removeprefix("Bearer ")
     for headers, cookie in ((admin_headers, None), ({}, "auth"), ({}, UI_SESSION_COOKIE)):
@@ -78,7 +85,18 @@ def test_proxy_sessions_owner_only_and_upstream_credentials(client, admin_header
     assert client.get(f"/proxy/{nb_id}/api/status", headers=other).status_code == 404
     assert client.get(f"/proxy/{nb_id}/api/status").status_code == 401
     assert client.get("/proxy/no-such-task/api/status", headers=admin_headers).status_code == 404
+    second = login(client)  # a second session, cached, then logged out: refused once the TTL has passed
+    for _ in range(2):
+        r = client.get(f"/proxy/{nb_id}/api/status?y=2", headers=second)
+        assert r.status_code == 200 and r.json()["path"] == f"/proxy/{nb_id}/api/status?y=2", r.text
+        sent = {k.lower(): v for k, v in r.json()["headers"].items()}
+        assert sent["authorization"] == f"token {jupyter_token(master, nb_id)}", sent
+    assert client.post("/api/v1/auth/logout", headers=second).status_code == 200
+    time.sleep(proxy.TARGET_TTL_S)
+    assert client.get(f"/proxy/{nb_id}/api/status", headers=second).status_code == 401
+    assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 200
     client.post(f"/api/v1/notebooks/{nb_id}/kill", headers=admin_headers)
     with transaction(master.sessions) as s:  # its agent reported the exit
         s.scalar(select(Allocation).where(Allocation.task_id == nb_id)).state = "terminated"
+    time.sleep(proxy.TARGET_TTL_S)
     assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 404
