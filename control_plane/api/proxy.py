@@ -239,14 +239,16 @@ async def _bad_gateway(send: Send, task_id: str, e: Exception) -> bool:
 
 
 class _Forward(Response):
-    """The route's answer: the request forwarded as ProxyFront forwards a cached one."""
+    """The route's answer: the request forwarded as ProxyFront forwards a cached one (and the cached
+    target forgotten when the task did not answer)."""
 
-    def __init__(self, task_id: str, address: str, jtoken: str) -> None:  # noqa: D107 (no body of its own)
-        self.task_id, self.address, self.jtoken = task_id, address, jtoken
+    def __init__(self, task_id: str, address: str, jtoken: str, forget: Callable[[], None]) -> None:  # noqa: D107
+        self.task_id, self.address, self.jtoken, self.forget = task_id, address, jtoken, forget
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _forward(scope, receive, send, self.task_id, self.address, self.jtoken)
+        if not await _forward(scope, receive, send, self.task_id, self.address, self.jtoken):
+            self.forget()
 
 
 @router.api_route("/proxy/{taskId}/{path:path}", methods=METHODS, include_in_schema=False)
@@ -258,7 +260,8 @@ async def proxy_http(taskId: str, path: str, request: Request) -> Response:
         return domain_error_response(e)
     if shells.split_address(address)[0]:  # a shell's sshd speaks SSH, not HTTP
         return domain_error_response(bad_request(f"task {taskId} is a shell: open it with det shell open {taskId}"))
-    return _Forward(taskId, address, jtoken)
+    token = _session_token(request)
+    return _Forward(taskId, address, jtoken, lambda: target_cache(request.app.state).drop(token or "", taskId))
 
 
 @router.websocket("/proxy/{taskId}/{path:path}")

@@ -26,9 +26,25 @@ from tests.conftest import login
 from tests.control_plane.api.test_experiments import make_user
 
 
+BIG = bytes(range(256)) * (3 * 4096)  # 3 MiB, not all alike
+
+
 class _Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as Jupyter's
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path.endswith("/big"):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(BIG)))
+            self.end_headers()
+            self.wfile.write(BIG)
+            return
         self._answer(b"")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", "12345")
+        self.end_headers()
 
     def do_POST(self) -> None:  # noqa: N802
         self._answer(self.rfile.read(int(self.headers.get("content-length") or 0)))
@@ -51,6 +67,7 @@ def upstream() -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+    server.server_close()
 
 
 def serving_notebook(client: Any, headers: dict[str, str], master: Any, address: str) -> str:
@@ -100,3 +117,25 @@ def test_proxy_sessions_owner_only_and_upstream_credentials(client, admin_header
         s.scalar(select(Allocation).where(Allocation.task_id == nb_id)).state = "terminated"
     time.sleep(proxy.TARGET_TTL_S)
     assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 404
+
+
+def test_proxy_streams_large_bodies_head_and_a_task_that_went_away(client, admin_headers, master, upstream) -> None:  # type: ignore[no-untyped-def]
+    """api/upstream.py's paths: a large answer streamed back whole, a large upload streamed up (with
+    its length), HEAD (headers, no body), and a 502 once the task is gone, then through again."""
+    nb_id = serving_notebook(client, admin_headers, master, upstream)
+    for _ in range(2):  # the route, then the cached fast path, on a kept-alive connection
+        r = client.get(f"/proxy/{nb_id}/big", headers=admin_headers)
+        assert r.status_code == 200 and r.content == BIG
+    up = b"0123456789abcdef" * (2**17)  # 2 MiB, over WHOLE_BODY_BYTES: streamed
+    r = client.post(f"/proxy/{nb_id}/upload", headers=admin_headers, content=up)
+    assert r.status_code == 200 and r.json()["body"].encode() == up
+    r = client.head(f"/proxy/{nb_id}/big", headers=admin_headers)
+    assert r.status_code == 200 and r.headers["content-length"] == "12345" and r.content == b""
+    with transaction(master.sessions) as s:  # the task moved (its old address refuses connections)
+        s.get(Task, nb_id).proxy_address = "127.0.0.1:9"
+    proxy.target_cache(client.app.state).drop(admin_headers["Authorization"][7:], nb_id)
+    r = client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers)
+    assert r.status_code == 502 and "did not answer" in r.text
+    with transaction(master.sessions) as s:
+        s.get(Task, nb_id).proxy_address = upstream
+    assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 200
