@@ -140,9 +140,10 @@ class ProxyFront:
             hit = target_cache(self.state).get(token, task_id) if token and not _has_body(conn) else None
             if hit is not None and not shells.split_address(hit[0])[0]:
                 scope["route"] = _ROUTE
-                if not await _forward(scope, receive, send, task_id, *hit):
-                    target_cache(self.state).drop(token, task_id)  # type: ignore[arg-type]
-                return
+                if await _forward(scope, receive, send, task_id, *hit, answer_502=False):
+                    return
+                # Not there (killed, moved): forgotten, and resolved afresh by the route (404, 502, ...).
+                target_cache(self.state).drop(token, task_id)  # type: ignore[arg-type]
         await self.app(scope, receive, send)
 
 
@@ -191,9 +192,11 @@ async def _request_body(scope: Scope, receive: Receive) -> tuple[bytes | AsyncIt
     return stream(), (b"content-length: %b\r\n" % length if length is not None else b"transfer-encoding: chunked\r\n")
 
 
-async def _forward(scope: Scope, receive: Receive, send: Send, task_id: str, address: str, jtoken: str) -> bool:
+async def _forward(scope: Scope, receive: Receive, send: Send, task_id: str, address: str, jtoken: str, *,
+                   answer_502: bool = True) -> bool:
     """The request to the task and its answer back, as sent (no decoding: the Content-Encoding the
-    headers name still applies), streamed as it arrives. False when the task did not answer (502)."""
+    headers name still applies), streamed as it arrives. False when the task did not answer: then
+    a 502 was sent, or nothing (`answer_502` False)."""
     body, framing = await _request_body(scope, receive)
     target = scope.get("raw_path") or scope["path"].encode()
     if scope.get("query_string"):
@@ -204,7 +207,7 @@ async def _forward(scope: Scope, receive: Receive, send: Send, task_id: str, add
     try:
         answer = await _pool().request(address, head, body, head_only=scope["method"] == "HEAD")
     except upstream.UpstreamError as e:
-        return await _bad_gateway(send, task_id, e)
+        return await _bad_gateway(send, task_id, e) if answer_502 else False
     watcher = None
     try:
         down = [(k, v) for k, v in answer.headers if k not in _DROP_DOWN]

@@ -25,7 +25,6 @@ from control_plane.services.tasks import jupyter_token
 from tests.conftest import login
 from tests.control_plane.api.test_experiments import make_user
 
-
 BIG = bytes(range(256)) * (3 * 4096)  # 3 MiB, not all alike
 
 
@@ -131,11 +130,16 @@ def test_proxy_streams_large_bodies_head_and_a_task_that_went_away(client, admin
     assert r.status_code == 200 and r.json()["body"].encode() == up
     r = client.head(f"/proxy/{nb_id}/big", headers=admin_headers)
     assert r.status_code == 200 and r.headers["content-length"] == "12345" and r.content == b""
-    with transaction(master.sessions) as s:  # the task moved (its old address refuses connections)
+    with transaction(master.sessions) as s:  # the task went away (its address refuses connections)
         s.get(Task, nb_id).proxy_address = "127.0.0.1:9"
     proxy.target_cache(client.app.state).drop(admin_headers["Authorization"][7:], nb_id)
     r = client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers)
     assert r.status_code == 502 and "did not answer" in r.text
-    with transaction(master.sessions) as s:
+    with transaction(master.sessions) as s:  # back: the next request resolves it afresh
         s.get(Task, nb_id).proxy_address = upstream
     assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 200
+    # A cached target that no longer answers (the task moved): resolved afresh by the route, not a 502.
+    cache = proxy.target_cache(client.app.state)
+    cache.put(admin_headers["Authorization"][7:], nb_id, "127.0.0.1:9", jupyter_token(master, nb_id))
+    assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 200
+    assert cache.get(admin_headers["Authorization"][7:], nb_id) == (upstream, jupyter_token(master, nb_id))
