@@ -1,4 +1,4 @@
-"""det command|cmd run|list|kill|logs, det notebook start|list|kill|logs,
+"""det command|cmd run|list|kill|logs, det notebook start|list|kill|logs|open,
 det tensorboard start|list|kill|logs|open, det task list|logs:
 tasks other than trials (api/ntsc.py), in Determined's wire format."""
 
@@ -36,6 +36,13 @@ def _common(g: argparse._SubParsersAction, kind: str) -> None:
     p.set_defaults(func=logs)
 
 
+def _open(g: argparse._SubParsersAction, kind: str, server: str) -> None:
+    p = g.add_parser("open", help=f"print a running {server}'s URL (/proxy/ID/ on the master) and open it in a browser")
+    p.add_argument("task_id", metavar="ID")
+    p.add_argument("--no-browser", action="store_true", help="only print the URL")
+    p.set_defaults(func=open_task, kind=kind)
+
+
 def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config-file", help="task config (.yaml)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
@@ -56,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = g.add_parser("start", help="start JupyterLab; prints its URL once it is ready")
     _launch_args(p)
     p.set_defaults(func=start_notebook)
+    _open(g, "notebook", "JupyterLab")
     _common(g, "notebook")
 
     g = group(sub, "tensorboard", "TensorBoard over experiments' and trials' metrics, proxied by the master")
@@ -65,10 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--trial-ids", type=int, nargs="+", default=[], metavar="TRIAL_ID", help="these trials")
     _launch_args(p)
     p.set_defaults(func=start_tensorboard)
-    p = g.add_parser("open", help="print a running TensorBoard's URL and open it in a browser")
-    p.add_argument("task_id", metavar="ID")
-    p.add_argument("--no-browser", action="store_true", help="only print the URL")
-    p.set_defaults(func=open_tensorboard)
+    _open(g, "tensorboard", "TensorBoard")
     _common(g, "tensorboard")
 
     g = group(sub, "task", "every task (trials, commands, notebooks)")
@@ -189,17 +194,20 @@ def start_tensorboard(args: Any) -> int:
     return 0
 
 
-def open_tensorboard(args: Any) -> int:
+def open_task(args: Any) -> int:
+    """A notebook's or TensorBoard's proxy URL, printed, then opened in a browser where there is one
+    (the owner's or an admin's: anyone else's request is a 404, as for a task that does not exist)."""
     s = authed(args)
-    tb = s.get(f"/api/v1/tensorboards/{args.task_id}")["tensorboard"]
-    if tb["state"] != "STATE_RUNNING" or not tb.get("isReady"):
-        raise CliError(f"tensorboard {args.task_id} is not serving ({tb['state'].removeprefix('STATE_')})")
-    url = f"{s.master}{tb['serviceAddress']}"
-    print(url)
+    task = s.get(f"/api/v1/{_PATHS[args.kind]}/{args.task_id}")[args.kind]
+    if task["state"] != "STATE_RUNNING" or not task.get("isReady"):
+        raise CliError(f"{args.kind} {args.task_id} is not serving ({task['state'].removeprefix('STATE_')})")
+    url = f"{s.master}{task['serviceAddress']}"
+    print(url, flush=True)
     if not args.no_browser:
         import webbrowser
 
-        webbrowser.open(url)
+        if not webbrowser.open(url):
+            print("no browser found here: open the URL above in yours (signed in to the master)")
     return 0
 
 

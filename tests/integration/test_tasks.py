@@ -72,7 +72,8 @@ def _execute(ws: Any, code: str) -> str:
 
 
 def test_notebook_through_the_master_proxy_http_and_kernel_websocket(cluster_factory: Any,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+                                                                      capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import httpx
     from websockets.sync.client import connect
 
@@ -92,6 +93,12 @@ def test_notebook_through_the_master_proxy_http_and_kernel_websocket(cluster_fac
     status = admin.get(f"/proxy/{nb_id}/api/status")
     assert status.status_code == 200, status.text
     assert "last_activity" in status.json() and "kernels" in status.json()
+    # det notebook open: the URL printed, and given to the browser (none here: it says so).
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) and False)
+    code, out, err = det(capsys, cluster.url, "notebook", "open", nb_id)
+    assert code == 0 and out.splitlines()[0] == f"{cluster.url}/proxy/{nb_id}/" and opened == [out.splitlines()[0]]
+    assert "no browser found" in out, (out, err)
     # Only the owner (or an admin): another user is told there is no such task.
     admin.post("/api/v1/users", json={"user": {"username": "eve"}, "password": "eve-password-1"}).raise_for_status()
     eve = httpx.post(cluster.url + "/api/v1/auth/login", json={"username": "eve", "password": "eve-password-1"}).json()
