@@ -38,6 +38,15 @@ def holds_cluster_admin(s: Session, user_id: int) -> bool:
     return any(g.role_id == rbac.CLUSTER_ADMIN.id and g.workspace_id is None for g in grants_of(s, user_id))
 
 
+def is_cluster_admin(s: Session, p: Principal) -> bool:
+    """A user token of an admin: the admin flag, or ClusterAdmin held cluster-wide (asked of the
+    database only when the flag is not set). What the cluster's own records need (other users,
+    any task's logs, a checkpoint without an experiment)."""
+    if p.kind is not TokenKind.USER:
+        return False
+    return p.admin or (p.user_id is not None and holds_cluster_admin(s, p.user_id))
+
+
 def workspace_of_project(s: Session, project_id: int) -> int:
     ws = s.scalar(select(Project.workspace_id).where(Project.id == project_id))
     return ws if ws is not None else rbac.DEFAULT_WORKSPACE_ID

@@ -30,7 +30,7 @@ from control_plane.db.models import Allocation, TaskLog, Trial
 from control_plane.db.quotas import Claim, Lease, QuotaFull, SharedQuotas
 from control_plane.errors import DomainError, TooManyRequests, bad_request, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import access
+from control_plane.services import access, authz
 from control_plane.services.text import clean_text
 
 log = logging.getLogger("shipyard.logs")
@@ -89,7 +89,7 @@ class LogTarget:
 
 
 def require_log_writer(s: Session, p: Principal, targets: list[LogTarget]) -> None:
-    """Admin: any task. Allocation token: its own task (and allocation). Agent token: tasks with
+    """Admin (or ClusterAdmin): any task. Allocation token: its own task (and allocation). Agent token: tasks with
     an allocation in its pool (on its own agent when the token is bound to one). Every task must
     exist. Field paths name `logs[i]`, the request's list."""
     for i, t in enumerate(targets):
@@ -109,7 +109,7 @@ def require_log_writer(s: Session, p: Principal, targets: list[LogTarget]) -> No
         if t.task_id not in known:
             raise not_found(f"task {t.task_id!r} (logs[{i}].taskId)")
     if p.kind is TokenKind.USER:
-        if not p.admin:
+        if not authz.is_cluster_admin(s, p):
             raise forbidden("only an admin, the task's agent or the task itself can post its logs")
         return
     if p.kind is TokenKind.ALLOCATION:

@@ -30,6 +30,7 @@ from control_plane.errors import (
     not_found,
 )
 from control_plane.master import Master
+from control_plane.services import authz
 
 log = logging.getLogger("shipyard.users")
 
@@ -184,9 +185,9 @@ def _looks_client_hashed(password: str) -> bool:
 
 
 def set_password(s: Session, master: Master, by: Principal, user_id: int, password: str, *, is_hashed: bool) -> User:
-    """A user changes their own password, an admin anyone's; the user's other sessions end. A
-    128-hex password is taken as a client-side hash even without `is_hashed`."""
-    if by.user_id != user_id and not by.admin:
+    """A user changes their own password, an admin (or ClusterAdmin) anyone's; the user's other
+    sessions end. A 128-hex password is taken as a client-side hash even without `is_hashed`."""
+    if by.user_id != user_id and not authz.is_cluster_admin(s, by):
         raise forbidden("only an admin can change another user's password")
     u = get_user(s, user_id)
     _change_password(s, master, by, u, password, is_hashed=is_hashed or _looks_client_hashed(password))
@@ -209,8 +210,8 @@ class UserChange:
 def change_user(s: Session, master: Master, by: Principal, user_id: int, change: UserChange) -> User:
     u = get_user(s, user_id)
     own = by.user_id == user_id
-    if not by.admin and (not own or change.admin is not None or change.active is not None
-                         or change.username is not None):
+    if (not own or change.admin is not None or change.active is not None or change.username is not None) \
+            and not authz.is_cluster_admin(s, by):
         raise forbidden("only an admin can change that")
     if change.active is False and own:
         raise bad_request("you cannot deactivate yourself", "active")
