@@ -13,9 +13,11 @@ from sqlalchemy.orm import Session
 
 from control_plane.auth import Principal
 from control_plane.core import states as st
+from control_plane.core.rbac import DEFAULT_WORKSPACE_ID, Perm
 from control_plane.db.models import Checkpoint, Experiment, Model, ModelVersion
 from control_plane.errors import Conflict, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
+from control_plane.services import access, authz
 from control_plane.services.experiments import check_label
 from control_plane.services.text import clean_text
 
@@ -76,8 +78,8 @@ class NewModelVersion:
 
 def register_version(s: Session, master: Master, by: Principal, m: Model, new: NewModelVersion) -> ModelVersion:
     """The model's next version, pointing at a live checkpoint; the model's owner or an admin."""
-    if not by.admin and m.owner_id != by.user_id:
-        raise forbidden("only the model's owner or an admin can register versions")
+    authz.require(s, by, Perm.EDIT_MODEL_REGISTRY, workspace_id=DEFAULT_WORKSPACE_ID, what=f"model {m.name!r}",
+                  owner_id=m.owner_id)
     ckpt = s.get(Checkpoint, new.checkpoint_uuid)
     if ckpt is None:
         raise bad_request(f"no checkpoint {new.checkpoint_uuid}", "checkpointUuid")
@@ -99,14 +101,14 @@ def register_version(s: Session, master: Master, by: Principal, m: Model, new: N
 
 def _require_checkpoint_owner(s: Session, by: Principal, ckpt: Checkpoint) -> None:
     """A version holds its checkpoint (no deletion, no GC), so only who could delete the checkpoint
-    may register it: the owner of its experiment, or an admin (also for one without experiment)."""
-    if by.admin:
-        return
+    may register it: who may change its experiment (services/access.py), or an admin (also for one
+    without experiment)."""
     exp = s.get(Experiment, ckpt.experiment_id) if ckpt.experiment_id is not None else None
     if exp is None:
-        raise forbidden(f"checkpoint {ckpt.uuid} has no experiment; only an admin can register it")
-    if exp.owner_id != by.user_id:
-        raise forbidden(f"checkpoint {ckpt.uuid} belongs to another user's experiment")
+        if not authz.is_cluster_admin(s, by):
+            raise forbidden(f"checkpoint {ckpt.uuid} has no experiment; only an admin can register it")
+        return
+    access.require_owner(by, exp)
 
 
 DESCRIPTION_MAX = 10_000
@@ -120,8 +122,8 @@ def edit_model(s: Session, master: Master, by: Principal, m: Model, description:
                notes: str | None = None) -> None:
     """The model's description, labels, metadata (replaced whole, as Determined's PatchModel does)
     and notes; None leaves one as it is. Its owner or an admin."""
-    if not by.admin and m.owner_id != by.user_id:
-        raise forbidden(f"only the model's owner or an admin can edit model {m.name!r}")
+    authz.require(s, by, Perm.EDIT_MODEL_REGISTRY, workspace_id=DEFAULT_WORKSPACE_ID, what=f"model {m.name!r}",
+                  owner_id=m.owner_id)
     if description is not None:
         if len(description) > DESCRIPTION_MAX:
             raise bad_request(f"must be at most {DESCRIPTION_MAX} characters", "description")

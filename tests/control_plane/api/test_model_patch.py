@@ -28,7 +28,7 @@ def test_patch_model_changes_what_it_names_for_owner_or_admin(client, admin_head
     assert (got["description"], got["labels"], got["notes"]) == ("new", ["x", "y"], "# notes")
     # Another user is refused and nothing changes; a rename, bad input and an unknown model say why.
     r = client.patch("/api/v1/models/m1", headers=eve, json={"description": "mine"})
-    assert r.status_code == 403 and "owner or an admin" in r.json()["message"], r.text
+    assert r.status_code == 403 and "belongs to another user" in r.json()["message"], r.text
     assert client.get("/api/v1/models/m1", headers=eve).json()["model"]["description"] == "new"
     for body, field in (({"name": "m2"}, "name"), ({"metadata": [1]}, "metadata"),
                         ({"description": "d" * 10_001}, "description"), ({"labels": [""]}, "labels[0]")):
