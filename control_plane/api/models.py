@@ -14,7 +14,7 @@ from control_plane.api import deps, serializers
 from control_plane.api.wire import Count32, Id, Int32, ProtoWire, ts
 from control_plane.auth import Principal
 from control_plane.db.models import Checkpoint, Model, ModelVersion, User
-from control_plane.errors import bad_request, forbidden
+from control_plane.errors import bad_request
 from control_plane.master import Master
 from control_plane.services import access, checkpoints, models
 
@@ -151,6 +151,5 @@ def get_model_version(modelName: str, modelVersionNum: Id, _p: Principal = Depen
 def gc_experiment(experimentId: Id, p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
                   db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
     exp = access.get_experiment(db, experimentId)
-    if not p.admin and exp.owner_id != p.user_id:
-        raise forbidden("only the experiment's owner or an admin can do this")
+    access.require_owner(p, exp)  # as every change to an experiment (services/authz.py)
     return {"deleting": checkpoints.collect_garbage(db, master, exp)}
