@@ -30,9 +30,9 @@ from control_plane.core import rbac
 from control_plane.core import states as st
 from control_plane.core.expconf import ExperimentConfig
 from control_plane.db.models import Allocation, Experiment, Project, Task, User
-from control_plane.errors import Conflict, FieldProblem, Invalid, NotFound, PermissionDenied
+from control_plane.errors import Conflict, FieldProblem, Invalid, NotFound
 from control_plane.master import Master
-from control_plane.services import pool_capacity
+from control_plane.services import access, pool_capacity
 
 log = logging.getLogger("shipyard.jobs")
 
@@ -284,8 +284,7 @@ def _check_max_slots(exp: Experiment, max_slots: int, field: str) -> None:
 
 def _apply(s: Session, master: Master, p: Principal, exp: Experiment, u: QueueUpdate, where: str) -> None:
     job = exp.job_id or f"experiment-{exp.id}"
-    if not (p.admin or exp.owner_id == p.user_id):
-        raise PermissionDenied(f"job {job!r} belongs to another user: only its owner or an admin may change it")
+    access.require_owner(p, exp)  # its owner, or a role that changes experiments in its workspace
     _check_values(u, where)
     if u.max_slots is not None:
         _check_max_slots(exp, u.max_slots, f"{where}.maxSlots")
