@@ -13,8 +13,9 @@ A local cluster (`det deploy local up`: master on SQLite + 1 agent, process runt
   keep-alive client each, interleaved;
 - throughput: a --mib MiB file the kernel wrote, downloaded through the proxy and directly, 3 times
   each, best of each (MiB/s);
-- the master's CPU time (/proc, Linux) per proxied request and per proxied GiB, beside /health's per
-  request: on a shared machine the wall-clock figures swing with the load, this much less.
+- the master's CPU time (its processes', /proc schedstat, Linux) per proxied request and per proxied
+  GiB, beside /health's per request: on a shared machine the wall-clock figures swing with the
+  load, these much less.
 
     .venv/bin/python benchmarks/notebook_proxy.py                 # ~1 min
     .venv/bin/python benchmarks/notebook_proxy.py --starts 5 --requests 500 --mib 256
@@ -93,13 +94,26 @@ def _write_file(url: str, headers: dict[str, str], nb_id: str, mib: int) -> None
                 break
 
 
-def _cpu_s(pid: int) -> float:
-    """utime + stime of a process (Linux /proc), seconds; 0 where there is no /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants (the master's API workers: api_workers, one per core)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+    tree = [pid]
+    for p in tree:
+        tree += [child for child, parent in parents.items() if parent == p]
+    return tree
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU time of these processes' threads so far (Linux schedstat, nanoseconds); 0 without /proc."""
+    total = 0
+    for pid in pids:
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(stat.read_text().split()[0])
+    return total / 1e9
 
 
 def _latency(client: httpx.Client, path: str, n: int) -> list[float]:
@@ -173,7 +187,7 @@ def main() -> None:
         direct = httpx.Client(base_url=direct_url, headers={"Authorization": f"token {jtoken}"}, timeout=60)
         path = f"/proxy/{nb_id}/api/status"
         proxied_t, direct_t, master_t, health_t = [], [], [], []
-        pid = deploy_local.status(state)["master_pid"]
+        pid = _tree(deploy_local.status(state)["master_pid"])
         cpu = {"proxy": 0.0, "health": 0.0}
         for _ in range(args.requests // 50):  # interleaved, 50 at a time
             c0 = _cpu_s(pid)
