@@ -289,7 +289,10 @@ class AwsStack:
 
 
 def aws_stack(cid: str, moto_reset: str, aws_session: boto3.Session, moto_image: str, pg: str,
-              release: deploy_release.Release, monkeypatch: pytest.MonkeyPatch) -> AwsStack:
+              release: deploy_release.Release, monkeypatch: pytest.MonkeyPatch,
+              env_image: str | None = None) -> AwsStack:
+    """`env_image`: the pools run trials in Docker with this image (`--cpu-env-image`); without it,
+    as processes."""
     port = free_port()
     ec2 = aws_session.client("ec2", region_name=REGION, endpoint_url=moto_reset)
     iam = aws_session.client("iam", region_name=REGION, endpoint_url=moto_reset)
@@ -307,7 +310,8 @@ def aws_stack(cid: str, moto_reset: str, aws_session: boto3.Session, moto_image:
 
     s = AwsSettings(cluster_id=cid, keypair="e2e-key", inbound_cidr="203.0.113.0/24", port=port,
                     agent_ami=moto_image, aux_ami=moto_image, max_dynamic_agents=1, max_idle_agent_period="5m",
-                    container_runtime="process")  # the booted agents run trials as processes
+                    **({"container_runtime": "docker", "cpu_env_image": env_image} if env_image
+                       else {"container_runtime": "process"}))
     facts = render.AwsFacts(master_private_ip="127.0.0.1", bucket=f"shipyard-{cid}-ckpt", subnet_ids=(subnet,),
                             agent_security_group_id=sg, agent_instance_profile=f"shipyard-{cid}-agent",
                             secret_id=secret_arn, endpoint_url=moto_reset, agent_options=dict(AGENT_OPTIONS),

@@ -12,6 +12,13 @@ client (boto3 / google-cloud-storage, at the agent constraints' pins) in the age
 API trial runs there and completes with its checkpoint in the cluster's bucket (moto's S3 / the GCS
 emulator) and its output in the master's trial log API (shipped by that agent). A boot whose wheel is missing from the bucket fails.
 
+On AWS the pools run trials in Docker, the cloud default (`container_runtime: docker`): the agent's
+cloud-init installs Debian's docker.io, shipyard-docker-setup starts the engine, which pulls the
+pool's environment image (`--cpu-env-image`) from a stand-in registry (tests/e2e/registry.py: a
+`docker save` of the bullseye image, python3 and nothing of Shipyard) and the trial runs in a
+container of it, the harness's libraries supplied by the agent (`container_harness_libs`). On GCP
+the pools keep the process runtime (one Docker boot is enough for the suite's time).
+
 What stands in, and how the machine is pointed at it (never by changing the user-data):
 - the cloud API: moto's server / the GCE fake, at the endpoints the rendered master.yaml names;
 - the metadata service and the secret store: for AWS, moto's Secrets Manager and S3 with moto's
@@ -24,7 +31,12 @@ What stands in, and how the machine is pointed at it (never by changing the user
   (STORAGE_EMULATOR_HOST) by the same kind of drop-in, which its trials inherit;
 - the package index: a wheelhouse of exactly the release's pins (tests/e2e/wheelhouse.py), mounted
   read-only and named by PIP_NO_INDEX/PIP_FIND_LINKS in the same drop-in. Debian's apt downloads
-  are kept in a cache outside the repository between runs (a local mirror would do the same).
+  are kept in a cache outside the repository between runs (a local mirror would do the same);
+- the image registry: the stand-in above, on 127.0.0.1 (an insecure registry to Docker by default).
+
+One machine setting that is not a stand-in: the machines share this host's network namespace, so
+the agent's machine gets an /etc/docker/daemon.json (DOCKER_DAEMON_JSON) that keeps its engine off
+that network, where a VM's engine would have its own.
 
 Needs a Docker engine, debootstrap and the Debian mirror (both images are built once and cached).
 Measured on the 2-core test machine with warm caches: AWS 261 s, GCP 220 s (the master answers
@@ -37,6 +49,7 @@ body, teardown under 1 s, 30-50 s once at the module's end (busy shared cores)."
 from __future__ import annotations
 
 import base64
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -61,6 +74,7 @@ from tests.e2e.boot import Cloud, EmulatedInstance, FakeMetadataServer
 from tests.e2e.cloud_image import CACHE_DIR, ImageUnavailable, ensure_image
 from tests.e2e.conftest import REGION
 from tests.e2e.container_boot import ContainerBootHarness, join_removals, metadata_address
+from tests.e2e.registry import SavedImageRegistry, saved_image
 from tests.e2e.test_deploy_boot import (
     DeployGceCloud,
     DeployMotoCloud,
@@ -77,6 +91,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.timeout
 
 WHEELHOUSE = "/var/cache/shipyard-wheelhouse"
 MASTER_UNIT = "shipyard-master.service"
+# The machine shares this host's network namespace (host networking), where a Docker engine's
+# defaults add a docker0 bridge (172.17.0.1/16 and its route), ip_forward, the DOCKER chains and a
+# MASQUERADE rule, all left behind when it stops. On a cloud VM they would be the VM's own; here the machine's platform keeps the
+# engine off the network, as the image keeps systemd-networkd off it (tests/e2e/cloud_image.py).
+# Tasks use the host's network (agent/runtime/docker.py), so nothing they need is lost.
+DOCKER_DAEMON_JSON = {"bridge": "none", "iptables": False, "ip-forward": False, "ip-masq": False}
 
 
 class DeployContainerHarness(ContainerBootHarness):
@@ -104,16 +124,29 @@ class DeployContainerHarness(ContainerBootHarness):
 
     def machine_binds(self, inst: EmulatedInstance) -> dict[str, dict[str, str]]:
         if inst.id != self.master_id:
-            # The agents' machines: only where the bucket is (GCP: the emulator; on AWS the storage
-            # config names moto's endpoint and the credentials come from IMDS, as on EC2).
+            # The agents' machines: where the bucket is (GCP: the emulator; on AWS the storage
+            # config names moto's endpoint and the credentials come from IMDS, as on EC2), Debian's
+            # downloads kept between runs, and the engine's settings for a shared network.
+            binds = {str(apt_cache("bullseye")): {"bind": "/var/cache/apt/archives", "mode": "rw"}}
             env = {k: v for k, v in self.master_env.items() if k == "STORAGE_EMULATOR_HOST"}
-            return {str(stand_ins_dropin(inst, env)): {"bind": "/etc/systemd/system.conf.d", "mode": "ro"}} if env else {}
+            if env:
+                binds[str(stand_ins_dropin(inst, env))] = {"bind": "/etc/systemd/system.conf.d", "mode": "ro"}
+            if "docker.io" in inst.doc.get("packages", []):
+                daemon_json = inst.sandbox / "daemon.json"
+                daemon_json.write_text(json.dumps(DOCKER_DAEMON_JSON))
+                binds[str(daemon_json)] = {"bind": "/etc/docker/daemon.json", "mode": "ro"}
+            return binds
         conf = stand_ins_dropin(inst, self.master_env)
-        apt = CACHE_DIR.parent / "apt-archives-bookworm"
-        (apt / "partial").mkdir(parents=True, exist_ok=True)
         return {str(conf): {"bind": "/etc/systemd/system.conf.d", "mode": "ro"},
                 str(self.wheelhouse): {"bind": WHEELHOUSE, "mode": "ro"},
-                str(apt): {"bind": "/var/cache/apt/archives", "mode": "rw"}}
+                str(apt_cache("bookworm")): {"bind": "/var/cache/apt/archives", "mode": "rw"}}
+
+
+def apt_cache(suite: str) -> Path:
+    """Debian's downloads for `suite`, kept outside the repository between runs (a local mirror would do the same)."""
+    apt = CACHE_DIR.parent / f"apt-archives-{suite}"
+    (apt / "partial").mkdir(parents=True, exist_ok=True)
+    return apt
 
 
 def stand_ins_dropin(inst: EmulatedInstance, env: dict[str, str]) -> Path:
@@ -151,6 +184,17 @@ def images(docker_engine: Any) -> tuple[Any, str, str]:  # noqa: F811
         return client, ensure_image(client, "bookworm"), ensure_image(client, "bullseye")
     except ImageUnavailable as e:
         missing_part(f"a clean image cannot be built: {e}")
+
+
+@pytest.fixture
+def env_registry(images: tuple[Any, str, str]) -> Iterator[SavedImageRegistry]:
+    """The stand-in registry of the pools' environment image: a clean Debian bullseye root with its
+    python3 and nothing of Shipyard (the agents' own clean image, `docker save`d once and cached)."""
+    client, _, bullseye = images
+    registry = SavedImageRegistry(saved_image(client, bullseye, CACHE_DIR.parent / "registry-images"),
+                                  "shipyard-e2e/debian-python", "bullseye")
+    with registry.running():
+        yield registry
 
 
 @pytest.fixture
@@ -270,11 +314,32 @@ def boot_cluster(harness: DeployContainerHarness, master_id: str, port: int, ver
     return uuid
 
 
-def test_aws_master_boots_unmodified_in_a_clean_bookworm_machine_and_runs_a_trial_on_its_agent(
+def assert_ran_in_a_container(harness: DeployContainerHarness, agent: EmulatedInstance, image: str) -> None:
+    """The trial ran in a container of `image` on the agent's own engine (the one its boot
+    installed and shipyard-docker-setup started), which pulled it."""
+    assert "event=docker_ready" in agent.boot_log, agent.boot_log[-3000:]
+    assert re.search(rf"event=task_container_started .* image='{re.escape(image)}'", agent.agent_log), \
+        agent.agent_log[-3000:]
+    rc, out = harness.exec(agent.id, ["docker", "info", "--format", "{{.Driver}} {{.CgroupDriver}}"])
+    print(f"the agent's engine: storage driver, cgroup driver: {out.strip()}")
+    rc, out = harness.exec(agent.id, ["ip", "link", "show", "docker0"])
+    assert rc != 0, out  # no bridge on the network the machine shares with this host
+    rc, out = harness.exec(agent.id, ["sh", "-c", "docker images --format '{{.Repository}}:{{.Tag}}';"
+                                      " docker events --since 0 --until \"$(date +%s)\" --filter type=container"
+                                      " --filter event=start --format '{{.Actor.Attributes.image}}"
+                                      " {{.Actor.Attributes.name}}'"])
+    assert rc == 0, out
+    assert image in out.splitlines(), out  # pulled
+    assert re.search(rf"^{re.escape(image)} shipyard-", out, re.M), out  # the trial's container started
+
+
+def test_aws_master_boots_unmodified_in_a_clean_bookworm_machine_and_runs_a_trial_in_a_container_on_its_agent(
     tmp_path: Path, machines: Machines, moto_reset: str, aws_session: boto3.Session, moto_image: str,
-    pg: str, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    pg: str, monkeypatch: pytest.MonkeyPatch, env_registry: SavedImageRegistry,  # noqa: F811
 ) -> None:
-    st = aws_stack("strict-aws", moto_reset, aws_session, moto_image, pg, machines.release, monkeypatch)
+    # The pools run trials in Docker (the cloud default), their image named by `--cpu-env-image`.
+    st = aws_stack("strict-aws", moto_reset, aws_session, moto_image, pg, machines.release, monkeypatch,
+                   env_image=env_registry.image)
     # The agents' instance profile: IMDS hands its trials moto's credentials, as EC2 would the role's.
     machines.metadata.instance_role = (f"{st.cid}-agent", st.env["AWS_ACCESS_KEY_ID"], st.env["AWS_SECRET_ACCESS_KEY"])
     harness = machines.harness(DeployMotoCloud(moto_reset, st.cid), tmp_path, st.master_id, st.env)
@@ -289,6 +354,8 @@ def test_aws_master_boots_unmodified_in_a_clean_bookworm_machine_and_runs_a_tria
         ec2 = aws_session.client("ec2", region_name=REGION, endpoint_url=moto_reset)
         launched = ec2.describe_instances(InstanceIds=[agent.id])["Reservations"][0]["Instances"][0]
         assert {t["Key"]: t["Value"] for t in launched["Tags"]}["shipyard:pool"] == render.COMPUTE_POOL
+        assert_ran_in_a_container(harness, agent, env_registry.image)
+        assert env_registry.pulled()
     finally:
         harness.stop()
 
