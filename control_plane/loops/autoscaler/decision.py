@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session, aliased
 
 from control_plane.core import states as st
 from control_plane.core.scaling import (
@@ -130,16 +130,25 @@ def boot_times(s: Session, pool: str) -> tuple[timedelta, ...]:
     return tuple(connected - launched for launched, connected in rows if connected >= launched)
 
 
+def arrivals_of(s: Session, pool: str, since: datetime) -> list[Arrival]:
+    """The demand arrivals since `since`: every allocation created then, whatever it became, but
+    not a task's return after it was preempted (a consolidation move, a spot notice, a higher
+    priority): the master made that demand itself, and counted as arriving it would make the idle
+    policy keep instances for work that is not coming (scale-down hysteresis)."""
+    earlier = aliased(Allocation)
+    returned = exists().where(earlier.task_id == Allocation.task_id, earlier.created_at < Allocation.created_at,
+                              earlier.end_cause == st.ExitCause.PREEMPTED)
+    return [Arrival(at, slots) for at, slots in s.execute(
+        select(Allocation.created_at, Allocation.slots_needed).where(
+            Allocation.pool == pool, Allocation.created_at > since, ~returned))]
+
+
 def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: PoolLimits,
                   now: datetime, *, hysteresis: bool = True) -> Snapshot:
     """The pending demand, the demand arrivals of the window, and a view of every billed instance
     (live rows, stopping rows, orphans) with its agent's state and work."""
     demand, shapes = _pending_demand(s, pool, limits.slots_per_instance)
-    # The demand arrivals of the window (every allocation created in it, whatever it became):
-    # they predict the next one (scale-down hysteresis).
-    arrivals = [] if not hysteresis else [Arrival(at, slots) for at, slots in s.execute(
-        select(Allocation.created_at, Allocation.slots_needed).where(
-            Allocation.pool == pool, Allocation.created_at > now - limits.arrival_window))]
+    arrivals = [] if not hysteresis else arrivals_of(s, pool, now - limits.arrival_window)
     billed = list(s.scalars(select(Instance).where(Instance.pool == pool,
                                                     Instance.state.in_(st.INSTANCE_BILLED))))
     rows = [r for r in billed if r.state in st.INSTANCE_LIVE]

@@ -917,3 +917,27 @@ def test_a_gang_wider_than_max_instances_launches_nothing_and_keeps_no_idle_inst
     clock.advance(seconds=60)
     scaler.tick()  # and nothing is launched for it later either
     assert len(cloud.launches) == 1 and cloud.billed() == 0
+
+
+def test_a_preempted_tasks_return_is_not_an_arrival(loop_master: Master, clock: FakeClock) -> None:
+    """The idle policy's arrivals (decision.arrivals_of): a trial moved by consolidation, a spot
+    notice or a higher priority comes back as a new allocation of the same task; that is demand the
+    master made, not demand arriving, so it does not keep instances idle for more."""
+    from control_plane.core.states import ExitCause
+    from control_plane.loops.autoscaler.decision import arrivals_of
+
+    for k in range(3):
+        add_allocation(loop_master, f"new{k}", slots=2, state="terminated", created_at=T0 - timedelta(minutes=k + 1))
+    add_allocation(loop_master, "moved-1", state="terminated", created_at=T0 - timedelta(minutes=10))
+    add_allocation(loop_master, "crashed-1", state="terminated", created_at=T0 - timedelta(minutes=10))
+    with transaction(loop_master.sessions) as s:
+        for first, cause in (("moved-1", ExitCause.PREEMPTED), ("crashed-1", ExitCause.EXITED)):
+            row = s.get(Allocation, first)
+            assert row is not None
+            row.end_cause = cause
+            s.add(Allocation(id=first.replace("-1", "-2"), task_id=row.task_id, pool=ELASTIC, slots_needed=1,
+                             state="pending", created_at=T0 - timedelta(minutes=5)))
+    with loop_master.read_sessions() as s:
+        got = sorted((a.slots, (T0 - a.at).total_seconds()) for a in arrivals_of(s, ELASTIC, T0 - timedelta(minutes=30)))
+    # The three new ones and both first allocations; the crashed trial's restart counts, the moved one's not.
+    assert got == [(1, 300.0), (1, 600.0), (1, 600.0), (2, 60.0), (2, 120.0), (2, 180.0)]
