@@ -31,8 +31,7 @@ def _change(mode: str) -> Any:
                 master: Master = Depends(deps.get_master),
                 db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
         serializers.reject_nul(resourcePoolName=resourcePoolName, workspaceNames=body.workspace_names)
-        ids = pool_bindings.workspace_ids(db, body.workspace_ids, body.workspace_names)
-        pool_bindings.change(db, master, p, resourcePoolName, ids, mode=mode)
+        pool_bindings.change(db, master, p, resourcePoolName, body.workspace_ids, body.workspace_names, mode=mode)
         return {}
 
     handler.__name__ = f"{mode}_pool_bindings"

@@ -47,9 +47,12 @@ def bound(s: Session, pool: str) -> list[int]:
                           .order_by(PoolWorkspaceBinding.workspace_id)))
 
 
-def change(s: Session, master: Master, by: Principal, pool: str, ws_ids: Sequence[int], *, mode: str) -> None:
-    """mode: "add", "remove" or "replace" the pool's bindings with `ws_ids`."""
+def change(s: Session, master: Master, by: Principal, pool: str, ids: Sequence[int], names: Sequence[str], *,
+           mode: str) -> None:
+    """mode: "add", "remove" or "replace" the pool's bindings with the workspaces named by id or
+    name. Authorized first: a caller who may not bind learns nothing of which workspaces exist."""
     authz.require(s, by, Perm.MODIFY_RP_WORKSPACE_BINDINGS, workspace_id=None, what=f"resource pool {pool!r}")
+    ws_ids = workspace_ids(s, ids, names)
     _pool(master, pool)
     if pool == master.config.default_resource_pool and ws_ids and mode != "remove":
         raise bad_request(f"{pool!r} is the cluster's default pool; it cannot be bound to workspaces",

@@ -428,8 +428,9 @@ ROUTES: dict[tuple[str, str], Row] = {
                                                             ok=frozenset({404})),
     ("POST", "/api/v1/resource-pools/{name}/enable"): Row(ADMIN, post("/api/v1/resource-pools/default/enable"),
                                                           ok=frozenset({400})),  # not torn down
+    # An unknown workspace: 400 only once authorized (who may not bind learns nothing of the names).
     ("POST", "/api/v1/resource-pools/{resourcePoolName}/workspace-bindings"): Row(ADMIN, post(
-        "/api/v1/resource-pools/team/workspace-bindings", {"workspaceNames": ["W"]})),
+        "/api/v1/resource-pools/team/workspace-bindings", {"workspaceNames": ["W", "nope"]}), ok=frozenset({400})),
     ("DELETE", "/api/v1/resource-pools/{resourcePoolName}/workspace-bindings"): Row(ADMIN, lambda w, who: Req(
         "DELETE", "/api/v1/resource-pools/team/workspace-bindings", json={"workspaceNames": ["W"]})),
     ("PUT", "/api/v1/resource-pools/{resourcePoolName}/workspace-bindings"): Row(ADMIN, lambda w, who: Req(
