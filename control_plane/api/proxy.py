@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -59,31 +60,32 @@ _ROUTE = SimpleNamespace(path_format="/proxy/{taskId}/{path}")
 
 
 class TargetCache:
-    """(session token, task id) -> (host:port, Jupyter token) for TARGET_TTL_S (monotonic clock)."""
+    """(session token, task id) -> (host:port, Jupyter token) for TARGET_TTL_S (monotonic clock).
+    Filled from the route's worker thread, read on the event loop: a lock keeps the two apart."""
 
-    def __init__(self, ttl_s: float | None = None, size: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s, self.size, self.clock = ttl_s, size, clock
+    def __init__(self) -> None:
         self._entries: OrderedDict[tuple[str, str], tuple[float, str, str]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, token: str, task_id: str) -> tuple[str, str] | None:
         entry = self._entries.get((token, task_id))
         if entry is None:
             return None
-        if entry[0] <= self.clock():
-            self._entries.pop((token, task_id), None)
+        if entry[0] <= time.monotonic():
+            self.drop(token, task_id)
             return None
         return entry[1], entry[2]
 
     def put(self, token: str, task_id: str, address: str, jtoken: str) -> None:
-        ttl = TARGET_TTL_S if self.ttl_s is None else self.ttl_s
-        self._entries[(token, task_id)] = (self.clock() + ttl, address, jtoken)
-        self._entries.move_to_end((token, task_id))
-        while len(self._entries) > (TARGET_CACHE_SIZE if self.size is None else self.size):
-            self._entries.popitem(last=False)
+        with self._lock:
+            self._entries[(token, task_id)] = (time.monotonic() + TARGET_TTL_S, address, jtoken)
+            self._entries.move_to_end((token, task_id))
+            while len(self._entries) > TARGET_CACHE_SIZE:
+                self._entries.popitem(last=False)
 
     def drop(self, token: str, task_id: str) -> None:
-        self._entries.pop((token, task_id), None)
+        with self._lock:
+            self._entries.pop((token, task_id), None)
 
 
 def target_cache(state: Any) -> TargetCache:
