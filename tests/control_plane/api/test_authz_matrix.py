@@ -7,16 +7,19 @@ database (sqlite and postgres), in process.
 Callers: anonymous; a user with no role; a Viewer, an Editor (through a group) and a WorkspaceAdmin
 of workspace W; a user holding ClusterAdmin cluster-wide (not the admin flag); the records' owner
 (who made P, E, the template while an Editor of W and holds no role in W any more: ownership stands
-on its own); an admin; an agent's credential; the trial's own allocation token. An allowed call
+on its own); an admin; an agent's credential; the allocation token of E's trial, and that of another
+user's trial (code E's owner does not trust, principle 10 of DESIGN.md). An allowed call
 answers 2xx/3xx, or one of the row's `ok` statuses: a request built to pass authorization and then
 fail validation (a made-up record, a state that forbids it), which proves authorization passed. A
 refused one answers 401 (anonymous; the UI's pages redirect to /login, counted as 401), 403, or 404
 where the route hides records (the proxy, a task's context). A destructive call by a caller meant
 to be allowed targets a record made for that call; a refused caller targets the shared one.
 """
+
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -36,7 +39,8 @@ from tests.conftest import ADMIN_PASSWORD, TEST_PASSWORD_HASHING, _from_migrated
 from tests.control_plane.api.test_checkpoints import ckpt_body
 from tests.control_plane.api.test_experiments import CONFIG, create_ok, make_user, only_trial, v1file
 
-CALLERS = ("anon", "none", "viewer", "editor", "wsadmin", "clusteradmin", "owner", "admin", "agent", "alloc")
+CALLERS = ("anon", "none", "viewer", "editor", "wsadmin", "clusteradmin", "owner", "admin", "agent", "alloc",
+           "alloc2")
 USERS = frozenset({"none", "viewer", "editor", "wsadmin", "clusteradmin", "owner", "admin"})
 CLUSTER_ADMIN, WORKSPACE_ADMIN, VIEWER, EDITOR = 1, 2, 4, 5
 
@@ -444,7 +448,8 @@ ROUTES: dict[tuple[str, str], Row] = {
         "updates": [{"jobId": w.job, "priority": 40}]})),
     # -- tasks: commands, notebooks, TensorBoards, shells (launched into Uncategorized)
     ("GET", "/api/v1/tasks"): Row(USER, get("/api/v1/tasks")),
-    ("GET", "/api/v1/tasks/{taskId}"): Row(USER, get("/api/v1/tasks/{command}"), deny={"alloc": 404}),
+    ("GET", "/api/v1/tasks/{taskId}"): Row(USER, get("/api/v1/tasks/{command}"),
+                                            deny={"alloc": 404, "alloc2": 404}),
     # The uploaded context: its owner, an admin, or its own allocation (the trial's token: hidden).
     ("GET", "/api/v1/tasks/{taskId}/context"): Row(OWNER_HIDDEN, get("/api/v1/tasks/{command}/context"), hide=True,
                                                    deny={"agent": 403}),
@@ -644,6 +649,11 @@ def _build(client: TestClient, master: Any) -> World:
     alloc = _token(master, auth.TokenKind.ALLOCATION, trial_id=trial.id, allocation_id=f"{trial.task_id}.1",
                    user_id=ids["owner"])
     headers["alloc"] = {"Authorization": f"Bearer {alloc}"}
+    # Another user's trial (in Uncategorized): its token is code the owner of E does not trust.
+    other = only_trial(master, create_ok(client, headers["none"])["experiment"]["id"])
+    alloc2 = _token(master, auth.TokenKind.ALLOCATION, trial_id=other.id, allocation_id=f"{other.task_id}.1",
+                    user_id=ids["none"])
+    headers["alloc2"] = {"Authorization": f"Bearer {alloc2}"}
     checkpoint = ckpt_body(trial, 1)
     _ok(client.post("/api/v1/checkpoints", headers=headers["alloc"], json=checkpoint))
     model = _ok(client.post("/api/v1/models", headers=owner, json={"name": "mdl"}))["model"]["name"]
@@ -668,6 +678,18 @@ def _build(client: TestClient, master: Any) -> World:
                  checkpoint=checkpoint["uuid"], model=model, template="tmpl", group=group_id,
                  command=command["command"]["id"], notebook=nb_id,
                  tensorboard=tensorboard["tensorboard"]["id"], shell=shell["shell"]["id"], job=exp["jobId"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _quiet() -> Iterator[None]:
+    """Some 4,000 requests: their INFO lines (the access log, httpx) cost more than the requests."""
+    loggers = [logging.getLogger(name) for name in ("httpx", "shipyard.access")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    yield
+    for lg, level in zip(loggers, levels, strict=True):
+        lg.setLevel(level)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -699,7 +721,7 @@ def _own_token(w: World, who: str) -> str:
             s.merge(Agent(id=f"a-{next(w.n)}", pool="default", session_id="s", slots=[], last_seen=w.master.clock()))
             agent_id = f"a-{next(w.n) - 1}"
         return _token(w.master, auth.TokenKind.AGENT_CREDENTIAL, agent_id=agent_id, pool="default")
-    if who == "alloc":
+    if who in ("alloc", "alloc2"):
         return _token(w.master, auth.TokenKind.ALLOCATION, trial_id=w.trial, allocation_id=w.allocation,
                       user_id=w.ids["owner"])
     return login(w.client, who, ADMIN_PASSWORD if who == "admin" else f"{who}-password-1")["Authorization"][7:]
@@ -750,7 +772,9 @@ def test_every_route_is_classified(world: World) -> None:
 @pytest.mark.parametrize("key", list(ROUTES), ids=[f"{m} {p}" for m, p in ROUTES])
 def test_route(world: World, key: tuple[str, str]) -> None:
     row = ROUTES[key]
-    got = {who: _send(world, key, row, who) for who in row.callers}
+    # Another trial's token is tried where E's own is let in (elsewhere E's own is refused already).
+    callers = [who for who in row.callers if who != "alloc2" or "alloc" in row.allowed]
+    got = {who: _send(world, key, row, who) for who in callers}
     wrong = {}
     for who, status in got.items():
         if who in row.allowed:
