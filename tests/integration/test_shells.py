@@ -41,12 +41,14 @@ def test_det_shell_open_runs_a_command_through_the_master_tunnel(cluster_factory
     code, out, _ = det(capfd, cluster.url, "shell", "list")  # type: ignore[arg-type]
     assert code == 0 and shell_id in out and "RUNNING" in out
     assert cluster.client.get(f"/proxy/{shell_id}/").status_code == 400  # HTTP is not SSH
-    # Another user: no such shell, at the API and at the tunnel (with a real session of theirs).
+    # Another user reads the shell as any task (issue 30: reads are open) but never its key, and
+    # the tunnel (with a real session of theirs) is refused as for a task that does not exist.
     admin = cluster.client
     admin.post("/api/v1/users", json={"user": {"username": "eve"}, "password": "eve-password-1"}).raise_for_status()
     eve = httpx.post(cluster.url + "/api/v1/auth/login", json={"username": "eve", "password": "eve-password-1"}).json()
-    assert httpx.get(f"{cluster.url}/api/v1/shells/{shell_id}",
-                     headers={"Authorization": f"Bearer {eve['token']}"}).status_code == 404
+    seen = httpx.get(f"{cluster.url}/api/v1/shells/{shell_id}", headers={"Authorization": f"Bearer {eve['token']}"})
+    assert seen.status_code == 200 and not seen.json()["shell"].get("privateKey"), seen.text
+    assert shell["privateKey"] not in seen.text
     tunnel = subprocess.run([sys.executable, "-m", "cli.tunnel", cluster.url, shell_id], input=b"SSH-2.0-x\r\n",
                             capture_output=True, timeout=30, env={**os.environ, TOKEN_ENV: eve["token"]})
     assert tunnel.returncode == 1 and b"refused the tunnel" in tunnel.stderr and b"404" in tunnel.stderr, tunnel
