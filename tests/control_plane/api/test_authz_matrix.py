@@ -152,7 +152,8 @@ def _task_body(kind: str, experiment: int = 0) -> dict[str, Any]:
 
 
 def _launch(kind: str) -> Callable[[World, str], Req]:
-    return lambda w, who: Req("POST", f"/api/v1/{kind}", json=_task_body(kind))
+    """A launch into W: creating there needs a role (the fixtures' tasks are in Uncategorized)."""
+    return lambda w, who: Req("POST", f"/api/v1/{kind}", json={**_task_body(kind, w.experiment), "workspaceId": w.ws})
 
 
 def _kill_task(kind: str) -> Callable[[World, str], Req]:
@@ -446,7 +447,7 @@ ROUTES: dict[tuple[str, str], Row] = {
     ("GET", "/api/v1/job-queues/stats"): Row(USER, get("/api/v1/job-queues/stats")),
     ("POST", "/api/v1/job-queues"): Row(EDIT_W, lambda w, who: Req("POST", "/api/v1/job-queues", json={
         "updates": [{"jobId": w.job, "priority": 40}]})),
-    # -- tasks: commands, notebooks, TensorBoards, shells (launched into Uncategorized)
+    # -- tasks: commands, notebooks, TensorBoards, shells (launched into W; the fixtures are in Uncategorized)
     ("GET", "/api/v1/tasks"): Row(USER, get("/api/v1/tasks")),
     ("GET", "/api/v1/tasks/{taskId}"): Row(USER, get("/api/v1/tasks/{command}"),
                                             deny={"alloc": 404, "alloc2": 404}),
@@ -457,20 +458,19 @@ ROUTES: dict[tuple[str, str], Row] = {
     # test_proxy.py); a trial's token is told the allocation does not exist.
     ("POST", "/api/v1/allocations/{allocationId}/proxy_address"): Row(frozenset(), post(
         "/api/v1/allocations/{allocation}/proxy_address", {"proxyAddress": "127.0.0.1"}), deny={"alloc": 404}),
-    ("POST", "/api/v1/commands"): Row(USER, _launch("commands")),
+    ("POST", "/api/v1/commands"): Row(CREATE_W, _launch("commands")),
     ("GET", "/api/v1/commands"): Row(USER, get("/api/v1/commands")),
     ("GET", "/api/v1/commands/{commandId}"): Row(USER, get("/api/v1/commands/{command}")),
     ("POST", "/api/v1/commands/{commandId}/kill"): Row(EDIT_1, _kill_task("command")),
-    ("POST", "/api/v1/notebooks"): Row(USER, _launch("notebooks")),
+    ("POST", "/api/v1/notebooks"): Row(CREATE_W, _launch("notebooks")),
     ("GET", "/api/v1/notebooks"): Row(USER, get("/api/v1/notebooks")),
     ("GET", "/api/v1/notebooks/{notebookId}"): Row(USER, get("/api/v1/notebooks/{notebook}")),
     ("POST", "/api/v1/notebooks/{notebookId}/kill"): Row(EDIT_1, _kill_task("notebook")),
-    ("POST", "/api/v1/tensorboards"): Row(USER, lambda w, who: Req("POST", "/api/v1/tensorboards", json={
-        "experimentIds": [w.experiment], "config": {"resources": {"slots": 0}}})),
+    ("POST", "/api/v1/tensorboards"): Row(CREATE_W, _launch("tensorboards")),
     ("GET", "/api/v1/tensorboards"): Row(USER, get("/api/v1/tensorboards")),
     ("GET", "/api/v1/tensorboards/{tensorboardId}"): Row(USER, get("/api/v1/tensorboards/{tensorboard}")),
     ("POST", "/api/v1/tensorboards/{tensorboardId}/kill"): Row(EDIT_1, _kill_task("tensorboard")),
-    ("POST", "/api/v1/shells"): Row(USER, _launch("shells")),
+    ("POST", "/api/v1/shells"): Row(CREATE_W, _launch("shells")),
     ("GET", "/api/v1/shells"): Row(USER, get("/api/v1/shells")),
     ("GET", "/api/v1/shells/{shellId}"): Row(USER, get("/api/v1/shells/{shell}")),
     ("POST", "/api/v1/shells/{shellId}/kill"): Row(EDIT_1, _kill_task("shell")),
