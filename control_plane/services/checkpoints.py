@@ -24,7 +24,7 @@ from control_plane.core import states as st
 from control_plane.db.models import Allocation, Checkpoint, Experiment, Metric, ModelVersion, Trial
 from control_plane.errors import Conflict, FieldProblem, Invalid, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
-from control_plane.services import access, checkpoint_gc, lifecycle
+from control_plane.services import access, authz, checkpoint_gc, lifecycle
 from control_plane.services.metrics import searcher_goal
 
 log = logging.getLogger("shipyard.checkpoints")
@@ -303,18 +303,18 @@ def owned_checkpoints(s: Session, p: Principal, uuids: list[str], field: str) ->
     or, for one without an experiment, be an admin. In request order, without repeats."""
     keys = [canonical_uuid(value, f"{field}[{i}]") for i, value in enumerate(uuids)]
     found = {c.uuid: c for c in s.scalars(select(Checkpoint).where(Checkpoint.uuid.in_(keys)).with_for_update())}
-    missing = [k for k in keys if k not in found]
-    if missing:
-        raise not_found(f"checkpoints {missing}")
     exp_ids = {c.experiment_id for c in found.values() if c.experiment_id is not None}
     exps = {e.id: e for e in s.scalars(select(Experiment).where(Experiment.id.in_(exp_ids)))}
-    for c in found.values():
+    for c in found.values():  # authorized first: the 404 below is for those who may change the rest
         exp = exps.get(c.experiment_id) if c.experiment_id is not None else None
         if exp is None:
-            if not p.admin:
+            if not authz.is_cluster_admin(s, p):
                 raise forbidden(f"checkpoint {c.uuid} has no experiment; only an admin can change it")
             continue
         access.require_owner(p, exp)
+    missing = [k for k in keys if k not in found]
+    if missing:
+        raise not_found(f"checkpoints {missing}")
     return [found[k] for k in dict.fromkeys(keys)]
 
 
@@ -368,7 +368,7 @@ def require_metadata_writer(s: Session, p: Principal, ckpt: Checkpoint) -> None:
             raise forbidden("this token belongs to another trial")
     elif exp is not None:
         access.require_owner(p, exp)
-    elif not p.admin:
+    elif not authz.is_cluster_admin(s, p):
         raise forbidden("only an admin can change this checkpoint")
 
 
