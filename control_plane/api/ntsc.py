@@ -44,6 +44,16 @@ class LaunchRequest(ProtoWire):
     preview: bool = False
 
 
+class SetPriorityRequest(ProtoWire):
+    """v1SetCommandPriorityRequest (and the notebook's, shell's, TensorBoard's): the id is the path's."""
+
+    priority: int
+    command_id: str | None = None
+    notebook_id: str | None = None
+    shell_id: str | None = None
+    tensorboard_id: str | None = None
+
+
 class LaunchTensorboardRequest(LaunchRequest):
     experiment_ids: list[Id] = []
     trial_ids: list[Id] = []
@@ -113,6 +123,12 @@ def _routes(kind: str) -> None:
              master: Master = Depends(deps.get_master),
              db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
         return {single: task_json(tasks.kill(db, master, p, task_id, kind))}
+
+    @router.post(f"{one}/set_priority", name=f"set_{kind}_priority")
+    def set_priority(body: SetPriorityRequest, task_id: str = Path(alias=f"{single}Id"),
+                     p: Principal = Depends(deps.user), master: Master = Depends(deps.get_master),
+                     db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+        return _one(kind, tasks.set_priority(db, master, p, task_id, kind, body.priority), master, p)
 
 
 def _launch_route(kind: str, plural: str) -> None:

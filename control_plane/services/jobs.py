@@ -229,8 +229,9 @@ def _job(s: Session, job_id: str, field: str) -> Experiment:
     exp = s.scalar(select(Experiment).where(Experiment.job_id == job_id))
     task = s.get(Task, job_id) if exp is None else None
     if task is not None:
-        raise _invalid(field, f"job {job_id!r} is a {task.kind}: its priority and pool are set when it is launched "
-                              f"(det {task.kind} kill {job_id} stops it)")
+        raise _invalid(field, f"job {job_id!r} is a {task.kind}: its pool is set when it is launched; "
+                              f"det {task.kind} set priority {job_id} N changes its priority, "
+                              f"det {task.kind} kill {job_id} stops it")
     if exp is None:
         raise NotFound(f"job {job_id!r} not found", [FieldProblem(field, f"no job {job_id!r}")])
     return exp

@@ -218,6 +218,26 @@ def kill(s: Session, master: Master, p: Principal, task_id: str, kind: str | Non
     return view
 
 
+def set_priority(s: Session, master: Master, p: Principal, task_id: str, kind: str, priority: int) -> TaskView:
+    """Determined's SetCommandPriority (and the notebook's, shell's, TensorBoard's): the priority of a
+    task that is queued or running (1–99, lower first) orders it against the pool's other jobs; a task
+    is never preempted, so a running one keeps running. Who may kill it may change it (UPDATE_NSC)."""
+    view = get(s, p, task_id, kind)
+    authz.require(s, p, Perm.UPDATE_NSC, workspace_id=view.task.workspace_id, what=f"{view.task.kind} {task_id}",
+                  owner_id=view.task.owner_id)
+    if not 1 <= priority <= 99:
+        raise bad_request("must be between 1 and 99 (lower runs first)", "priority")
+    if view.alloc.state not in st.ALLOC_LIVE:
+        raise bad_request(f"{view.task.kind} {task_id} has ended", "priority")
+    config = dict(view.task.config or {})
+    config["resources"] = {**(config.get("resources") or {}), "priority": priority}
+    view.task.config = config
+    view.alloc.priority = priority
+    log.info("event=task_priority_set task_id=%s priority=%d", task_id, priority)
+    master.notify(s)
+    return view
+
+
 def set_proxy_address(s: Session, p: Principal, allocation_id: str, address: str) -> None:
     """The task says where it serves (host:port): only its own allocation may."""
     if p.kind is not TokenKind.ALLOCATION or p.allocation_id != allocation_id:

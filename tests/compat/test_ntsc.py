@@ -30,6 +30,8 @@ def test_det_cmd_run_list_kill_and_task_list(det: Det, compat_cluster: CompatClu
     listed = det.ok("cmd", "list")
     assert done in listed and running in listed and "TERMINATED" in listed
     wait_for(lambda: running in det.ok("task", "list"), "the running command in det task list")
+    assert f"Set priority of command {running} to 7" in det.ok("cmd", "set", "priority", running, "7")
+    assert compat_cluster.get(f"/api/v1/commands/{running}")["config"]["resources"]["priority"] == 7
     assert "Killed command" in det.ok("cmd", "kill", running)
     wait_for(lambda: compat_cluster.get(f"/api/v1/commands/{running}")["command"]["state"] == "STATE_TERMINATED",
              "the killed command to end")

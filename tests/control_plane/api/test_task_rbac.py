@@ -77,3 +77,22 @@ def test_tasks_under_roles_and_pool_bindings(client, admin_headers) -> None:  # 
     _ok(client.patch(f"/api/v1/workspaces/{ws}", headers=admin, json={"defaultComputePool": "team"}))
     assert _ok(_launch(client, users["editor"], ws))["command"]["resourcePool"] == "team"
     assert _ok(_launch(client, users["editor"], ws, resources={"slots": 0}))["command"]["resourcePool"] == "default"
+
+    # Determined's set_priority (det cmd|notebook|shell|tensorboard set priority): who may kill it may
+    # change it; the job queue orders it by the new one; out of range or ended is a 400 on priority.
+    queued = _ok(_launch(client, admin, ws, resources={"resource_pool": "team", "slots": 1}))["command"]
+    refused = client.post(f"/api/v1/commands/{queued['id']}/set_priority", headers=users["viewer"], json={"priority": 5})
+    assert refused.status_code == 403 and "has Viewer on workspace" in refused.json()["message"], refused.text
+    changed = _ok(client.post(f"/api/v1/commands/{queued['id']}/set_priority", headers=users["editor"],
+                              json={"priority": 5, "commandId": queued["id"]}))["command"]
+    assert changed["id"] == queued["id"]
+    queue = _ok(client.get("/api/v1/job-queues", headers=admin, params={"resourcePool": "team"}))["jobs"]
+    assert [(j["jobId"], j["priority"]) for j in queue][0] == (queued["id"], 5), queue  # now first (lower runs first)
+    assert _ok(client.get(f"/api/v1/commands/{queued['id']}", headers=admin))["config"]["resources"]["priority"] == 5
+    for priority in (0, 100):
+        bad = client.post(f"/api/v1/commands/{queued['id']}/set_priority", headers=admin, json={"priority": priority})
+        assert bad.status_code == 400 and bad.json()["details"][0]["field"] == "priority", bad.text
+    ended = client.post(f"/api/v1/commands/{killed['id']}/set_priority", headers=admin, json={"priority": 3})
+    assert ended.status_code == 400 and "has ended" in ended.json()["message"], ended.text
+    assert client.post(f"/api/v1/notebooks/{queued['id']}/set_priority", headers=admin,
+                       json={"priority": 3}).status_code == 404  # a command is not a notebook
