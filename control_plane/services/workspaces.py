@@ -330,7 +330,10 @@ def delete_project(s: Session, by: Principal, p: Project) -> None:
 
 
 def move_project(s: Session, by: Principal, p: Project, dest: Workspace) -> None:
+    """Who may change the project, and create projects in the destination (as Determined's
+    MoveProject): an Editor of one workspace moves nothing into a workspace where they hold no role."""
     _may_reshape(by, p)
+    access.require_permission(s, by, Perm.CREATE_PROJECT, workspace_id=dest.id, what=f"workspace {dest.id}")
     if dest.archived:
         raise conflict(f"workspace {dest.id} is archived; it takes no projects")
     if s.scalar(select(Project.id).where(Project.workspace_id == dest.id, Project.name == p.name)) is not None:

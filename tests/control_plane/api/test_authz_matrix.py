@@ -95,6 +95,7 @@ class World:
     tokens: dict[str, str]
     ids: dict[str, int]
     ws: int
+    ws_x: int
     project: int
     experiment: int
     trial: int
@@ -508,8 +509,9 @@ ROUTES: dict[tuple[str, str], Row] = {
     ("POST", "/api/v1/projects/{id}/unarchive"): Row(EDIT_W, post("/api/v1/projects/{project}/unarchive")),
     ("PUT", "/api/v1/projects/{projectId}/notes"): Row(EDIT_W, lambda w, who: Req(
         "PUT", f"/api/v1/projects/{w.project}/notes", json={"notes": [{"name": who, "contents": ""}]})),
-    ("POST", "/api/v1/projects/{projectId}/move"): Row(EDIT_W, lambda w, who: Req(
-        "POST", f"/api/v1/projects/{_fresh_project(w)}/move", json={"destinationWorkspaceId": 1})),
+    # Into X, the admin's workspace where no one else holds a role: creating there needs one.
+    ("POST", "/api/v1/projects/{projectId}/move"): Row(ADMIN, lambda w, who: Req(
+        "POST", f"/api/v1/projects/{_fresh_project(w)}/move", json={"destinationWorkspaceId": w.ws_x})),
     # -- templates
     ("GET", "/api/v1/templates"): Row(USER, get("/api/v1/templates")),
     ("GET", "/api/v1/templates/{templateName}"): Row(USER, get("/api/v1/templates/{template}")),
@@ -621,6 +623,7 @@ def _build(client: TestClient, master: Any) -> World:
     headers["admin"] = admin
     ids = {u["username"]: u["id"] for u in _ok(client.get("/api/v1/users", headers=admin))["users"]}
     ws = _ok(client.post("/api/v1/workspaces", headers=admin, json={"name": "W"}))["workspace"]["id"]
+    ws_x = _ok(client.post("/api/v1/workspaces", headers=admin, json={"name": "X"}))["workspace"]["id"]
     group = _ok(client.post("/api/v1/groups", headers=admin, json={"name": "team", "addUsers": [ids["editor"]]}))
     group_id = group["group"]["groupId"]
 
@@ -669,7 +672,7 @@ def _build(client: TestClient, master: Any) -> World:
     headers["agent"] = {"Authorization": f"Bearer {agent}"}
     headers["anon"] = {}
     tokens = {k: v["Authorization"].removeprefix("Bearer ") for k, v in headers.items() if v}
-    return World(client=client, master=master, headers=headers, tokens=tokens, ids=ids, ws=ws, project=project,
+    return World(client=client, master=master, headers=headers, tokens=tokens, ids=ids, ws=ws, ws_x=ws_x, project=project,
                  experiment=exp["id"], trial=trial.id, task_id=trial.task_id, allocation=f"{trial.task_id}.1",
                  checkpoint=checkpoint["uuid"], model=model, template="tmpl", group=group_id,
                  command=command["command"]["id"], notebook=nb_id,
