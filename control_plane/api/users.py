@@ -14,7 +14,7 @@ from control_plane.api import deps
 from control_plane.api.wire import INT32_MAX, Id, Int32, StrictWire, pagination, ts
 from control_plane.auth import Principal
 from control_plane.db.models import User
-from control_plane.errors import not_found
+from control_plane.errors import bad_request, not_found
 from control_plane.master import Master
 from control_plane.services import leadership, users
 
@@ -126,10 +126,19 @@ class UserIn(StrictWire):
     admin: bool = False
     active: bool = True
     display_name: str | None = Field(default=None, max_length=255)
-    # Determined's v1User carries these; accepted and ignored.
+    # Determined's v1User carries these; accepted and ignored (agentUserGroup refused when set: _no_agent_user).
     id: Int32 | None = None
     agent_user_group: dict[str, Any] | None = None
     remote: bool | None = None
+
+
+def _no_agent_user(group: dict[str, Any] | None, field: str) -> None:
+    """`det user link-with-agent-user` (agentUserGroup): Shipyard runs every user's tasks as an
+    account of their own on the agent (never a shared or chosen one, issue 27), so a link would be
+    stored and not obeyed: refused, saying why, rather than accepted and ignored."""
+    if group and any(v not in (None, "", 0) for v in group.values()):
+        raise bad_request("linking a user to an agent user is not supported: Shipyard runs each user's tasks as "
+                          "that user's own uid on the agents (task_uid_base + user id)", field)
 
 
 class PostUserRequest(StrictWire):
@@ -145,6 +154,7 @@ def create_user(
     master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
+    _no_agent_user(body.user.agent_user_group, "user.agentUserGroup")
     new = users.NewUser(username=body.user.username, password=body.password, is_hashed=body.is_hashed,
                         admin=body.user.admin, active=body.user.active, display_name=body.user.display_name)
     return {"user": user_json(users.create_user(db, master, new))}
@@ -207,6 +217,7 @@ def patch_user(
     master: Master = Depends(deps.get_master),
     db: Session = Depends(deps.get_db, scope="function"),
 ) -> dict[str, Any]:
+    _no_agent_user(body.agent_user_group, "agentUserGroup")
     change = users.UserChange(username=body.username, display_name=body.display_name, admin=body.admin,
                               active=body.active, password=body.password, is_hashed=body.is_hashed)
     return {"user": user_json(users.change_user(db, master, p, userId, change))}

@@ -62,6 +62,9 @@ def test_user_create_change_password_deactivate(det: Det, compat_cluster: Compat
     assert login_status(compat_cluster, "compat-bob", "Bob-new-passw0rd") == 200
     assert login_status(compat_cluster, "compat-bob", "Bob-passw0rd") in (401, 403)
     assert "compat-bob" in det.ok("user", "whoami", user="compat-bob", password="Bob-new-passw0rd")
+    linked = det("user", "link-with-agent-user", "compat-bob", "--agent-uid", "1000", "--agent-gid", "1000",
+                 "--agent-user", "bob", "--agent-group", "bob")
+    assert linked.code != 0 and "linking a user to an agent user is not supported" in linked.err, linked
     det.ok("user", "deactivate", "compat-bob")
     bob = [u for u in compat_cluster.get("/api/v1/users")["users"] if u["username"] == "compat-bob"][0]
     assert bob["active"] is False

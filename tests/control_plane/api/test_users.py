@@ -83,6 +83,14 @@ def test_bad_input_is_400_with_field(client, admin_headers) -> None:
     assert r.status_code == 400 and r.json()["details"][0]["field"] == "user.bogus"
     r = client.post("/api/v1/auth/login", content=b"\xff\xfe not json", headers={"content-type": "application/json"})
     assert r.status_code == 400
+    # det user link-with-agent-user: refused, saying why, not stored and ignored; a null one is absent.
+    r = client.post("/api/v1/users", headers=admin_headers, json={"user": {"username": "linked", "agentUserGroup": {
+        "agentUid": 1000, "agentGid": 1000, "agentUser": "alice", "agentGroup": "alice"}}, "password": "x" * 10})
+    assert r.status_code == 400 and r.json()["details"][0]["field"] == "user.agentUserGroup", r.text
+    assert client.get("/api/v1/users/1", headers=admin_headers).status_code == 200
+    r = client.patch("/api/v1/users/1", headers=admin_headers, json={"agentUserGroup": {"agentUid": 0, "agentUser": "root"}})
+    assert r.status_code == 400 and "not supported" in r.json()["message"], r.text
+    assert client.patch("/api/v1/users/1", headers=admin_headers, json={"agentUserGroup": None}).status_code == 200
 
 
 def test_oversized_body_is_413(client, master) -> None:
