@@ -44,7 +44,10 @@ after ~105 s: cloud-init ~65 s of which pip ~45 s; the agent's boot ~55 s), the 
 before the containers were killed rather than removed at teardown (their removal, 20-75 s on the
 vfs driver, now runs in the background and is waited for once, at the module's end). Since, with the
 trial checkpointing to the bucket: AWS 89-143 s, GCP 100-128 s, the failing boot 55-72 s per test
-body, teardown under 1 s, 30-50 s once at the module's end (busy shared cores)."""
+body, teardown under 1 s, 30-50 s once at the module's end (busy shared cores). AWS with Docker:
+146-252 s per body (the same code with the process runtime, run between them: 114 s; ~17 s of the
+difference after the master answers: docker.io's install, the pull, the harness's libraries for the
+image's Python), 366 s with cold caches (Debian's bullseye downloads, the image's `docker save`)."""
 
 from __future__ import annotations
 
