@@ -471,6 +471,10 @@ ROUTES: dict[tuple[str, str], Row] = {
     ("GET", "/api/v1/shells"): Row(USER, get("/api/v1/shells")),
     ("GET", "/api/v1/shells/{shellId}"): Row(USER, get("/api/v1/shells/{shell}")),
     ("POST", "/api/v1/shells/{shellId}/kill"): Row(EDIT_1, _kill_task("shell")),
+    # Priority 0 is out of range: 400 once authorized (owner or UPDATE_NSC in Uncategorized), nothing changed.
+    **{("POST", f"/api/v1/{kind}s/{{{kind}Id}}/set_priority"): Row(EDIT_1, post(
+        f"/api/v1/{kind}s/{{{kind}}}/set_priority", {"priority": 0}), ok=frozenset({400}))
+       for kind in ("command", "notebook", "tensorboard", "shell")},
     # 502: nothing listens at the notebook's address; what passes authorization is forwarded.
     **{(m, "/proxy/{taskId}/{path}"): Row(OWNER_HIDDEN, _proxy(m), hide=True, ok=frozenset({502}))
        for m in ("DELETE", "GET", "OPTIONS", "PATCH", "POST", "PUT")},
