@@ -9,7 +9,6 @@ know: the agent adds it) runs a command through `det shell open`'s tunnel."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,27 +19,11 @@ from tests.agent_bootstrap.test_agent_integration import AgentProcess, wait_for
 from tests.conftest import ADMIN_PASSWORD, LiveMaster
 from tests.docker.conftest import Engine
 from tests.docker.images import SSH_BINARIES
-from tests.docker.test_docker_agent import TRAIN, Api, start_agent
+from tests.docker.test_docker_agent import TRAIN, Api, agents, master, start_agent  # noqa: F401 (fixtures)
 from tests.integration.test_tasks import _execute, det
 from tests.pg import missing_part
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
-
-
-@pytest.fixture
-def master(db_url: str, tmp_path: Path) -> Iterator[LiveMaster]:
-    m = LiveMaster(db_url, tmp_path / "master-state")
-    m.start()
-    yield m
-    m.stop()
-
-
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for a in started:
-        a.stop()
 
 
 def _task(api: Api, kind: str, body: dict[str, Any]) -> str:
@@ -63,7 +46,7 @@ def _kill(api: Api, kind: str, task_id: str) -> None:
 
 
 def test_notebook_tensorboard_and_shell_run_in_the_tasks_image(
-        master: LiveMaster, docker_engine: Engine, tmp_path: Path, agents: list[AgentProcess],
+        master: LiveMaster, docker_engine: Engine, tmp_path: Path, agents: list[AgentProcess],  # noqa: F811
         capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from websockets.sync.client import connect
 
