@@ -80,6 +80,8 @@ class ContainerMount(Wire):
     host_path: str = Field(min_length=1)
     container_path: str = Field(min_length=1)
     read_only: bool = False
+    # Left out when the host path is missing on the agent (a TensorBoard's trial that wrote no events there).
+    optional: bool = False
 
 
 class ContainerSpec(Wire):

@@ -893,7 +893,7 @@ class Agent:
         if not image:
             raise _SetupError(f"no container image for {slot_type} slots: the experiment sets no environment.image "
                               f"and agent {self.agent_id} has no container_image_{slot_type}")
-        mounts = [Mount(m.host_path, m.container_path, m.read_only) for m in c.mounts]
+        mounts = [Mount(m.host_path, m.container_path, m.read_only, m.optional) for m in c.mounts]
         for entry in self.config.container_mounts:
             host, _, inside = entry.partition(":")
             mounts.append(Mount(host, inside or host, read_only=True))

@@ -14,10 +14,11 @@ from shipyard_common.agent_protocol import ContainerMount, ContainerSpec
 
 def task_container_spec(cfg: TaskConfig, device: str, read_only_paths: Sequence[str] = ()) -> ContainerSpec:
     """A command's or notebook's container: the same sections as an experiment's, no checkpoints;
-    `read_only_paths` bound read-only at their own paths (a TensorBoard's shared_fs storages)."""
+    `read_only_paths` bound read-only at their own paths, each left out where the agent lacks it
+    (a TensorBoard's trials' event directories in shared_fs storages)."""
     spec = _spec(cfg.environment, cfg.bind_mounts, device, cfg.resources.shm_size, cfg.resources.memory)
     taken = {m.container_path for m in spec.mounts}
-    extra = [ContainerMount(host_path=p, container_path=p, read_only=True)
+    extra = [ContainerMount(host_path=p, container_path=p, read_only=True, optional=True)
              for p in dict.fromkeys(read_only_paths) if p not in taken]
     return spec.model_copy(update={"mounts": [*extra, *spec.mounts]}) if extra else spec
 

@@ -11,6 +11,7 @@ Every function works inside the caller's transaction and raises control_plane.er
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 from sqlalchemy import select
@@ -72,6 +73,12 @@ def sources(s: Session, cluster_id: str, trial_ids: Sequence[int]) -> list[dict[
 
 
 def shared_fs_paths(sources: Sequence[dict[str, Any]]) -> list[str]:
-    """The shared_fs directories the sources read (a container running the task binds them read-only)."""
-    return list(dict.fromkeys(str(src["storage"]["host_path"]) for src in sources
-                              if src["storage"].get("type") == "shared_fs" and src["storage"].get("host_path")))
+    """The event directories the sources read from shared_fs storages (a container running the task
+    binds each read-only): the trial's own directory, never the rest of the storage (other
+    experiments' checkpoints share it)."""
+    out = []
+    for src in sources:
+        storage = src["storage"]
+        if storage.get("type") == "shared_fs" and storage.get("host_path"):
+            out.append(str(PurePosixPath(storage["host_path"], storage.get("storage_path") or "", src["path"])))
+    return list(dict.fromkeys(out))

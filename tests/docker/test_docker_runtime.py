@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,25 @@ def test_a_task_runs_in_its_container_with_env_mounts_and_logs(docker_engine: En
     assert f"host {os.uname().nodename}\n" in stdout  # host networking (the host's UTS name too)
     assert out.text("stderr") == "err line\n"
     assert runtime.exit_reason(handle) is None
+
+
+def test_an_optional_mount_whose_source_is_missing_is_left_out(docker_engine: Engine, runtime: DockerRuntime,
+                                                                tmp_path: Path, mounts: list[str]) -> None:
+    """A TensorBoard's trial event directories are optional read-only mounts: one the agent lacks
+    (the trial wrote no events there) is left out instead of Docker refusing the container."""
+    present, missing = tmp_path / "events-1", tmp_path / "events-2"
+    present.mkdir()
+    (present / "e.txt").write_text("event")
+    out = Output()
+    spec = launch(docker_engine, tmp_path, mounts, "import os, sys; print(sorted(os.listdir(sys.argv[1])), "
+                  "os.path.exists(sys.argv[2]))", out=out)
+    spec = replace(spec, argv=[*spec.argv, str(present), str(missing)], container=replace(spec.container, mounts=(
+        *spec.container.mounts, *(Mount(str(p), str(p), read_only=True, optional=True) for p in (present, missing)))))
+    handle = runtime.start(spec)
+    assert runtime.wait(handle) == 0, out.text("stderr")
+    runtime.release(handle)
+    assert out.text("stdout") == "['e.txt'] False\n"
+    assert not missing.exists()  # not made on the host either
 
 
 def test_exit_codes_and_an_oom_kill_have_readable_reasons(docker_engine: Engine, runtime: DockerRuntime,

@@ -44,6 +44,7 @@ class Mount:
     host_path: str
     container_path: str
     read_only: bool = False
+    optional: bool = False  # left out when host_path is missing
 
 
 @dataclass(frozen=True)

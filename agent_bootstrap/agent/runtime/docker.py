@@ -182,7 +182,7 @@ class DockerRuntime:
         types = self._sdk.types
         mounts = [types.Mount(target=str(spec.workdir), source=str(spec.workdir), type="bind")]
         mounts += [types.Mount(target=m.container_path, source=m.host_path, type="bind", read_only=m.read_only)
-                   for m in c.mounts]
+                   for m in c.mounts if not (m.optional and not os.path.exists(m.host_path))]
         env = dict(spec.env)
         if spec.run_as is not None:
             mounts += self._account_mounts(c.image, spec)
@@ -524,7 +524,7 @@ def make_bind_sources(mounts: Any, user: str | None) -> None:
     numeric `container_user` as the task directory is. A missing read-only source stays an error."""
     m = _NUMERIC_USER.match(user or "")
     for mount in mounts:
-        if mount.read_only or os.path.exists(mount.host_path):
+        if mount.read_only or mount.optional or os.path.exists(mount.host_path):
             continue
         try:
             os.makedirs(mount.host_path, mode=0o755, exist_ok=True)
