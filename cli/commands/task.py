@@ -23,7 +23,8 @@ EXIT_WAIT_S = 30.0
 
 
 def _common(g: argparse._SubParsersAction, kind: str) -> None:
-    p = g.add_parser("list", aliases=["ls"], help=f"your {kind}s (an admin: everyone's)")
+    p = g.add_parser("list", aliases=["ls"], help=f"your {kind}s (--all: everyone's)")
+    p.add_argument("-a", "--all", action="store_true", help=f"every user's {kind}s")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=list_tasks, kind=kind)
     p = g.add_parser("kill", help=f"stop {kind}s")
@@ -213,7 +214,9 @@ def open_task(args: Any) -> int:
 
 def list_tasks(args: Any) -> int:
     plural = _PATHS[args.kind]
-    items = authed(args).get(f"/api/v1/{plural}")[plural]
+    s = authed(args)
+    users = [] if args.all else [s.get("/api/v1/me")["user"]["username"]]
+    items = s.get(f"/api/v1/{plural}", params={"users": users})[plural]
     if args.json:
         print_json(items)
         return 0

@@ -51,6 +51,14 @@ def test_det_cmd_run_follows_output_and_exits_with_the_status(cluster_factory: A
     assert (cmd["exitCode"], cmd["state"]) == (3, "STATE_TERMINATED")
     code, out, _ = det(capsys, cluster.url, "cmd", "logs", task_id)
     assert code == 0 and "hello from the context" in out
+    # Another user's `det cmd list` shows their own (none); --all shows everyone's (reads are open).
+    cluster.client.post("/api/v1/users", json={"user": {"username": "eve"}, "password": "eve-password-1"}).raise_for_status()
+    code, _out, err = det(capsys, cluster.url, "user", "login", "eve", "--password", "eve-password-1")
+    assert code == 0, err
+    code, out, _ = det(capsys, cluster.url, "cmd", "list")
+    assert code == 0 and task_id not in out, out
+    code, out, _ = det(capsys, cluster.url, "cmd", "list", "--all")
+    assert code == 0 and task_id in out and "admin" in out, out
 
 
 def _execute(ws: Any, code: str) -> str:
