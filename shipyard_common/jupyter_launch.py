@@ -5,8 +5,10 @@ the task's own token), then wait for it, passing a stop signal on.
 Standard library only, and run as `python3 -c <this file's text>` by the master's task spec, so it
 works in the agent's environment and in any image that has Python and JupyterLab. Jupyter serves
 under the master's proxy path (`/proxy/<task id>/`) and requires the per-task token the master
-derives and adds to every proxied request: the browser never sees it, and nobody reaching the
-agent's port directly gets in without it."""
+derives and adds to every proxied request, so nobody reaching the agent's port directly gets in
+without it. Jupyter reads it from JUPYTER_TOKEN in its environment (readable by the task's own uid
+only), never from its command line, which every user of the host can read in /proc. (JupyterLab
+does put it in the page config it serves, i.e. in the owner's browser, through the proxy.)"""
 
 import json
 import os
@@ -72,7 +74,7 @@ def main():
     port = _free_port()
     argv = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=0.0.0.0",
             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.base_url=" + base,
-            "--IdentityProvider.token=" + token, "--ServerApp.allow_origin=*", "--ServerApp.allow_root=True",
+            "--ServerApp.allow_origin=*", "--ServerApp.allow_root=True",
             "--ServerApp.root_dir=" + os.getcwd()]
     child = subprocess.Popen(argv)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -3,7 +3,7 @@ WebSocket, to the address the task reported (services/tasks.py `proxy_target`). 
 task's owner or an admin, by the session they already have (a bearer token, Determined's `auth`
 cookie, or the web UI's session cookie): no token in the URL, nothing that outlives the session.
 Another user's request is answered 404, as for a task that does not exist. The master adds the
-task's Jupyter token to the upstream request; the browser never sees it. A shell's WebSocket is
+task's Jupyter token to the upstream request (JupyterLab's own pages carry it to the owner's browser only). A shell's WebSocket is
 relayed as raw bytes to its sshd's TCP port (`det shell open`'s tunnel, cli/tunnel.py); with the
 master's shell_tunnel_auth: ssh_key (the default, as Determined) a tunnel without a session gets
 through to sshd too, which admits only the owner's key (Determined 0.38.1's tunnel sends none)."""
@@ -41,7 +41,8 @@ router = APIRouter()
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and what the master replaces: never passed through.
 _DROP_UP = frozenset({b"host", b"connection", b"keep-alive", b"proxy-authorization", b"te", b"trailer", b"upgrade",
-                      b"transfer-encoding", b"authorization", b"cookie", b"content-length", b"expect"})
+                      b"transfer-encoding", b"authorization", b"cookie", b"content-length", b"expect",
+                      deps.TASK_TOKEN_HEADER.encode()})  # every credential the master accepts stays here
 _DROP_DOWN = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"trailer", b"upgrade", b"set-cookie"})
 # Request bodies up to this size go whole; larger ones stream. A TCP tunnel reads up to CHUNK bytes at a time.
 WHOLE_BODY_BYTES = 1 << 20
@@ -135,7 +136,7 @@ class ProxyFront:
         self.app, self.state = app, state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/proxy/"):
+        if scope["type"] == "http" and scope["path"].startswith("/proxy/") and scope["method"] in METHODS:
             task_id = scope["path"][7:].partition("/")[0]
             conn = HTTPConnection(scope)
             token = _session_token(conn)

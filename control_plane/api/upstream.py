@@ -16,6 +16,8 @@ import httptools
 
 # Reading from the task pauses while this much of its answer waits to be sent on.
 PAUSE_BYTES = 4 << 20
+# An answer's status line and headers may take this much at most (h11's default is 16 KiB).
+MAX_HEAD_BYTES = 64 << 10
 # Idle keep-alive connections kept per task address.
 IDLE_PER_ADDRESS = 16
 CONNECT_TIMEOUT_S = 30.0
@@ -41,6 +43,7 @@ class _Connection(asyncio.Protocol):
         self.chunks: list[bytes] = []
         self.buffered = 0
         self.received = False  # any byte of this answer
+        self.head_bytes = 0
         self.head_done = False
         self.done = False
         self.error: Exception | None = None
@@ -58,6 +61,11 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._fail(UpstreamError(f"not an HTTP answer: {e}"))
             return
+        if not self.head_done:  # a head that never ends must not grow the master's memory
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(UpstreamError(f"the answer's headers exceed {MAX_HEAD_BYTES >> 10} KiB"))
+                return
         if self.buffered > PAUSE_BYTES and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()

@@ -248,9 +248,17 @@ def set_proxy_address(s: Session, p: Principal, allocation_id: str, address: str
         raise not_found(f"allocation {allocation_id}")
     if task.kind not in READY_ON_ADDRESS:
         raise bad_request(f"a {task.kind} serves nothing through the master's proxy", "proxyAddress")
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise bad_request("must be host:port", "proxyAddress")
+    user, at, hostport = address.rpartition("@")
+    host, _, port = hostport.rpartition(":")
+    shell = task.kind == shells.KIND
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or shell != bool(at and user):
+        raise bad_request("must be user@host:port" if shell else "must be host:port", "proxyAddress")
+    # Only the agent running it: the master relays to this address (a shell's as raw TCP), so
+    # anywhere else would let a task aim the master at the cloud's metadata service or its database.
+    agent = s.get(Agent, alloc.agent_id) if alloc.agent_id else None
+    if agent is None or host not in (agent.addresses or []):
+        raise bad_request(f"must be an address of the agent running the task ({', '.join(agent.addresses or []) if agent else 'none'})",
+                          "proxyAddress")
     # Once: the launcher reports where it listens before any user code can run there; code the
     # user runs later (a notebook cell, a shell session holds the token too) cannot point the
     # master's proxy, or a shell's tunnel, at another host.

@@ -25,3 +25,14 @@ def test_what_the_image_has_is_kept_and_names_it_uses_get_the_id() -> None:
 def test_an_image_without_the_files_gets_just_the_task_entries() -> None:
     passwd, group = with_task_account("", "", name="task", uid=7, gid=8, home="/h")
     assert (passwd, group) == ("task:x:7:8:Shipyard task user:/h:/bin/sh\n", "task:x:8:\n")
+
+
+def test_files_are_written_once_by_content_in_the_agents_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from agent_bootstrap.agent.runtime.accounts import write_file
+
+    a = write_file(tmp_path / "task-etc", "passwd", "root:x:0:0::/root:/bin/sh\n")
+    assert a.read_text() == "root:x:0:0::/root:/bin/sh\n" and oct(a.stat().st_mode & 0o777) == "0o644"
+    assert write_file(tmp_path / "task-etc", "passwd", "root:x:0:0::/root:/bin/sh\n") == a
+    b = write_file(tmp_path / "task-etc", "passwd", "other\n")
+    assert b != a and b.read_text() == "other\n" and a.read_text() == "root:x:0:0::/root:/bin/sh\n"
+    assert [p.name for p in a.parent.iterdir()] == ["passwd"]  # no temporary left

@@ -9,7 +9,13 @@ Works on Python 3.9 (the agent's floor)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
 from typing import Optional
+
+# An image's /etc/passwd or /etc/group larger than this is not read (the agent's memory).
+MAX_FILE_BYTES = 1 << 20
 
 
 def _ids(text: str, column: int) -> dict[str, str]:
@@ -46,3 +52,22 @@ def with_task_account(passwd: str, group: str, *, name: str, uid: int, gid: int,
 
 def _append(text: str, line: str) -> str:
     return (text if not text or text.endswith("\n") else text + "\n") + line + "\n"
+
+
+def write_file(root: Path, name: str, text: str) -> Path:
+    """`text` as root/<its digest>/<name> (0644, directories 0755), written once: a file bound into
+    containers, in a directory only the agent writes. Written to a temporary name and renamed."""
+    data = text.encode()
+    folder = root / hashlib.sha256(data).hexdigest()[:24]
+    path = folder / name
+    if path.is_file() and not path.is_symlink():
+        return path
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    os.chmod(root, 0o755)
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path

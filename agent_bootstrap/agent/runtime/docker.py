@@ -142,6 +142,7 @@ class DockerRuntime:
         self.harness_libs = harness_libs.HarnessLibs(options.work_dir / "harness-libs") if options.harness_libs else None
         self._pythons: dict[Any, Any] = {}  # (image id, PATH, read-only mounts) → its python3's (major, minor)
         self._etc: dict[str, tuple[str, str]] = {}  # image id → its /etc/passwd and /etc/group
+        self.etc_root = options.work_dir / "task-etc"  # the account files bound into containers (root's)
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -293,8 +294,9 @@ class DockerRuntime:
 
     def _account_mounts(self, image: str, spec: LaunchSpec) -> list[Any]:
         """/etc/passwd and /etc/group with the task's user and group (runtime/accounts.py), bound
-        read-only over the image's where it lacks them; written by the agent (root-owned, 0644) in
-        the task directory's .shipyard-etc. An image whose files cannot be read gets none."""
+        read-only over the image's where it lacks them; written by the agent (root-owned, 0644) under
+        its own work directory, named by their content (never in the task's directory, which the
+        task's user owns). An image whose files cannot be read gets none."""
         assert spec.run_as is not None
         try:
             image_id = self.client.api.inspect_image(image)["Id"]
@@ -312,14 +314,10 @@ class DockerRuntime:
             name = "task"
         files = accounts.with_task_account(*self._etc[image_id], name=name, uid=uid, gid=gid, home=str(spec.workdir))
         out = []
-        etc = spec.workdir / ".shipyard-etc"
         for target, text in zip(("/etc/passwd", "/etc/group"), files):
             if text is None:
                 continue
-            etc.mkdir(mode=0o755, exist_ok=True)
-            path = etc / Path(target).name
-            path.write_text(text)
-            path.chmod(0o644)
+            path = accounts.write_file(self.etc_root, Path(target).name, text)
             out.append(self._sdk.types.Mount(target=target, source=str(path), type="bind", read_only=True))
         return out
 
@@ -333,6 +331,8 @@ class DockerRuntime:
             stream, _stat = self.client.api.get_archive(container["Id"], path)
             with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
                 member = tar.next()
+                if member is not None and member.size > accounts.MAX_FILE_BYTES:
+                    raise ValueError(f"{path} is {member.size} bytes")
                 f = tar.extractfile(member) if member is not None else None
                 return f.read().decode("utf-8", errors="replace") if f is not None else ""
         except self._sdk.errors.NotFound:

@@ -94,6 +94,9 @@ def test_proxy_sessions_owner_only_and_upstream_credentials(client, admin_header
         sent = {k.lower(): v for k, v in seen["headers"].items()}
         assert sent["authorization"] == f"token {jupyter_token(master, nb_id)}"
         assert "cookie" not in sent
+    # Determined's task-token header is a credential too: never passed on to the task.
+    r = client.get(f"/proxy/{nb_id}/api/status", headers={"grpc-metadata-x-allocation-token": admin_headers["Authorization"]})
+    assert r.status_code == 200 and "grpc-metadata-x-allocation-token" not in {k.lower() for k in r.json()["headers"]}
     client.cookies.clear()
     with master.sessions() as s:
         assert s.get(Task, nb_id).last_activity_at is not None
@@ -143,3 +146,31 @@ def test_proxy_streams_large_bodies_head_and_a_task_that_went_away(client, admin
     cache.put(admin_headers["Authorization"][7:], nb_id, "127.0.0.1:9", jupyter_token(master, nb_id))
     assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 200
     assert cache.get(admin_headers["Authorization"][7:], nb_id) == (upstream, jupyter_token(master, nb_id))
+
+
+def test_an_answer_whose_headers_never_end_is_a_502_not_the_masters_memory(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    """A task's server that sends a status line and then headers without end: the proxy gives up at
+    upstream.MAX_HEAD_BYTES (502) instead of buffering them."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    sent = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            try:
+                for _ in range(4096):  # up to 16 MiB of headers
+                    conn.sendall(b"X-Endless: " + b"a" * 4085 + b"\r\n")
+                    sent.append(1)
+            except OSError:
+                pass  # the proxy hung up
+
+    threading.Thread(target=serve, daemon=True).start()
+    nb_id = serving_notebook(client, admin_headers, master, f"127.0.0.1:{listener.getsockname()[1]}")
+    r = client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers)
+    assert r.status_code == 502, r.text
+    listener.close()
+    assert len(sent) < 4096  # it stopped reading long before the end

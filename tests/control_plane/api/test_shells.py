@@ -54,7 +54,7 @@ def test_shell_keys_owner_only_spec_and_address(client: Any, admin_headers: dict
     assert {s["id"] for s in listed} == {shell["id"], other["id"]} and not any("privateKey" in s for s in listed)
     # Placed: the launcher with the public key; the address it reports names the login account.
     with transaction(master.sessions) as s:
-        s.add(Agent(id="a1", pool="default", session_id="s", slots=[], last_seen=master.clock()))
+        s.add(Agent(id="a1", pool="default", session_id="s", slots=[], last_seen=master.clock(), addresses=["10.0.0.5"]))
     placement.tick(master)
     with transaction(master.sessions) as s:
         alloc = s.scalar(select(Allocation).where(Allocation.task_id == shell["id"]))
@@ -63,16 +63,21 @@ def test_shell_keys_owner_only_spec_and_address(client: Any, admin_headers: dict
     assert spec.argv[:2] == ["python3", "-c"] and "sshd" in spec.argv[2]
     assert spec.env["SHIPYARD_SSH_PUBLIC_KEY"] == shell["publicKey"] and spec.env["DET_TASK_TYPE"] == "SHELL"
     assert shell["privateKey"] not in str(spec.env)
-    r = client.post(f"/api/v1/allocations/{alloc_id}/proxy_address", headers={"Authorization": f"Bearer {spec.token}"},
-                    json={"proxyAddress": "alice@10.0.0.5:2222"})
+    def report(address: str) -> Any:
+        return client.post(f"/api/v1/allocations/{alloc_id}/proxy_address",
+                           headers={"Authorization": f"Bearer {spec.token}"}, json={"proxyAddress": address})
+    # Only an address of the agent running it: the master relays a shell's tunnel there as raw TCP,
+    # so anything else would aim it at the metadata service or the master's database.
+    for elsewhere in ("alice@169.254.169.254:80", "alice@127.0.0.1:5432", "10.0.0.5:2222"):
+        r = report(elsewhere)
+        assert r.status_code == 400 and r.json()["details"][0]["field"] == "proxyAddress", r.text
+    assert "address of the agent running the task (10.0.0.5)" in report("alice@169.254.169.254:80").text
+    r = report("alice@10.0.0.5:2222")
     assert r.status_code == 200, r.text
     assert client.get(f"/api/v1/shells/{shell['id']}", headers=alice).json()["shell"]["agentUserGroup"] == {"user": "alice"}
     # Once reported, the address stays: code in the shell (which holds the token) cannot point the
     # master's tunnel elsewhere; the launcher's retry of the same address is fine.
-    def report(address: str) -> Any:
-        return client.post(f"/api/v1/allocations/{alloc_id}/proxy_address",
-                           headers={"Authorization": f"Bearer {spec.token}"}, json={"proxyAddress": address})
-    moved = report("alice@10.0.0.9:5432")
+    moved = report("alice@10.0.0.5:5432")
     assert moved.status_code == 400 and "cannot move" in moved.text, moved.text
     assert report("alice@10.0.0.5:2222").status_code == 200
     with transaction(master.sessions) as s:  # running and serving: still never culled when idle
