@@ -132,11 +132,12 @@ def boot_times(s: Session, pool: str) -> tuple[timedelta, ...]:
 
 def arrivals_of(s: Session, pool: str, since: datetime) -> list[Arrival]:
     """The demand arrivals since `since`: every allocation created then, whatever it became, but
-    not a task's return after it was preempted (a consolidation move, a spot notice, a higher
-    priority): the master made that demand itself, and counted as arriving it would make the idle
-    policy keep instances for work that is not coming (scale-down hysteresis)."""
+    not a trial's run that follows a preempted one (a consolidation move, a spot notice, a higher
+    priority; also a pause and its resume): the master made that demand itself, and counted as
+    arriving it would make the idle policy keep instances for work that is not coming (scale-down
+    hysteresis). A restart after a crash, or after an instance lost without notice, still counts."""
     earlier = aliased(Allocation)
-    returned = exists().where(earlier.task_id == Allocation.task_id, earlier.created_at < Allocation.created_at,
+    returned = exists().where(earlier.task_id == Allocation.task_id, earlier.run_id == Allocation.run_id - 1,
                               earlier.end_cause == st.ExitCause.PREEMPTED)
     return [Arrival(at, slots) for at, slots in s.execute(
         select(Allocation.created_at, Allocation.slots_needed).where(

@@ -934,10 +934,14 @@ def test_a_preempted_tasks_return_is_not_an_arrival(loop_master: Master, clock: 
         for first, cause in (("moved-1", ExitCause.PREEMPTED), ("crashed-1", ExitCause.EXITED)):
             row = s.get(Allocation, first)
             assert row is not None
-            row.end_cause = cause
-            s.add(Allocation(id=first.replace("-1", "-2"), task_id=row.task_id, pool=ELASTIC, slots_needed=1,
-                             state="pending", created_at=T0 - timedelta(minutes=5)))
+            row.end_cause, row.run_id = cause, 1
+            s.add(Allocation(id=first.replace("-1", "-2"), task_id=row.task_id, pool=ELASTIC, slots_needed=1, run_id=2,
+                             state="terminated", end_cause=ExitCause.EXITED, created_at=T0 - timedelta(minutes=5)))
+        # The moved trial then crashed: its third run is a restart, which counts.
+        s.add(Allocation(id="moved-3", task_id="task-moved-1", pool=ELASTIC, slots_needed=1, run_id=3, state="pending",
+                         created_at=T0 - timedelta(minutes=4)))
     with loop_master.read_sessions() as s:
         got = sorted((a.slots, (T0 - a.at).total_seconds()) for a in arrivals_of(s, ELASTIC, T0 - timedelta(minutes=30)))
-    # The three new ones and both first allocations; the crashed trial's restart counts, the moved one's not.
-    assert got == [(1, 300.0), (1, 600.0), (1, 600.0), (2, 60.0), (2, 120.0), (2, 180.0)]
+    # The three new ones, both first runs, the crashed trial's restart and the moved one's restart
+    # after its crash; not the moved one's second run.
+    assert got == [(1, 240.0), (1, 300.0), (1, 600.0), (1, 600.0), (2, 60.0), (2, 120.0), (2, 180.0)]
