@@ -30,7 +30,10 @@ import pytest
 
 from tests.integration.conftest import pid_alive, trial_config
 
-pytestmark = pytest.mark.integration
+# On PostgreSQL (what a cluster whose master goes away runs on): the master SIGKILLed and restarted
+# on SQLite is tests/integration/test_cluster.py's master_sigkill test, on both databases.
+pytestmark = [pytest.mark.integration, pytest.mark.postgres,
+              pytest.mark.parametrize("db_url", ["postgres"], indirect=True)]
 
 RECONNECT_CAP_S = 2
 OUTAGE_S = 30
