@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.docker.cgroups import mount_all_v1_controllers
 from tests.docker.images import ensure_image, host_mounts
 from tests.pg import missing_part
 
@@ -49,6 +50,7 @@ def docker_engine() -> Iterator[Engine]:
         import docker
     except ImportError:
         missing_part("the docker Python package is not installed")
+    mount_all_v1_controllers()  # else a strict boot's machine breaks Docker's OOM reports here (tests/docker/cgroups.py)
     # A short socket path (unix sockets are limited to ~107 bytes); state on disk, not in /tmp's tmpfs.
     sock_dir = Path(tempfile.mkdtemp(prefix="sy-dockerd-", dir="/tmp"))
     state = Path(tempfile.mkdtemp(prefix="shipyard-dockerd-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
