@@ -229,9 +229,8 @@ def set_priority(s: Session, master: Master, p: Principal, task_id: str, kind: s
         raise bad_request("must be between 1 and 99 (lower runs first)", "priority")
     if view.alloc.state not in st.ALLOC_LIVE:
         raise bad_request(f"{view.task.kind} {task_id} has ended", "priority")
-    config = dict(view.task.config or {})
-    config["resources"] = {**(config.get("resources") or {}), "priority": priority}
-    view.task.config = config
+    cfg = config_of(view.task)
+    view.task.config = config_dict(cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"priority": priority})}))
     view.alloc.priority = priority
     log.info("event=task_priority_set task_id=%s priority=%d", task_id, priority)
     master.notify(s)
