@@ -73,16 +73,20 @@ def serve(config, *, wrap_provider: ProviderWrapper | None = None, options: list
 def _uvicorn_config(app, config, **where):  # type: ignore[no-untyped-def]
     import uvicorn
 
+    from control_plane.api.splice import SpliceHttpToolsProtocol
+
     # keep-alive longer than clients back off after a 503 (up to 15 s), so a client coming back
     # does not race the server closing its idle connection (a reset instead of an answer).
     # proxy_headers off: uvicorn would believe X-Forwarded-For from loopback; the app believes it
     # from config.trusted_proxies only (api/app.py).
     # security.tls: HTTPS on the same port (uvicorn loads the pair once, at start).
+    # http: uvicorn's httptools protocol, plus zero-copy bodies for the task proxy (api/splice.py).
     tls = config.security.tls
     if tls.cert is not None:
         where = {**where, "ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
     return uvicorn.Config(app, log_level=config.log_level, access_log=False, timeout_graceful_shutdown=5,
-                          log_config=None, timeout_keep_alive=75, proxy_headers=False, **where)
+                          log_config=None, timeout_keep_alive=75, proxy_headers=False,
+                          http=SpliceHttpToolsProtocol, **where)
 
 
 def _prepared(config):  # type: ignore[no-untyped-def]

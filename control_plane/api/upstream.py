@@ -42,13 +42,16 @@ class _Connection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: list[bytes] = []
         self.buffered = 0
+        self.body_bytes = 0  # of this answer's body, parsed
         self.received = False  # any byte of this answer
         self.head_bytes = 0
         self.head_done = False
+        self.keep_alive = False  # the answer lets the connection serve another request
         self.done = False
         self.error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self.stopped: asyncio.Future[None] | None = None  # done when the answer is abandoned (splice)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -99,11 +102,14 @@ class _Connection(asyncio.Protocol):
             self.headers = []
             return
         self.head_done = True
+        # Asked here: once the message is complete, llhttp has cleared what it knew of its framing.
+        self.keep_alive = self.parser.should_keep_alive()
         self._wake()
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
         self.buffered += len(body)
+        self.body_bytes += len(body)
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -114,6 +120,8 @@ class _Connection(asyncio.Protocol):
     def _fail(self, error: Exception) -> None:
         self.error = error
         self.closed = True
+        if self.stopped is not None and not self.stopped.done():
+            self.stopped.set_result(None)
         if self.transport is not None:
             self.transport.close()
         self._wake()
@@ -162,6 +170,34 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def take_rest(self, least: int) -> tuple[bytes, int, int] | None:
+        """For a splice (api/splice.py): when at least `least` bytes of a Content-Length body are
+        still to come, stop reading them and answer (the body parsed so far, the socket's descriptor,
+        the bytes still in it); else None."""
+        length = next((v for k, v in self.headers if k == b"content-length"), None)
+        if (self.done or self.error is not None or self.transport is None or length is None or not length.isdigit()
+                or any(k == b"transfer-encoding" for k, _ in self.headers)):
+            return None
+        rest = int(length) - self.body_bytes
+        sock = self.transport.get_extra_info("socket")
+        if rest < least or sock is None:
+            return None
+        self.transport.pause_reading()  # what is left stays in the kernel, for splice(2)
+        self._paused = True
+        self.stopped = asyncio.get_running_loop().create_future()
+        data = b"".join(self.chunks)
+        self.chunks.clear()
+        self.buffered = 0
+        return data, sock.fileno(), rest
+
+    def spliced(self, whole: bool) -> None:
+        """After take_rest: the rest of the body went (the connection can serve another request),
+        or not (it is closed)."""
+        if whole:
+            self.done = True
+        else:
+            self.abort()
+
 
 class Answer:
     """A task's answer: status, headers (names lowercased), and its body to iterate once; `release`
@@ -184,9 +220,20 @@ class Answer:
         self._conn.abort()
         self._conn._fail(UpstreamError("the caller left"))
 
+    def take_rest(self, least: int) -> tuple[bytes, int, int] | None:
+        return None if self._head_only else self._conn.take_rest(least)
+
+    @property
+    def stopped(self) -> asyncio.Future[None] | None:
+        return self._conn.stopped
+
+    def spliced(self, whole: bool) -> None:
+        self._conn.spliced(whole)
+
     def release(self) -> None:
         conn = self._conn
-        if conn.done and not conn.chunks and not conn.closed and not self._head_only and conn.parser.should_keep_alive():
+        # After HEAD the answer ends with its head (its parser, which did not know, is replaced in put).
+        if (conn.done or self._head_only) and not conn.chunks and not conn.closed and conn.keep_alive:
             self._pool.put(self._address, conn)
         else:
             conn.abort()
@@ -206,7 +253,10 @@ class Pool:
     def put(self, address: str, conn: _Connection) -> None:
         idle = self._idle.setdefault(address, [])
         if len(idle) < IDLE_PER_ADDRESS:
+            paused = conn._paused
             conn._reset()
+            if paused and conn.transport is not None:  # after a splice: a close is noticed while idle
+                conn.transport.resume_reading()
             idle.append(conn)
         else:
             conn.abort()
