@@ -27,6 +27,7 @@ from control_plane.core.expconf import (
     parse_experiment_config,
 )
 from control_plane.core.expconf.defaults import merge_storage
+from control_plane.core.host_access import host_access_refusal
 from control_plane.core.metrics import better
 from control_plane.core.rbac import Perm
 from control_plane.db.models import (
@@ -150,13 +151,10 @@ def validate(s: Session, master: Master, new: NewExperiment) -> ValidatedExperim
     if unservable is not None:
         raise bad_request(unservable, "config.resources.slots_per_trial")
     if not master.config.allow_task_host_access:
-        for field_name, asked in (("config.bind_mounts", cfg.bind_mounts),
-                                  ("config.resources.devices", cfg.resources.devices),
-                                  ("config.environment.add_capabilities", cfg.environment.add_capabilities)):
-            if asked:
-                raise bad_request(
-                    "refused: a trial gets only its task directory and its checkpoint storage; host paths, "
-                    "devices and capabilities need allow_task_host_access in the master config", field_name)
+        # On the merged config: the user's, the template's and the workspace's storage alike.
+        refused = host_access_refusal(cfg, master.config.default_checkpoint_storage)
+        if refused is not None:
+            raise bad_request(refused.reason, refused.field)
     if cfg.name is not None and len(cfg.name) > NAME_MAX:
         raise bad_request(f"must be at most {NAME_MAX} characters", "config.name")
 

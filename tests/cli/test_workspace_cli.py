@@ -19,11 +19,11 @@ def test_workspaces_projects_templates(admin_det: Det, tmp_path: Path, model_dir
     tag = tmp_path.name[-8:].replace("_", "")  # the package's master is shared: unique names
     ws = f"ws{tag}"
     r = admin_det("workspace", "create", ws, "--checkpoint-storage-config",
-                  json.dumps({"type": "shared_fs", "host_path": "/mnt/ws"}))
-    assert r.code == 0 and ws in r.out and "/mnt/ws" in r.out, r.err
+                  json.dumps({"type": "s3", "bucket": "ws-ckpts"}))
+    assert r.code == 0 and ws in r.out and "ws-ckpts" in r.out, r.err
     listed = json.loads(admin_det("workspace", "list", "--json").out)
     assert {"Uncategorized", ws} <= {w["name"] for w in listed}
-    assert "/mnt/ws" in admin_det("workspace", "describe", ws).out
+    assert "ws-ckpts" in admin_det("workspace", "describe", ws).out
     assert "already exists" in one_error_line(admin_det("workspace", "create", ws))
     assert "not found" in one_error_line(admin_det("workspace", "describe", f"{ws}-nope"))
     assert "defaultComputePool" in one_error_line(admin_det("workspace", "edit", ws, "--default-compute-pool", "x"))

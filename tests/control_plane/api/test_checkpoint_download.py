@@ -17,6 +17,8 @@ from tests.control_plane.api.test_experiments import CONFIG, allocation_headers,
 
 
 def test_download_through_the_master(client, admin_headers, master, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # The cluster's own root: another host path needs allow_task_host_access (test_storage_host_access).
+    tmp_path = Path(master.config.default_checkpoint_storage["host_path"])
     config = CONFIG + f"checkpoint_storage:\n  type: shared_fs\n  host_path: {tmp_path}\n"
     trial = only_trial(master, create_ok(client, admin_headers, config)["experiment"]["id"])
     uuid = report_ckpt(client, allocation_headers(master, trial), ckpt_body(trial, 10))

@@ -136,7 +136,9 @@ def test_only_the_owner_or_an_admin_changes(client, admin_headers) -> None:  # t
     assert _ok(client.get(f"/api/v1/projects/{proj['id']}", headers=bob))["project"]["description"] == "by admin"
 
 
-def test_workspace_defaults_apply_when_the_config_is_silent(client, admin_headers) -> None:  # type: ignore[no-untyped-def]
+def test_workspace_defaults_apply_when_the_config_is_silent(client, master, admin_headers) -> None:  # type: ignore[no-untyped-def]
+    # Host paths other than the cluster's storage root (test_storage_host_access) need the setting.
+    master.config = master.config.model_copy(update={"allow_task_host_access": True})
     storage = {"type": "shared_fs", "host_path": "/mnt/team-ckpts", "save_trial_best": 3}
     ws = _ok(client.post("/api/v1/workspaces", headers=admin_headers, json={
         "name": "team", "defaultComputePool": "team", "checkpointStorageConfig": storage}))["workspace"]
