@@ -1,6 +1,7 @@
-"""Checkpoint metadata: report, get, list (per experiment / per trial), delete, patch, metadata.
+"""Checkpoint metadata: report, get, list (per experiment / per trial), delete, patch, metadata,
+and `det checkpoint rm` (removing some files: services/checkpoint_files.py).
 
-The master never touches checkpoint files here. `DELETE /api/v1/checkpoints` moves the rows to
+Deletion never touches checkpoint files here. `DELETE /api/v1/checkpoints` moves the rows to
 STATE_DELETING (shown as STATE_DELETED: the request cannot be undone); the checkpoint GC worker
 deletes the files using the storage config kept on the row and then sets STATE_DELETED.
 """
@@ -20,7 +21,7 @@ from control_plane.core import states as st
 from control_plane.db.models import Checkpoint
 from control_plane.errors import bad_request
 from control_plane.master import Master
-from control_plane.services import access, checkpoints
+from control_plane.services import access, checkpoint_files, checkpoints
 
 router = APIRouter()
 
@@ -165,6 +166,23 @@ def delete_checkpoints(
 ) -> dict[str, Any]:
     ckpts = checkpoints.owned_checkpoints(db, p, body.checkpoint_uuids, "checkpointUuids")
     checkpoints.request_deletion(db, master, ckpts, p)
+    return {}
+
+
+class CheckpointsRemoveFilesRequest(StrictWire):
+    checkpoint_uuids: list[str] = Field(min_length=1, max_length=100_000)
+    checkpoint_globs: list[str] = Field(default_factory=list, max_length=1000)
+
+
+@router.post("/api/v1/checkpoints/rm")
+def remove_checkpoint_files(
+    body: CheckpointsRemoveFilesRequest,
+    p: Principal = Depends(deps.user),
+    master: Master = Depends(deps.get_master),
+    db: Session = Depends(deps.get_db, scope="function"),
+) -> dict[str, Any]:
+    """Determined's CheckpointsRemoveFiles (`det checkpoint rm`): see services/checkpoint_files.py."""
+    checkpoint_files.remove_files(db, master, p, body.checkpoint_uuids, body.checkpoint_globs)
     return {}
 
 

@@ -144,6 +144,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/api/v1/checkpoints"): r.Empty,
     ("DELETE", "/api/v1/checkpoints"): r.Empty,
     ("PATCH", "/api/v1/checkpoints"): r.Empty,
+    ("POST", "/api/v1/checkpoints/rm"): r.Empty,
     ("POST", "/api/v1/checkpoints/{checkpointUuid}/metadata"): r.CheckpointMetadataResponse,
     # trials' harness calls
     ("GET", "/api/v1/trials/{trialId}/searcher/operation"): r.SearcherOperationResponse,

@@ -318,10 +318,8 @@ def owned_checkpoints(s: Session, p: Principal, uuids: list[str], field: str) ->
     return [found[k] for k in dict.fromkeys(keys)]
 
 
-def request_deletion(s: Session, master: Master, ckpts: list[Checkpoint], by: Principal) -> int:
-    """Mark the checkpoints for the GC loop (STATE_DELETING); refuses, changing nothing, if any is
-    in the model registry. A trial whose latest checkpoint goes falls back to its newest remaining
-    completed one. Returns how many were newly marked."""
+def refuse_registered(s: Session, ckpts: list[Checkpoint]) -> None:
+    """A 400 naming each checkpoint held by a model version: their files are never deleted."""
     registered = sorted(set(s.scalars(
         select(ModelVersion.checkpoint_uuid).where(ModelVersion.checkpoint_uuid.in_([c.uuid for c in ckpts]))
     )))
@@ -329,6 +327,13 @@ def request_deletion(s: Session, master: Master, ckpts: list[Checkpoint], by: Pr
         raise Invalid(f"these checkpoints are in the model registry and cannot be deleted: {registered}",
             [FieldProblem("checkpointUuids", f"{u} is registered in the model registry") for u in registered],
         )
+
+
+def request_deletion(s: Session, master: Master, ckpts: list[Checkpoint], by: Principal) -> int:
+    """Mark the checkpoints for the GC loop (STATE_DELETING); refuses, changing nothing, if any is
+    in the model registry. A trial whose latest checkpoint goes falls back to its newest remaining
+    completed one. Returns how many were newly marked."""
+    refuse_registered(s, ckpts)
     marked = 0
     for c in ckpts:
         if c.state not in st.CKPT_GONE:

@@ -114,6 +114,16 @@ class CheckpointStorage(ABC):
         """Copy one file to `key` (a relative POSIX path under the storage's base or prefix,
         outside any checkpoint: TensorBoard's event files), replacing what is there."""
 
+    @abstractmethod
+    def list_files(self, uuid: str) -> dict[str, int]:
+        """Checkpoint `uuid`'s resources as stored now (files with sizes, directories as 'dir/': 0);
+        empty if it is absent."""
+
+    @abstractmethod
+    def delete_files(self, uuid: str, relpaths: list[str]) -> None:
+        """Remove these resources of checkpoint `uuid` (a 'dir/' entry with everything under it).
+        Removing something already gone is not an error."""
+
     def direct_path(self, uuid: str) -> Path | None:
         """A local path where the checkpoint lives, for backends that need no copy (shared_fs)."""
         return None

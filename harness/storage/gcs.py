@@ -102,10 +102,32 @@ class GCSStorage(CheckpointStorage):
             target.parent.mkdir(parents=True, exist_ok=True)
             blob.download_to_filename(str(target))
 
+    def list_files(self, uuid: str) -> dict[str, int]:
+        prefix = self._ckpt_prefix(uuid)
+        out: dict[str, int] = {}
+        for blob in self._client.list_blobs(self.bucket_name, prefix=prefix):
+            rel = blob.name[len(prefix):]
+            if rel:
+                out[rel] = 0 if rel.endswith("/") else int(blob.size or 0)
+        return out
+
+    def delete_files(self, uuid: str, relpaths: list[str]) -> None:
+        prefix = self._ckpt_prefix(uuid)
+        for rel in relpaths:
+            if rel.endswith("/"):
+                self._delete_blobs(prefix + safe_relpath(rel.rstrip("/")).as_posix() + "/")
+            else:
+                self._delete_blobs(prefix + safe_relpath(rel).as_posix(), exact=True)
+
     def delete(self, uuid: str) -> None:
+        self._delete_blobs(self._ckpt_prefix(uuid))
+
+    def _delete_blobs(self, prefix: str, exact: bool = False) -> None:
         from google.api_core.exceptions import NotFound
 
-        for blob in self._client.list_blobs(self.bucket_name, prefix=self._ckpt_prefix(uuid)):
+        for blob in self._client.list_blobs(self.bucket_name, prefix=prefix):
+            if exact and blob.name != prefix:
+                continue
             try:
                 blob.delete()
             except NotFound:

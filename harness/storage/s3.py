@@ -121,8 +121,28 @@ class S3Storage(CheckpointStorage):
             target.parent.mkdir(parents=True, exist_ok=True)
             self._client.download_file(self.bucket, key, str(target))
 
+    def list_files(self, uuid: str) -> dict[str, int]:
+        prefix = self._ckpt_prefix(uuid)
+        out: dict[str, int] = {}
+        for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix):]
+                if rel:
+                    out[rel] = 0 if rel.endswith("/") else int(obj["Size"])
+        return out
+
+    def delete_files(self, uuid: str, relpaths: list[str]) -> None:
+        prefix = self._ckpt_prefix(uuid)
+        whole = [prefix + safe_relpath(r.rstrip("/")).as_posix() + "/" for r in relpaths if r.endswith("/")]
+        keys = {prefix + safe_relpath(r).as_posix() for r in relpaths if not r.endswith("/")}
+        for d in whole:
+            keys.update(self._keys(d))
+        self._delete_keys(sorted(keys), uuid)
+
     def delete(self, uuid: str) -> None:
-        keys = self._keys(self._ckpt_prefix(uuid))
+        self._delete_keys(self._keys(self._ckpt_prefix(uuid)), uuid)
+
+    def _delete_keys(self, keys: list[str], uuid: str) -> None:
         for i in range(0, len(keys), _DELETE_CHUNK):
             chunk = keys[i:i + _DELETE_CHUNK]
             resp = self._client.delete_objects(

@@ -14,6 +14,7 @@ from harness.storage.base import (
     CheckpointStorage,
     StorageConfigError,
     StorageNotWritable,
+    list_resources,
     safe_relpath,
     validate_uuid,
 )
@@ -103,6 +104,19 @@ class SharedFSStorage(CheckpointStorage):
 
     def delete(self, uuid: str) -> None:
         shutil.rmtree(self._dir(uuid), ignore_errors=True)
+
+    def list_files(self, uuid: str) -> dict[str, int]:
+        root = self._dir(uuid)
+        return list_resources(root) if root.is_dir() else {}
+
+    def delete_files(self, uuid: str, relpaths: list[str]) -> None:
+        root = self._dir(uuid)
+        for rel in relpaths:
+            path = root / safe_relpath(rel.rstrip("/"))
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     def check_writable(self) -> None:
         probe = self.base / f"{PROBE_PREFIX}{uuidlib.uuid4().hex}"

@@ -396,6 +396,8 @@ ROUTES: dict[tuple[str, str], Row] = {
     # E's checkpoint and an unknown one: 404 only once authorized for E's (nothing is changed).
     ("DELETE", "/api/v1/checkpoints"): Row(EDIT_W, lambda w, who: Req(
         "DELETE", "/api/v1/checkpoints", json={"checkpointUuids": [w.checkpoint, UNKNOWN_UUID]}), ok=frozenset({404})),
+    ("POST", "/api/v1/checkpoints/rm"): Row(EDIT_W, lambda w, who: Req("POST", "/api/v1/checkpoints/rm", json={
+        "checkpointUuids": [w.checkpoint, UNKNOWN_UUID], "checkpointGlobs": ["model.pt"]}), ok=frozenset({404})),
     ("PATCH", "/api/v1/checkpoints"): Row(EDIT_W, lambda w, who: Req(
         "PATCH", "/api/v1/checkpoints", json={"checkpoints": [{"uuid": w.checkpoint, "resources": {}},
                                                               {"uuid": UNKNOWN_UUID, "resources": {}}]}),
