@@ -1,4 +1,4 @@
-"""det checkpoint list|describe|delete"""
+"""det checkpoint list|describe|delete|rm"""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("uuids", nargs="+", metavar="UUID")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=delete)
+
+    p = g.add_parser("rm", help="remove the files matching globs from checkpoints (no glob: re-read their files)")
+    p.add_argument("uuids", nargs="+", metavar="UUID")
+    p.add_argument("--glob", action="append", default=[], help="a path glob relative to the checkpoint ('**/*': all)")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=remove_files)
 
 
 def rows(ckpts: list[dict[str, Any]]) -> list[list[Any]]:
@@ -108,4 +114,15 @@ def delete(args: Any) -> int:
         return 1
     s.delete("/api/v1/checkpoints", {"checkpointUuids": uuids})
     print(f"Deletion of {len(uuids)} checkpoint(s) requested: {', '.join(uuids)}")
+    return 0
+
+
+def remove_files(args: Any) -> int:
+    uuids = list(dict.fromkeys(args.uuids))
+    if args.glob and not confirm(f"Remove the files matching {', '.join(args.glob)} from {len(uuids)} checkpoint(s)?",
+                                 args.yes):
+        print("Aborted")
+        return 1
+    authed(args).post("/api/v1/checkpoints/rm", {"checkpointUuids": uuids, "checkpointGlobs": args.glob})
+    print(f"{'Removed matching files from' if args.glob else 'Re-read the files of'} {len(uuids)} checkpoint(s)")
     return 0

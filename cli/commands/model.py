@@ -1,4 +1,4 @@
-"""det model create|list|describe|register-version  (Determined's model registry: /api/v1/models)"""
+"""det model create|list|describe|register-version|delete  (Determined's model registry: /api/v1/models)"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 from cli.commands import group
 from cli.formatting import fmt_json, fmt_time
-from cli.output import kv, print_json, table
+from cli.output import confirm, kv, print_json, table
 from cli.session import authed
 
 
@@ -34,6 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint_uuid")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=register_version)
+
+    p = g.add_parser("delete", help="delete a model and its versions (their checkpoints stay)")
+    p.add_argument("name")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=delete)
 
 
 def _path(name: str) -> str:
@@ -116,4 +121,13 @@ def register_version(args: Any) -> int:
         return 0
     print(f"Registered checkpoint {args.checkpoint_uuid} as version {v.get('version')} of model {args.name}")
     table(VERSION_HEADERS, _version_rows([v]))
+    return 0
+
+
+def delete(args: Any) -> int:
+    if not confirm(f"Delete model {args.name} and its versions? Their checkpoints stay.", args.yes):
+        print("Aborted")
+        return 1
+    authed(args).delete(_path(args.name))
+    print(f"Deleted model {args.name}")
     return 0

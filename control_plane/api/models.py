@@ -96,6 +96,15 @@ def patch_model(modelName: str, body: PatchModel, p: Principal = Depends(deps.us
     return {"model": _model_out(db, m)}
 
 
+@router.delete("/api/v1/models/{modelName}")
+def delete_model(modelName: str, p: Principal = Depends(deps.user),
+                 db: Session = Depends(deps.get_db, scope="function")) -> dict[str, Any]:
+    """Determined's DeleteModel (`det model delete`): the model and its versions; the checkpoints
+    stay. Its owner or an admin."""
+    models.delete_model(db, p, models.get_model(db, modelName))
+    return {}
+
+
 class PostModelVersion(ProtoWire):
     model_name: str | None = None
     checkpoint_uuid: str

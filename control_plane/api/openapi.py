@@ -72,6 +72,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", "/api/v1/models"): r.GetModelsResponse,
     ("GET", "/api/v1/models/{modelName}"): r.ModelResponse,
     ("PATCH", "/api/v1/models/{modelName}"): r.ModelResponse,
+    ("DELETE", "/api/v1/models/{modelName}"): r.Empty,
     ("POST", "/api/v1/models/{modelName}/versions"): r.ModelVersionResponse,
     ("GET", "/api/v1/models/{modelName}/versions"): r.GetModelVersionsResponse,
     ("GET", "/api/v1/models/{modelName}/versions/{modelVersionNum}"): r.ModelVersionResponse,

@@ -141,6 +141,22 @@ def edit_model(s: Session, master: Master, by: Principal, m: Model, description:
     log.info("event=model_edited model=%s by=%s", m.name, by.username)
 
 
+def delete_model(s: Session, by: Principal, m: Model) -> int:
+    """Determined's DeleteModel: the model and its versions, in the caller's one transaction; their
+    checkpoints stay (no longer held, a later GC may take them). Who may edit it: its owner, or an
+    admin / ClusterAdmin. Returns how many versions went."""
+    authz.require(s, by, Perm.EDIT_MODEL_REGISTRY, workspace_id=DEFAULT_WORKSPACE_ID, what=f"model {m.name!r}",
+                  owner_id=m.owner_id)
+    versions = list_versions(s, m)
+    for v in versions:
+        s.delete(v)
+    s.flush()  # the versions first: SQLite without foreign keys would keep them otherwise
+    s.delete(m)
+    s.flush()
+    log.info("event=model_deleted model=%s versions=%d by=%s", m.name, len(versions), by.username)
+    return len(versions)
+
+
 def list_versions(s: Session, m: Model) -> list[ModelVersion]:
     return list(s.scalars(select(ModelVersion).where(ModelVersion.model_id == m.id).order_by(ModelVersion.version)))
 

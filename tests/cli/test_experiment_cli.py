@@ -229,11 +229,15 @@ def test_checkpoints_models_gc_and_logs(admin_det: Det, tmp_path: Path, model_di
     assert uuids[1] in admin_det("model", "describe", name).out
     assert "404" in one_error_line(admin_det("model", "describe", "no-such-model"))
     assert "model registry" in one_error_line(admin_det("checkpoint", "delete", uuids[1], "--yes"))
+    assert uuids[1] in one_error_line(admin_det("checkpoint", "rm", uuids[1], "--glob", "*.pt", "--yes"))
 
     r = admin_det("checkpoint", "delete", uuids[0], "--yes")
     assert r.code == 0 and uuids[0] in r.out
     states = {c["uuid"]: c["state"] for c in json.loads(admin_det("checkpoint", "list", exp_id, "--json").out)}
     assert states[uuids[0]] == "STATE_DELETED" and states[uuids[1]] == "STATE_COMPLETED"
+    r = admin_det("model", "delete", name, "--yes")
+    assert r.code == 0 and f"Deleted model {name}" in r.out
+    assert "404" in one_error_line(admin_det("model", "describe", name))
 
     # GC runs only on an ended experiment.
     assert "409" in one_error_line(admin_det("experiment", "gc", exp_id))

@@ -1,5 +1,6 @@
 """What the real determined==0.38.1 client hit on Shipyard (issue 30), end to end: `det model create`
-and `register-version` (the client sends JSON nulls), the SDK's `create_model`, `det e set
+and `register-version` (the client sends JSON nulls), the SDK's `create_model`, `det checkpoint rm
+--glob`, `det model delete`, `det e set
 priority|weight|max-slots`, a `determined.core` trial that exits 0 before its searcher's length
 (0.38.1's "just exit 0") completes, progress shown while running, paused and canceled, and the
 trial's summary metrics."""
@@ -12,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from harness.storage import from_config
 from tests.compat.conftest import TERMINAL, CompatCluster, Det, wait_for
 from tests.compat.test_core_api import CORE_MODEL, core_config
 
@@ -51,6 +53,15 @@ def test_exit_0_before_max_length_completes_and_models_register(det: Det, sdk: A
     # Its checkpoint goes into the registry through the real CLI and SDK (which send nulls).
     ckpt = [c for c in compat_cluster.get(f"/api/v1/experiments/{exp_id}/checkpoints")["checkpoints"]
             if c["state"] == "STATE_COMPLETED"][0]["uuid"]
+    # `det checkpoint rm --glob`: the matched file leaves the storage and the resources
+    assert {"metadata.json", "state.json"} <= set(compat_cluster.get(f"/api/v1/checkpoints/{ckpt}")["checkpoint"][
+        "resources"])
+    out = det.ok("checkpoint", "rm", ckpt, "--glob", "metadata.json", "--yes")
+    assert "Removal of files from checkpoints" in out, out
+    got = compat_cluster.get(f"/api/v1/checkpoints/{ckpt}")["checkpoint"]
+    assert (got["state"], set(got["resources"])) == ("STATE_PARTIALLY_DELETED", {"state.json"}), got
+    storage = from_config(compat_cluster.experiment(exp_id)["config"]["checkpoint_storage"])
+    assert set(storage.list_files(ckpt)) == {"state.json"}
     det.ok("model", "create", "compat-model")
     out = det.ok("model", "register-version", "compat-model", ckpt)
     assert ckpt in out, out
@@ -63,6 +74,13 @@ def test_exit_0_before_max_length_completes_and_models_register(det: Det, sdk: A
                           "uuid": v.checkpoint.uuid}}))
     """)
     assert got == {"model": "compat-sdk-model", "description": "from the SDK", "version": 1, "uuid": ckpt}
+    # a registered checkpoint keeps its files; `det model delete` takes the models and their versions
+    refused = det("checkpoint", "rm", ckpt, "--glob", "state.json", "--yes")
+    assert refused.code == 1 and ckpt in refused.err and "model registry" in refused.err, refused
+    det.ok("model", "delete", "compat-model")
+    det.ok("model", "delete", "compat-sdk-model")
+    assert compat_cluster.get("/api/v1/models")["models"] == []
+    assert compat_cluster.get(f"/api/v1/checkpoints/{ckpt}")["checkpoint"]["state"] == "STATE_PARTIALLY_DELETED"
 
 
 def test_progress_while_running_paused_and_canceled_and_e_set(det: Det, compat_cluster: CompatCluster,

@@ -284,6 +284,18 @@ def _proxy(method: str) -> Callable[[World, str], Req]:
     return lambda w, who: Req(method, f"/proxy/{w.notebook}/api/status")
 
 
+def _delete_model(w: World, who: str) -> Req:
+    """A fresh model of the owner's, with a version, for each caller who may delete it."""
+    if not w.spend:
+        return Req("DELETE", f"/api/v1/models/{w.model}")
+    name = w.unique("m")
+    owner = w.headers["owner"]
+    assert w.client.post("/api/v1/models", headers=owner, json={"name": name}).status_code == 200
+    r = w.client.post(f"/api/v1/models/{name}/versions", headers=owner, json={"checkpointUuid": w.checkpoint})
+    assert r.status_code == 200, r.text
+    return Req("DELETE", f"/api/v1/models/{name}")
+
+
 def _model_version(w: World, who: str) -> Req:
     return Req("POST", f"/api/v1/models/{w.model}/versions", json={"checkpointUuid": w.checkpoint})
 
@@ -488,6 +500,7 @@ ROUTES: dict[tuple[str, str], Row] = {
     ("GET", "/api/v1/models/{modelName}"): Row(USER, get("/api/v1/models/{model}")),
     ("PATCH", "/api/v1/models/{modelName}"): Row(EDIT_1, lambda w, who: Req(
         "PATCH", f"/api/v1/models/{w.model}", json={"description": who})),
+    ("DELETE", "/api/v1/models/{modelName}"): Row(EDIT_1, _delete_model),
     ("POST", "/api/v1/models/{modelName}/versions"): Row(EDIT_1, _model_version),
     ("GET", "/api/v1/models/{modelName}/versions"): Row(USER, get("/api/v1/models/{model}/versions")),
     ("GET", "/api/v1/models/{modelName}/versions/{modelVersionNum}"): Row(USER, get(
