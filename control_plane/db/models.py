@@ -212,6 +212,19 @@ class MasterLog(Base):
     message: Mapped[str] = mapped_column(Text)
 
 
+class ClusterMessage(Base):
+    """Determined's cluster-wide message (`det master cluster-message`): the newest row that has not
+    ended is the cluster's (services/cluster_messages.py); older rows are its history."""
+
+    __tablename__ = "cluster_messages"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    created_by: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    message: Mapped[str] = mapped_column(Text)
+    start_time: Mapped[datetime] = mapped_column()
+    end_time: Mapped[datetime | None] = mapped_column(nullable=True)
+    created_time: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
     uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
