@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
+import stat
 import uuid as uuidlib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from harness.storage.base import (
     PROBE_PREFIX,
@@ -45,21 +47,62 @@ def resolve_base(host_path: str, storage_path: str | None) -> Path:
     return host / sp
 
 
+def _open_below(root: Path, parts: list[str]) -> int:
+    """A descriptor of the directory root/parts..., no part of it a symbolic link (ELOOP)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _copy_regular(dirfd: int, name: str, dst: Path) -> bool:
+    """Copy the regular file `name` (in directory `dirfd`) to dst; False, copying nothing, for a
+    symbolic link, a FIFO, a device or a socket."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):  # a link; a socket
+            return False
+        raise
+    with open(fd, "rb") as src:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return False
+        with open(dst, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+            os.fchmod(out.fileno(), stat.S_IMODE(mode) & 0o777)  # its permissions, no setuid/setgid/sticky
+    return True
+
+
 class SharedFSStorage(CheckpointStorage):
     kind = "shared_fs"
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, root: Path | None = None) -> None:
+        """`base`: where checkpoints go; `root`: the configured host_path it lies in (default: base
+        itself), the part of the path trusted to be no one's symbolic link (download)."""
         self.base = Path(base)
+        self.root = Path(root) if root is not None else self.base
 
     @classmethod
     def from_config(cls, host_path: str, storage_path: str | None = None) -> SharedFSStorage:
-        return cls(resolve_base(host_path, storage_path))
+        base = resolve_base(host_path, storage_path)
+        return cls(base, Path(host_path).expanduser() if base.is_relative_to(Path(host_path).expanduser()) else None)
 
     def describe(self) -> str:
         return f"shared_fs:{self.base}"
 
     def _dir(self, uuid: str) -> Path:
         return self.base / validate_uuid(uuid)
+
+    def _parts(self, uuid: str) -> list[str]:
+        """The checkpoint's directory as names below self.root."""
+        return [*self.base.relative_to(self.root).parts, validate_uuid(uuid)]
 
     def direct_path(self, uuid: str) -> Path:
         return self._dir(uuid)
@@ -97,10 +140,32 @@ class SharedFSStorage(CheckpointStorage):
             raise
 
     def download(self, uuid: str, dst_dir: Path) -> None:
-        src = self._dir(uuid)
-        if not src.is_dir():
-            raise CheckpointNotFound(f"checkpoint {uuid} not found in {self.describe()}")
-        shutil.copytree(src, Path(dst_dir), symlinks=False, dirs_exist_ok=True)
+        """The checkpoint's regular files and directories, never through a symbolic link: the tree
+        was written by a trial, and the reader may see more than it (the master reads it as root
+        for `det checkpoint download`). A link anywhere below the configured host_path (a
+        storage_path directory, the checkpoint's own, one inside it) is left out with a log line;
+        so are FIFOs and devices. Directory descriptors all the way (os.fwalk), so a link swapped
+        in while it reads is not followed either."""
+        try:
+            top = _open_below(self.root, self._parts(uuid))
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise CheckpointNotFound(f"checkpoint {uuid} not found in {self.describe()}") from None
+            raise
+        dst = Path(dst_dir)
+        try:
+            for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                here = dst / dirpath
+                here.mkdir(parents=True, exist_ok=True)
+                for name in list(dirnames):
+                    if stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+                        dirnames.remove(name)
+                        log.warning("event=checkpoint_link_skipped uuid=%s path=%s", uuid, PurePosixPath(dirpath, name))
+                for name in filenames:
+                    if not _copy_regular(dirfd, name, here / name):
+                        log.warning("event=checkpoint_link_skipped uuid=%s path=%s", uuid, PurePosixPath(dirpath, name))
+        finally:
+            os.close(top)
 
     def delete(self, uuid: str) -> None:
         shutil.rmtree(self._dir(uuid), ignore_errors=True)
@@ -110,13 +175,27 @@ class SharedFSStorage(CheckpointStorage):
         return list_resources(root) if root.is_dir() else {}
 
     def delete_files(self, uuid: str, relpaths: list[str]) -> None:
-        root = self._dir(uuid)
+        """Each path's file, link or tree; reached through directory descriptors, no link followed
+        (the master deletes as root in a tree a trial wrote): a path through a link is left alone.
+        The master's (Python 3.11+: rmtree's dir_fd); trials never delete files of a checkpoint."""
         for rel in relpaths:
-            path = root / safe_relpath(rel.rstrip("/"))
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            path = safe_relpath(rel.rstrip("/"))
+            try:
+                parent = _open_below(self.root, [*self._parts(uuid), *path.parent.parts])
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    continue
+                raise
+            try:
+                mode = os.stat(path.name, dir_fd=parent, follow_symlinks=False).st_mode
+                if stat.S_ISDIR(mode):
+                    shutil.rmtree(path.name, ignore_errors=True, dir_fd=parent)
+                else:
+                    os.unlink(path.name, dir_fd=parent)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(parent)
 
     def check_writable(self) -> None:
         probe = self.base / f"{PROBE_PREFIX}{uuidlib.uuid4().hex}"
