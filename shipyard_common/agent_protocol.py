@@ -100,6 +100,10 @@ class ContainerSpec(Wire):
     # The directory a shared_fs checkpoint storage writes into (host_path + storage_path): the
     # agent creates it, writable by every task user, when it is missing.
     checkpoint_path: Optional[str] = None
+    # The cluster's own shared_fs checkpoint storage root (the master's config, not the task's):
+    # the agent makes a missing writable bind source or checkpoint directory only below it or its
+    # work dir (agent/host_paths.py). None: the master stores checkpoints elsewhere.
+    storage_root: Optional[str] = None
 
 
 class TaskSpec(Wire):

@@ -92,6 +92,7 @@ from agent_bootstrap.agent.runtime import (
     TaskRuntime,
     stop_task,
 )
+from shipyard_common import host_env
 from shipyard_common.agent_protocol import (
     MAX_EVENT_MESSAGE,
     ContainerSpec,
@@ -145,9 +146,12 @@ def outbound_addresses(master_url: str) -> list[str]:
 
 
 def task_environment(base: dict[str, str], spec: TaskSpec, slots: list[Slot], agent_id: str) -> dict[str, str]:
-    """The agent's environment without its own settings (DET_AGENT_* may hold the agent token),
-    then the spec's, then what only the agent knows: the visible GPUs and its id."""
-    env = {k: v for k, v in base.items() if not k.startswith("DET_AGENT_")}
+    """A process-runtime task's environment: the allowlisted part of the agent's own
+    (shipyard_common/host_env.py: PATH, locale, proxies, CA bundles, storage endpoints, never
+    credentials, DET_AGENT_* or the master's SHIPYARD_* settings), then the spec's (the master's
+    DET_* variables and the experiment's environment_variables), then what only the agent knows:
+    the visible GPUs and its id."""
+    env = host_env.inherited(base)
     env.update(spec.env)
     env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(slots)
     env["DET_AGENT_ID"] = agent_id
@@ -852,9 +856,9 @@ class Agent:
             return None
         try:
             identity.give_tree(workdir, run_as)
-            checkpoint = spec.container.checkpoint_path if spec.container else None
-            if checkpoint:
-                identity.shared_checkpoint_dir(checkpoint)
+            c = spec.container
+            if c is not None and c.checkpoint_path:
+                identity.shared_checkpoint_dir(c.checkpoint_path, (c.storage_root, str(self.config.work_dir)))
         except OSError as e:
             raise _SetupError(f"cannot prepare the task for uid {run_as.uid}: {e}") from None
         if "HOME" not in spec.env:
@@ -902,7 +906,8 @@ class Agent:
         mounts.append(Mount(shim, shim, read_only=True))
         return ContainerLaunch(image=image, task_id=spec.task_id, force_pull=c.force_pull,
                                registry_auth=c.registry_auth, shm_size_bytes=c.shm_size_bytes,
-                               memory_bytes=c.memory_bytes, mounts=tuple(mounts), gpus=gpus)
+                               memory_bytes=c.memory_bytes, mounts=tuple(mounts), gpus=gpus,
+                               storage_root=c.storage_root)
 
     def _adopt_leftovers(self) -> None:
         """Reattach to the tasks a previous agent left running (containers): they are reported at

@@ -21,9 +21,11 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
 
+from agent_bootstrap.agent.host_paths import outside_roots
 from agent_bootstrap.agent.runtime.base import RunAs
 
 log = logging.getLogger("shipyard.agent")
@@ -109,12 +111,16 @@ def give_tree(root: Path, who: RunAs) -> None:
             os.lchown(os.path.join(current, name), who.uid, who.gid)
 
 
-def shared_checkpoint_dir(path: str) -> None:
+def shared_checkpoint_dir(path: str, roots: Iterable[Optional[str]]) -> None:
     """Create a missing checkpoint directory that every task user may write its checkpoints into,
-    none may remove another's (sticky). An existing directory is the admin's: left as it is."""
+    none may remove another's (sticky). An existing directory is the admin's: left as it is. A
+    missing one outside `roots` (host_paths.py) is refused (PermissionError, saying why)."""
     p = Path(path)
     if p.exists() or not p.is_absolute():
         return
+    refused = outside_roots(path, roots)
+    if refused is not None:
+        raise PermissionError(refused)
     p.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(p)

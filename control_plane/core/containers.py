@@ -23,9 +23,12 @@ def task_container_spec(cfg: TaskConfig, device: str, read_only_paths: Sequence[
     return spec.model_copy(update={"mounts": [*extra, *spec.mounts]}) if extra else spec
 
 
-def container_spec(cfg: ExperimentConfig, device: str) -> ContainerSpec:
-    return _spec(cfg.environment, cfg.bind_mounts, device, cfg.resources.shm_size, cfg.resources.memory,
+def container_spec(cfg: ExperimentConfig, device: str, storage_root: str | None = None) -> ContainerSpec:
+    """A trial's container; `storage_root` is the cluster's own shared_fs root (core/host_access.py),
+    the only place besides its work dir where the agent makes a missing directory for it."""
+    spec = _spec(cfg.environment, cfg.bind_mounts, device, cfg.resources.shm_size, cfg.resources.memory,
                  cfg.checkpoint_storage)
+    return spec.model_copy(update={"storage_root": storage_root}) if storage_root else spec
 
 
 def _spec(env: Environment, bind_mounts: Sequence[BindMount], device: str, shm_size: int | str | None,

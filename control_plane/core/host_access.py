@@ -39,8 +39,8 @@ def storage_refusal(storage: object, cluster_storage: Mapping[str, Any]) -> Fiel
     when the cluster's is not shared_fs, is a host path."""
     if not isinstance(storage, SharedFSStorage):
         return None
-    root = cluster_storage.get("host_path") if cluster_storage.get("type") == "shared_fs" else None
-    if not isinstance(root, str) or not root:
+    root = storage_root(cluster_storage)
+    if root is None:
         kind = cluster_storage.get("type") or "not set"
         return FieldProblem(_STORAGE_FIELD, f"refused: this cluster's checkpoint storage is {kind}, and a shared_fs "
                             f"storage would bind a host path into the trial; that needs {SETTING} in the master config")
@@ -49,3 +49,9 @@ def storage_refusal(storage: object, cluster_storage: Mapping[str, Any]) -> Fiel
                             f"root {root} (choose a subdirectory with storage_path); another host path needs "
                             f"{SETTING} in the master config")
     return None
+
+
+def storage_root(cluster_storage: Mapping[str, Any]) -> str | None:
+    """The cluster's shared_fs root (its `host_path`), or None when the cluster stores elsewhere."""
+    root = cluster_storage.get("host_path") if cluster_storage.get("type") == "shared_fs" else None
+    return root if isinstance(root, str) and root else None

@@ -23,6 +23,7 @@ from control_plane.core import gang_run
 from control_plane.core import states as st
 from control_plane.core.containers import container_spec
 from control_plane.core.expconf import ConfigInvalid, ExperimentConfig
+from control_plane.core.host_access import storage_root
 from control_plane.db.models import Agent, Allocation, Checkpoint, Experiment, Instance, Token, Trial, User
 from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
 from control_plane.master import Master
@@ -343,7 +344,8 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent) -> Ta
         run_id=alloc.run_id, entrypoint=argv, env=env, slot_ids=slot_ids, token=token,
         model_definition_path=f"/api/v1/experiments/{exp.id}/model_def",
         kill_grace_seconds=master.config.task_kill_grace_s,
-        container=container_spec(cfg, agent_device_type(agent)),
+        container=container_spec(cfg, agent_device_type(agent),
+                                 storage_root(master.config.default_checkpoint_storage)),
         user_id=exp.owner_id,
     )
 

@@ -24,7 +24,8 @@ def _create(det: Det, cfg: Path, *flags: str) -> int:
 
 
 def test_workspaces_projects_and_moves(det: Det, compat_cluster: CompatCluster, tmp_path: Path) -> None:
-    storage = {"type": "shared_fs", "host_path": str(tmp_path / "team-ckpts")}
+    # Below the cluster's own root (deploy_local's <state>/checkpoints): no host access needed.
+    storage = {"type": "shared_fs", "host_path": str(compat_cluster.state / "checkpoints"), "storage_path": "team-ckpts"}
     out = det.ok("workspace", "create", "compat-team", "--default-compute-pool", "default",
                  "--checkpoint-storage-config", json.dumps(storage), "--json")
     ws = json.loads(out)

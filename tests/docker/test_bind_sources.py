@@ -20,23 +20,23 @@ from cli.errors import CliError
 def test_missing_writable_bind_sources_are_made_and_read_only_ones_left_alone(tmp_path: Path) -> None:
     ckpt = tmp_path / "shared" / "checkpoints"
     ro = tmp_path / "missing-read-only"
-    make_bind_sources([Mount(str(ckpt), "/ckpt"), Mount(str(ro), str(ro), read_only=True)], None)
+    make_bind_sources([Mount(str(ckpt), "/ckpt"), Mount(str(ro), str(ro), read_only=True)], None, [str(tmp_path)])
     assert ckpt.is_dir() and oct(ckpt.stat().st_mode & 0o777) == oct(0o755 & ~_umask())
     assert not ro.exists()
-    make_bind_sources([Mount(str(ckpt), "/ckpt")], None)  # already there: nothing to do
+    make_bind_sources([Mount(str(ckpt), "/ckpt")], None, [])  # already there: nothing to do
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 def test_a_numeric_container_user_gets_the_made_directory(tmp_path: Path) -> None:
     made = tmp_path / "ckpt"
-    make_bind_sources([Mount(str(made), "/ckpt")], "1234:2345")
+    make_bind_sources([Mount(str(made), "/ckpt")], "1234:2345", [str(tmp_path)])
     assert (made.stat().st_uid, made.stat().st_gid) == (1234, 2345)
 
 
 def test_a_bind_source_that_cannot_be_made_is_a_start_failure(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(StartFailed) as e:
-        make_bind_sources([Mount(str(tmp_path / "file" / "ckpt"), "/ckpt")], None)
+        make_bind_sources([Mount(str(tmp_path / "file" / "ckpt"), "/ckpt")], None, [str(tmp_path)])
     assert "cannot create the bind source" in str(e.value)
 
 

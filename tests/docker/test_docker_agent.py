@@ -37,7 +37,10 @@ AGENT = "docker-agent"
 @pytest.fixture
 def master(db_url: str, tmp_path: Path) -> Iterator[LiveMaster]:
     cfg = tmp_path / "master.yaml"
-    cfg.write_text(yaml.safe_dump({"task_kill_grace_s": 2}))
+    # The cluster's checkpoint root is the tests' `tmp_path / "checkpoints"`: another host path in an
+    # experiment needs allow_task_host_access, and the agent makes a missing one only under the root.
+    cfg.write_text(yaml.safe_dump({"task_kill_grace_s": 2, "checkpoint_storage": {
+        "type": "shared_fs", "host_path": str(tmp_path / "checkpoints")}}))
     m = LiveMaster(db_url, tmp_path / "master-state", config_path=cfg)
     m.start()
     yield m

@@ -102,7 +102,7 @@ class Spot:
                   "hyperparameters": {"step_sleep": step_sleep, "ignore_preemption": ignore_preemption,
                                       "ckpt_every": ckpt_every},
                   "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": length}},
-                  "checkpoint_storage": {"type": "shared_fs", "host_path": str(self.master.state_dir / "ckpt")}}
+                  "checkpoint_storage": {"type": "shared_fs", "host_path": str(self.master.state_dir / "checkpoints")}}
         r = httpx.post(self.master.url + "/api/v1/experiments", headers=self.headers, timeout=30,
                        json={"config": yaml.safe_dump(config), "modelDefinition": model_files()})
         assert r.status_code == 200, r.text

@@ -44,7 +44,9 @@ def test_checkpoint_round_trip_and_gc(backend: str, cluster_factory, request, tm
         storage: dict[str, Any] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpts")}
     else:
         storage = dict(request.getfixturevalue("s3_bucket" if backend == "s3" else "gcs_bucket"))
-    c = cluster_factory(agents=1)  # started after the fixtures set STORAGE_EMULATOR_HOST: master and trials see it
+    # Started after the fixtures set STORAGE_EMULATOR_HOST: master and trials see it. A shared_fs
+    # storage is the cluster's own root (another host path needs allow_task_host_access).
+    c = cluster_factory(agents=1, master_yaml={"checkpoint_storage": storage} if backend == "shared_fs" else None)
     policy = {"save_trial_latest": 1, "save_trial_best": 0, "save_experiment_best": 0}
     cfg = trial_config(length=30, hparams={"crash_at": 15})  # the restart must read its checkpoint back
     cfg["checkpoint_storage"] = {**storage, **policy}

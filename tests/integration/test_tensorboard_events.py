@@ -43,9 +43,9 @@ def _reported(c: Cluster, trial_id: int) -> list[tuple[str, float, int]]:
 
 def test_event_files_in_shared_fs_and_s3_hold_every_reported_value(cluster_factory, s3_bucket: dict[str, Any],
                                                                    tmp_path: Path) -> None:
-    c = cluster_factory(agents=1)
-    cluster_id = c.get("/api/v1/master")["clusterId"]
     storages = {"shared_fs": {"type": "shared_fs", "host_path": str(tmp_path / "ckpts")}, "s3": s3_bucket}
+    c = cluster_factory(agents=1, master_yaml={"checkpoint_storage": storages["shared_fs"]})  # the cluster's root
+    cluster_id = c.get("/api/v1/master")["clusterId"]
     exps = {}
     for name, storage in storages.items():
         cfg = trial_config(name, length=25)

@@ -61,6 +61,9 @@ class ContainerLaunch:
     mounts: tuple[Mount, ...] = ()
     # The GPUs of the allocation's slots (uuids, or indexes), passed as a device request; none for CPU slots.
     gpus: tuple[str, ...] = ()
+    # The cluster's checkpoint storage root (ContainerSpec.storage_root): a missing writable mount
+    # source is made only below it or the agent's work dir (agent/host_paths.py).
+    storage_root: str | None = None
 
 
 @dataclass(frozen=True)

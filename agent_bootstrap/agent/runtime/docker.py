@@ -35,11 +35,13 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent_bootstrap.agent import determined_env
+from agent_bootstrap.agent.host_paths import outside_roots
 from agent_bootstrap.agent.logship import LineAssembler
 from agent_bootstrap.agent.runtime import accounts, harness_libs
 from agent_bootstrap.agent.runtime.base import (
@@ -129,6 +131,7 @@ class DockerRuntime:
         if not self.agent_id:
             raise ValueError("the docker runtime needs the agent's id (its containers are labelled with it)")
         self.user = options.container_user
+        self.work_dir = options.work_dir
         self.poll_interval = poll_interval
         self.base_url = options.docker_host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
         try:
@@ -179,7 +182,7 @@ class DockerRuntime:
         user = f"{spec.run_as.uid}:{spec.run_as.gid}" if spec.run_as is not None else self.user
         if spec.run_as is None:
             self._give_task_dir(spec.workdir)
-        make_bind_sources(c.mounts, user)
+        make_bind_sources(c.mounts, user, (c.storage_root, str(self.work_dir)))
         types = self._sdk.types
         mounts = [types.Mount(target=str(spec.workdir), source=str(spec.workdir), type="bind")]
         mounts += [types.Mount(target=m.container_path, source=m.host_path, type="bind", read_only=m.read_only)
@@ -518,14 +521,18 @@ class DockerRuntime:
             self.client.close()
 
 
-def make_bind_sources(mounts: Any, user: str | None) -> None:
+def make_bind_sources(mounts: Any, user: str | None, roots: Sequence[str | None]) -> None:
     """Docker refuses a bind mount whose source is missing (`bind source path does not exist`): the
     writable ones (a shared_fs checkpoint storage's host_path) are made here, 0755, and given to a
-    numeric `container_user` as the task directory is. A missing read-only source stays an error."""
+    numeric `container_user` as the task directory is, but only under `roots` (host_paths.py); a
+    missing one elsewhere, like a missing read-only source, stays an error."""
     m = _NUMERIC_USER.match(user or "")
     for mount in mounts:
         if mount.read_only or mount.optional or os.path.exists(mount.host_path):
             continue
+        refused = outside_roots(mount.host_path, roots)
+        if refused is not None:
+            raise StartFailed(125, f"cannot bind {mount.host_path}: {refused}")
         try:
             os.makedirs(mount.host_path, mode=0o755, exist_ok=True)
             if m:

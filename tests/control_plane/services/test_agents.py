@@ -166,6 +166,9 @@ def test_start_command_carries_the_task_spec(master) -> None:  # type: ignore[no
     assert spec.argv == ["sh", "-c", "python3 train.py --fast"]
     assert spec.slot_ids == ["0"] and spec.model_definition_path == f"/api/v1/experiments/{exp_id}/model_def"
     assert spec.kill_grace_seconds == master.config.task_kill_grace_s
+    # The cluster's own storage root, the one place besides its work dir the agent makes directories.
+    assert spec.container is not None
+    assert spec.container.storage_root == master.config.default_checkpoint_storage["host_path"]
     env = spec.env
     assert env["ON_CPU"] == "1" and "ON_GPU" not in env  # the variables of this agent's device type
     assert env["DET_EXPERIMENT_ID"] == str(exp_id) and env["DET_TRIAL_ID"] == str(spec.trial_id)
