@@ -39,7 +39,7 @@ from provisioners.base import (
     ProviderType,
     UserDataKind,
 )
-from shipyard_common import private_files
+from shipyard_common import host_env, private_files
 from shipyard_common.processes import pid_alive, start_session, stop_process_group
 from shipyard_common.settings import integer, text
 
@@ -167,8 +167,9 @@ class LocalProvider:
 
 
 def _agent_env() -> dict[str, str]:
-    # Never hand the master's own secrets to agents.
-    return {k: v for k, v in os.environ.items() if not k.startswith("SHIPYARD_ADMIN")}
+    """The master's environment as far as an agent may see it (shipyard_common/host_env.py): never
+    the master's own secrets (SHIPYARD_DB_URL, SHIPYARD_ADMIN_PASSWORD, its cloud keys)."""
+    return host_env.for_agent(os.environ)
 
 
 def _build(cfg: LocalPoolConfig, ctx: ProviderContext) -> BuiltProvider:

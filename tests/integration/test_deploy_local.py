@@ -53,7 +53,11 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
 
 
 def test_down_terminates_the_instances_of_an_elastic_pool(tmp_path: Path) -> None:
-    env = dict(os.environ, SHIPYARD_CLI_DIR=str(tmp_path / "cli"))
+    # The master's secrets (its database URL, its cloud keys) reach neither the agents the local
+    # provider starts nor their tasks (shipyard_common/host_env.py).
+    db_url = f"sqlite:///{tmp_path / 'secret-db-name.sqlite'}"
+    env = dict(os.environ, SHIPYARD_CLI_DIR=str(tmp_path / "cli"), SHIPYARD_DB_URL=db_url,
+               AWS_SECRET_ACCESS_KEY="master-secret-key", STORAGE_EMULATOR_HOST="http://127.0.0.1:9")
     state = tmp_path / "local"
     cfg = tmp_path / "master.yaml"
     cfg.write_text("resource_pools:\n  - name: default\n    provider:\n      type: local\n"
@@ -77,6 +81,14 @@ def test_down_terminates_the_instances_of_an_elastic_pool(tmp_path: Path) -> Non
     assert len(pids) == 2 and all(pid_alive(p) for p in pids)
     pools = json.loads(det("-m", url, "resource-pool", "list", "--json", env=env).stdout)
     assert pools[0]["provider"] == "local"
+    for pid in pids:
+        agent_env = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        assert "secret-db-name" not in agent_env and "master-secret-key" not in agent_env
+        assert "STORAGE_EMULATOR_HOST=http://127.0.0.1:9\0" in agent_env  # where storage is: inherited
+    run = det("-m", url, "cmd", "run", "--config", "resources.slots=0", "--", "env", env=env)
+    assert run.returncode == 0 and "DET_TASK_ID=" in run.stdout, (run.stdout, run.stderr)
+    assert "secret-db-name" not in run.stdout and "master-secret-key" not in run.stdout
+    assert "STORAGE_EMULATOR_HOST=http://127.0.0.1:9\n" in run.stdout
     down = det("deploy", "local", "down", "--state-dir", str(state), env=env)
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(p) for p in pids)
