@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
+from starlette.requests import HTTPConnection
 
 from control_plane.api.wire import INT32_MAX
 from control_plane.auth import Principal, TokenKind, resolve_token
@@ -48,13 +49,18 @@ def get_db(request: Request, master: Master = Depends(get_master)) -> Iterator[S
 TASK_TOKEN_HEADER = "grpc-metadata-x-allocation-token"
 
 
-def bearer_token(request: Request) -> str | None:
+def header_token(request: HTTPConnection) -> str | None:
+    """The token of an `Authorization: Bearer` header (or Determined's task-token header)."""
     for name in ("authorization", TASK_TOKEN_HEADER):
         header = request.headers.get(name, "")
         if header.lower().startswith("bearer "):
             return header[7:].strip() or None
+    return None
+
+
+def bearer_token(request: HTTPConnection) -> str | None:
     # Determined's web UI uses a cookie; accept it too.
-    return request.cookies.get("auth") or None
+    return header_token(request) or request.cookies.get("auth") or None
 
 
 def principal(request: Request, master: Master = Depends(get_master)) -> Principal:

@@ -2,7 +2,9 @@
 WebSocket, to the address the task reported (services/tasks.py `proxy_target`). The caller is the
 task's owner or an admin, by the session they already have (a bearer token, Determined's `auth`
 cookie, or the web UI's session cookie): no token in the URL, nothing that outlives the session.
-Another user's request is answered 404, as for a task that does not exist. The master adds the
+A cookie (a browser) reaches only its own user's tasks, an admin's too (services/tasks.py
+`proxy_target`: a task's pages share the master's origin). Another user's request is answered 404,
+as for a task that does not exist. The master adds the
 task's Jupyter token to the upstream request (JupyterLab's own pages carry it to the owner's browser only). A shell's WebSocket is
 relayed as raw bytes to its sshd's TCP port (`det shell open`'s tunnel, cli/tunnel.py); with the
 master's shell_tunnel_auth: ssh_key (the default, as Determined) a tunnel without a session gets
@@ -102,14 +104,23 @@ def target_cache(state: Any) -> TargetCache:
     return cache
 
 
-def _session_token(conn: HTTPConnection) -> str | None:
-    return deps.bearer_token(conn) or conn.cookies.get(UI_SESSION_COOKIE)  # type: ignore[arg-type]
+def _session_token(conn: HTTPConnection) -> tuple[str | None, bool]:
+    """The caller's token, and whether it came in a cookie (a browser's session)."""
+    header = deps.header_token(conn)
+    if header:
+        return header, False
+    return conn.cookies.get("auth") or conn.cookies.get(UI_SESSION_COOKIE) or None, True
+
+
+def _cache_key(token: str, by_cookie: bool) -> str:
+    """A cookie's entry apart from the same token's in a header: they reach different tasks."""
+    return ("cookie " if by_cookie else "header ") + token
 
 
 def _target(master: Master, conn: HTTPConnection, task_id: str, *, tunnel: bool = False) -> tuple[str, str]:
     """(host:port, jupyter token) for the caller, or a DomainError (401, 404). A WebSocket `tunnel`
     without a session reaches a shell's sshd when the master's shell_tunnel_auth is ssh_key."""
-    token = _session_token(conn)
+    token, by_cookie = _session_token(conn)
     if not token:
         if tunnel and master.config.shell_tunnel_auth == "ssh_key":
             with master.read_sessions() as s:
@@ -120,12 +131,12 @@ def _target(master: Master, conn: HTTPConnection, task_id: str, *, tunnel: bool 
         p = resolve_token(s, token, now=now)
         if p is None:
             raise unauthenticated("invalid or expired token")
-        address, stale = tasks.proxy_target(s, p, task_id, now)
+        address, stale = tasks.proxy_target(s, p, task_id, now, by_cookie=by_cookie)
     if stale:
         with transaction(master.sessions) as s:
             tasks.touch(s, task_id, now)
     jtoken = tasks.jupyter_token(master, task_id)
-    target_cache(conn.app.state).put(token, task_id, address, jtoken)
+    target_cache(conn.app.state).put(_cache_key(token, by_cookie), task_id, address, jtoken)
     return address, jtoken
 
 
@@ -144,14 +155,15 @@ class ProxyFront:
         if scope["type"] == "http" and scope["path"].startswith("/proxy/") and scope["method"] in METHODS:
             task_id = scope["path"][7:].partition("/")[0]
             conn = HTTPConnection(scope)
-            token = _session_token(conn)
-            hit = target_cache(self.state).get(token, task_id) if token and not _has_body(conn) else None
+            token, by_cookie = _session_token(conn)
+            key = _cache_key(token, by_cookie) if token else None
+            hit = target_cache(self.state).get(key, task_id) if key and not _has_body(conn) else None
             if hit is not None and not shells.split_address(hit[0])[0]:
                 scope["route"] = _ROUTE
                 if await _forward(scope, receive, send, task_id, *hit, answer_502=False):
                     return
                 # Not there (killed, moved): forgotten, and resolved afresh by the route (404, 502, ...).
-                target_cache(self.state).drop(token, task_id)  # type: ignore[arg-type]
+                target_cache(self.state).drop(key, task_id)  # type: ignore[arg-type]
         await self.app(scope, receive, send)
 
 
@@ -281,8 +293,9 @@ async def proxy_http(taskId: str, path: str, request: Request) -> Response:
         return domain_error_response(e)
     if shells.split_address(address)[0]:  # a shell's sshd speaks SSH, not HTTP
         return domain_error_response(bad_request(f"task {taskId} is a shell: open it with det shell open {taskId}"))
-    token = _session_token(request)
-    return _Forward(taskId, address, jtoken, lambda: target_cache(request.app.state).drop(token or "", taskId))
+    token, by_cookie = _session_token(request)
+    key = _cache_key(token or "", by_cookie)
+    return _Forward(taskId, address, jtoken, lambda: target_cache(request.app.state).drop(key, taskId))
 
 
 @router.websocket("/proxy/{taskId}/{path:path}")

@@ -280,11 +280,18 @@ def context_archive(s: Session, p: Principal, task_id: str) -> bytes:
 ACTIVITY_RESOLUTION = timedelta(seconds=10)
 
 
-def proxy_target(s: Session, p: Principal, task_id: str, now: datetime) -> tuple[str, bool]:
+def proxy_target(s: Session, p: Principal, task_id: str, now: datetime, *,
+                 by_cookie: bool = False) -> tuple[str, bool]:
     """Where /proxy/<task id>/ forwards (host:port) for its owner or an admin, and whether its last
-    activity is older than ACTIVITY_RESOLUTION (the caller then records this use: `touch`)."""
+    activity is older than ACTIVITY_RESOLUTION (the caller then records this use: `touch`).
+
+    A browser's session (`by_cookie`) reaches its own user's tasks only, an admin's too: a task's
+    pages run on the master's origin, so a page another user's task serves would act with the
+    admin's session there (read the web UI's forms, call /proxy/ of every notebook, which the master
+    opens with each one's Jupyter token). An admin reaches another user's task with a token in the
+    Authorization header (the API, a script), which no page can make a browser send."""
     task = s.get(Task, task_id)
-    if task is None or p.kind is not TokenKind.USER or not _may_use(p, task):
+    if task is None or p.kind is not TokenKind.USER or not _may_use(p, task) or (by_cookie and p.user_id != task.owner_id):
         raise not_found(f"task {task_id}")
     address, state = _serving_address(s, task)
     if address is None:

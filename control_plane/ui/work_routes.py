@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.core.task_config import TASK_TYPES
 from control_plane.db.models import Project, User, Workspace
@@ -39,17 +40,19 @@ router = APIRouter(route_class=UIRoute, include_in_schema=False)
 
 
 # -- tasks ---------------------------------------------------------------------------------------
-def task_row(v: tasks.TaskView) -> dict[str, Any]:
-    """What the list and the task's page show of a task: its state is its latest allocation's; it
-    may be opened (through /proxy/<id>/) once running with the address it serves on reported, and
-    killed until it ended (whoever sees a task may do both: its owner or an admin)."""
+def task_row(v: tasks.TaskView, viewer: Principal) -> dict[str, Any]:
+    """What the list and the task's page show of a task: its state is its latest allocation's; its
+    owner may open it (through /proxy/<id>/) once running with the address it serves on reported
+    (a browser reaches its own user's tasks only: services/tasks.py `proxy_target`), and whoever
+    sees it (its owner or an admin) may kill it until it ended."""
     state = str(v.alloc.state)
     return {"id": v.task.id, "kind": v.task.kind, "description": v.task.description, "state": state,
             "owner": v.username, "pool": v.task.pool, "slots": v.alloc.slots_needed,
             "created": v.task.created_at, "started": v.alloc.started_at, "ended_at": v.alloc.ended_at,
             "ended": state == st.AllocationState.TERMINATED, "exit": v.alloc.exit_reason,
             "exit_code": v.alloc.exit_code, "waiting": v.alloc.waiting_reason,
-            "open": state == st.AllocationState.RUNNING and v.task.proxy_address is not None,
+            "open": (state == st.AllocationState.RUNNING and v.task.proxy_address is not None
+                     and v.task.owner_id == viewer.user_id),
             "kill": state != st.AllocationState.TERMINATED and not v.alloc.kill_requested}
 
 
@@ -58,7 +61,7 @@ def _tasks_ctx(master: Master, ui: sess.UISession) -> dict[str, Any]:
         views = [v for kind in TASK_TYPES for v in tasks.list_tasks(s, ui.principal, kind)]
         s.expunge_all()
     views.sort(key=lambda v: v.task.created_at, reverse=True)
-    return {"tasks": [task_row(v) for v in views], "kinds": list(TASK_TYPES)}
+    return {"tasks": [task_row(v, ui.principal) for v in views], "kinds": list(TASK_TYPES)}
 
 
 @router.get("/tasks")
@@ -77,7 +80,7 @@ def _task_ctx(master: Master, ui: sess.UISession, task_id: str) -> dict[str, Any
     with _read(master) as s:
         v = tasks.get(s, ui.principal, task_id)
         s.expunge_all()
-    row = task_row(v)
+    row = task_row(v, ui.principal)
     return {"t": row, "config": v.task.config or {}, "final": row["ended"]}
 
 

@@ -135,7 +135,7 @@ def test_proxy_streams_large_bodies_head_and_a_task_that_went_away(client, admin
     assert r.status_code == 200 and r.headers["content-length"] == "12345" and r.content == b""
     with transaction(master.sessions) as s:  # the task went away (its address refuses connections)
         s.get(Task, nb_id).proxy_address = "127.0.0.1:9"
-    proxy.target_cache(client.app.state).drop(admin_headers["Authorization"][7:], nb_id)
+    proxy.target_cache(client.app.state).drop(proxy._cache_key(admin_headers["Authorization"][7:], False), nb_id)
     r = client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers)
     assert r.status_code == 502 and "did not answer" in r.text
     with transaction(master.sessions) as s:  # back: the next request resolves it afresh
@@ -143,9 +143,10 @@ def test_proxy_streams_large_bodies_head_and_a_task_that_went_away(client, admin
     assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 200
     # A cached target that no longer answers (the task moved): resolved afresh by the route, not a 502.
     cache = proxy.target_cache(client.app.state)
-    cache.put(admin_headers["Authorization"][7:], nb_id, "127.0.0.1:9", jupyter_token(master, nb_id))
+    key = proxy._cache_key(admin_headers["Authorization"][7:], False)
+    cache.put(key, nb_id, "127.0.0.1:9", jupyter_token(master, nb_id))
     assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 200
-    assert cache.get(admin_headers["Authorization"][7:], nb_id) == (upstream, jupyter_token(master, nb_id))
+    assert cache.get(key, nb_id) == (upstream, jupyter_token(master, nb_id))
 
 
 def test_an_answer_whose_headers_never_end_is_a_502_not_the_masters_memory(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
@@ -174,3 +175,22 @@ def test_an_answer_whose_headers_never_end_is_a_502_not_the_masters_memory(clien
     assert r.status_code == 502, r.text
     listener.close()
     assert len(sent) < 4096  # it stopped reading long before the end
+
+
+def test_a_browser_session_reaches_its_own_users_tasks_only_an_admins_too(client, admin_headers, master,  # type: ignore[no-untyped-def]
+                                                                         upstream) -> None:
+    """A task's pages share the master's origin: a page another user's task serves, opened in an
+    admin's browser, must not act with the admin's session (services/tasks.py `proxy_target`)."""
+    owner = make_user(client, admin_headers, "olivia")
+    nb_id = serving_notebook(client, owner, master, upstream)
+    admin_token = admin_headers["Authorization"].removeprefix("Bearer ")
+    owner_token = owner["Authorization"].removeprefix("Bearer ")
+    for cookie in ("auth", UI_SESSION_COOKIE):
+        for _ in range(2):  # resolved, then from the fast path's cache (a header's entry is not a cookie's)
+            client.cookies.clear()
+            assert client.get(f"/proxy/{nb_id}/api/status", headers=admin_headers).status_code == 200
+            client.cookies.set(cookie, admin_token)
+            assert client.get(f"/proxy/{nb_id}/api/status").status_code == 404, cookie
+            client.cookies.set(cookie, owner_token)
+            assert client.get(f"/proxy/{nb_id}/api/status").status_code == 200, cookie
+    client.cookies.clear()
