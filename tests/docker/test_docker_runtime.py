@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from dataclasses import replace
@@ -69,7 +70,8 @@ def test_a_task_runs_in_its_container_with_env_mounts_and_logs(docker_engine: En
     code = ("import os, sys, socket; print(os.environ['GREETING'], os.getcwd()); "
             "open('written.txt', 'w').write('from inside'); "
             "print('shm', os.statvfs('/dev/shm').f_blocks * os.statvfs('/dev/shm').f_frsize); "
-            "print('err line', file=sys.stderr); print('host', socket.gethostname())")
+            "print('err line', file=sys.stderr); print('host', socket.gethostname()); "
+            "print('bnd', [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapBnd')][0])")
     spec = launch(docker_engine, tmp_path, mounts, code, out=out, shm_size_bytes=96 * 2**20)
     handle = runtime.start(spec)
     assert runtime.wait(handle) == 0
@@ -83,6 +85,8 @@ def test_a_task_runs_in_its_container_with_env_mounts_and_logs(docker_engine: En
     assert (spec.workdir / "written.txt").read_text() == "from inside"
     assert f"shm {96 * 2**20}\n" in stdout
     assert f"host {os.uname().nodename}\n" in stdout  # host networking (the host's UTS name too)
+    bounding = int(re.search(r"^bnd ([0-9a-f]+)$", stdout, re.M).group(1), 16)  # type: ignore[union-attr]
+    assert bounding & (1 << 1) and not bounding & (1 << 13)  # Docker's defaults (CAP_DAC_OVERRIDE), less NET_RAW
     assert out.text("stderr") == "err line\n"
     assert runtime.exit_reason(handle) is None
 

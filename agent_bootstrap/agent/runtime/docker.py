@@ -205,6 +205,11 @@ class DockerRuntime:
         if spec.run_as is not None:
             # Unprivileged (issue 27): never privileged, no capabilities, no setuid way back.
             kwargs.update(privileged=False, cap_drop=["ALL"], security_opt=["no-new-privileges"])
+        else:
+            # The image's or container_user's own user keeps Docker's default capabilities (an
+            # image's root installs packages), but not raw sockets: on the host's network they
+            # would read every connection of the host, other tasks' tokens to the master included.
+            kwargs.update(privileged=False, cap_drop=["NET_RAW"])
         if c.shm_size_bytes:
             kwargs["shm_size"] = c.shm_size_bytes
         if c.memory_bytes:
