@@ -15,6 +15,7 @@ from control_plane.api import deps
 from control_plane.api.wire import Count32, Id, ProtoWire, ts
 from control_plane.auth import Principal
 from control_plane.core import states as st
+from control_plane.core.expconf.secrets import redact_config
 from control_plane.core.task_config import SERVING_KINDS, TASK_TYPES
 from control_plane.master import Master
 from control_plane.services import shells, tasks, tensorboards
@@ -96,7 +97,7 @@ def _one(kind: str, v: TaskView, master: Master | None = None, p: Principal | No
     item = task_json(v)
     if kind == shells.KIND and master is not None and p is not None:
         item.update(shells.shell_fields(master, p, v.task, with_key=True))
-    return {_KINDS[kind][1]: item, "config": v.task.config}
+    return {_KINDS[kind][1]: item, "config": redact_config(v.task.config) if v.task.config else v.task.config}
 
 
 def _routes(kind: str) -> None:

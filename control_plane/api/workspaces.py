@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from control_plane.api import deps, serializers
 from control_plane.api.wire import Count32, Id, Int32, ProtoWire, ts
 from control_plane.auth import Principal
+from control_plane.core.expconf.secrets import redact_storage
 from control_plane.db.models import Project, User, Workspace
 from control_plane.errors import bad_request
 from control_plane.master import Master
@@ -40,7 +41,7 @@ def workspaces_json(db: Session, spaces: Sequence[Workspace]) -> list[dict[str, 
         "userId": w.owner_id or 0, "username": names.get(w.owner_id or 0, ""),
         "numProjects": counts[w.id].projects, "numExperiments": counts[w.id].experiments,
         "pinned": False, "pinnedAt": None, "state": NOT_DELETING, "errorMessage": "", "agentUserGroup": None,
-        "checkpointStorageConfig": w.checkpoint_storage,
+        "checkpointStorageConfig": redact_storage(w.checkpoint_storage),
         "defaultComputePool": w.default_compute_pool or "", "defaultAuxPool": w.default_aux_pool or "",
     } for w in spaces]
 
