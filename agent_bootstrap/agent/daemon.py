@@ -934,7 +934,10 @@ class Agent:
             if task.state != "exited":
                 self._exited(task, SETUP_FAILED, f"agent error: {type(e).__name__}: {e}")
         finally:
-            if left.workdir is not None and not self.config.keep_task_dirs:
+            # The directory a leftover names came from its container's labels: removed only when
+            # it is one of this agent's task directories.
+            if (left.workdir is not None and not self.config.keep_task_dirs
+                    and left.workdir.resolve().is_relative_to(self.tasks_dir.resolve())):
                 shutil.rmtree(left.workdir, ignore_errors=True)
             if task.state == "exited":
                 task.spec = None

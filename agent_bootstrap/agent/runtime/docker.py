@@ -285,7 +285,9 @@ class DockerRuntime:
             container = self.client.containers.create(
                 image, entrypoint=["python3", "-c", harness_libs.PROBE], network_mode="none", mounts=mounts,
                 environment={"PATH": path} if path else None, user="65534:65534", privileged=False,
-                cap_drop=["ALL"], security_opt=["no-new-privileges"])
+                cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                # Ours, empty: an image's own shipyard.* labels must not make it a task's leftover.
+                labels=dict.fromkeys((LABEL_AGENT, LABEL_ALLOCATION, LABEL_TASK, LABEL_WORKDIR), ""))
             container.start()
             container.wait(timeout=PROBE_TIMEOUT_S)
             version = harness_libs.parse_version(container.logs(stdout=True, stderr=False).decode(errors="replace"))
