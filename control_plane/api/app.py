@@ -15,6 +15,7 @@ from control_plane.api import (
     agent_package,
     agents,
     checkpoints,
+    cluster_messages,
     compat,
     experiments,
     groups,
@@ -80,6 +81,7 @@ def create_app(master: Master, extra_routers: list[Any] | None = None) -> FastAP
     app.include_router(rbac.router)  # roles and their assignments (api/rbac.py)
     app.include_router(pool_bindings.router)  # pools bound to workspaces (api/pool_bindings.py)
     app.include_router(master_config.router)  # GET /api/v1/master/config (api/master_config.py)
+    app.include_router(cluster_messages.router)  # /api/v1/master/cluster_message (api/cluster_messages.py)
     if master.config.metrics_enabled:
         app.include_router(prometheus.router)  # GET /metrics (api/prometheus.py)
     for router in extra_routers or []:

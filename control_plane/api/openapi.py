@@ -102,6 +102,9 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("PATCH", "/api/v1/templates/{templateName}"): r.TemplateResponse,
     ("DELETE", "/api/v1/templates/{templateName}"): r.Empty,
     ("GET", "/api/v1/master/config"): r.MasterConfigResponse,
+    ("GET", "/api/v1/master/cluster_message"): r.GetClusterMessageResponse,
+    ("PUT", "/api/v1/master/cluster_message"): r.Empty,
+    ("DELETE", "/api/v1/master/cluster_message"): r.Empty,
     # commands and notebooks (api/ntsc.py)
     **task_responses.RESPONSES,
     # groups, roles and pool bindings (api/groups.py, api/rbac.py, api/pool_bindings.py)

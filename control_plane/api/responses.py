@@ -724,6 +724,21 @@ class GetTemplatesResponse(Wire):
     pagination: Pagination
 
 
+class ClusterMessageOut(Wire):
+    """Determined's v1ClusterMessage (`endTime` absent: indefinite)."""
+
+    message: str
+    start_time: str
+    end_time: str | None = None
+    created_time: str
+
+
+class GetClusterMessageResponse(Wire):
+    """Determined's v1GetClusterMessageResponse: absent when there is no message."""
+
+    cluster_message: ClusterMessageOut | None = None
+
+
 class MasterConfigResponse(Wire):
     """Determined's v1GetMasterConfigResponse: the effective master config, secrets hidden."""
 

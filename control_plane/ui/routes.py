@@ -33,6 +33,7 @@ from control_plane.errors import DomainError, bad_request, http_status, not_foun
 from control_plane.master import Master
 from control_plane.services import (
     access,
+    cluster_messages,
     dashboard,
     experiments,
     interruptions,
@@ -123,8 +124,18 @@ PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-anc
 
 def _render(request: Request, name: str, ctx: dict[str, Any], status: int = 200,
             ui: sess.UISession | None = None) -> HTMLResponse:
-    return templates.TemplateResponse(request, name, {"ui": ui, "states": STATE_CHOICES, **ctx}, status_code=status,
-                                      headers=PAGE_HEADERS)
+    banner = _cluster_message(request) if ui is not None and not name.startswith("_") else None
+    return templates.TemplateResponse(request, name, {"ui": ui, "states": STATE_CHOICES, "cluster_message": banner,
+                                                      **ctx}, status_code=status, headers=PAGE_HEADERS)
+
+
+def _cluster_message(request: Request) -> str | None:
+    """The cluster-wide message shown now (`det master cluster-message set`), for a whole page's
+    banner (partials, which htmx swaps into a page, have none)."""
+    master = _master(request)
+    with master.read_sessions() as s:
+        m = cluster_messages.shown(s, master.clock())
+        return m.message if m is not None else None
 
 
 STATE_CHOICES = [s.value for s in st.ExperimentState]

@@ -68,3 +68,10 @@ def test_master_config(admin_det: Det) -> None:
     r = admin_det("master", "config")
     assert r.code == 0, r.err
     assert "resource_pools:" in r.out and "token_ttl_hours: 168" in r.out, r.out
+
+    assert admin_det("master", "cluster-message", "set", "-m", "back at 9", "-d", "1h").code == 0
+    got = json.loads(admin_det("master", "cluster-message", "get", "--json").out)
+    assert got["message"] == "back at 9" and got["endTime"], got
+    assert "duration" in one_error_line(admin_det("master", "cluster-message", "set", "-m", "x", "-d", "5d"))
+    assert admin_det("master", "cluster-message", "clear").code == 0
+    assert admin_det("master", "cluster-message", "get").out.strip() == "No cluster message"

@@ -3,6 +3,7 @@ recorded. One cluster and one finished experiment serve most tests (tests/compat
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,17 @@ def test_master_info(det: Det) -> None:
     # has nothing to warn about (Shipyard's own version is in shipyardVersion, which it does not print).
     assert "version: 0.38.1" in r.out, r.out
     assert "less than" not in r.err and "Consider upgrading" not in r.err, r.err
+
+
+def test_cluster_message_set_get_clear(det: Det) -> None:
+    det.ok("master", "cluster-message", "set", "-m", "maintenance tonight", "--duration", "1h")
+    got = json.loads(det.ok("master", "cluster-message", "get", "--json"))["clusterMessage"]
+    assert got["message"] == "maintenance tonight" and {"startTime", "endTime", "createdTime"} <= set(got), got
+    assert "message: maintenance tonight" in det.ok("master", "cluster-message", "get")
+    refused = det("master", "cluster-message", "set", "-m", "later", "--duration", "2w")  # Go has no weeks
+    assert refused.code == 1 and "duration" in refused.err, refused
+    det.ok("master", "cluster-message", "clear")
+    assert json.loads(det.ok("master", "cluster-message", "get", "--json")).get("clusterMessage") is None
 
 
 def test_user_login_whoami_logout(det: Det) -> None:

@@ -562,6 +562,11 @@ ROUTES: dict[tuple[str, str], Row] = {
         "POST", "/api/v1/roles/remove-assignments", json=_assign(w, w.ws))),
     # -- the master
     ("GET", "/api/v1/master/config"): Row(ADMIN, get("/api/v1/master/config")),
+    ("GET", "/api/v1/master/cluster_message"): Row(USER, get("/api/v1/master/cluster_message")),
+    ("PUT", "/api/v1/master/cluster_message"): Row(ADMIN, lambda w, who: Req(
+        "PUT", "/api/v1/master/cluster_message", json={"message": f"from {who}", "duration": "1h"})),
+    ("DELETE", "/api/v1/master/cluster_message"): Row(ADMIN, lambda w, who: Req(
+        "DELETE", "/api/v1/master/cluster_message")),
     ("GET", "/api/v1/master/logs"): Row(ADMIN, get("/api/v1/master/logs", limit=1)),
     # -- the web UI (its session cookie; anonymous is sent to the login page)
     ("GET", "/login"): Row(PUBLIC, get("/login"), ui=True),
