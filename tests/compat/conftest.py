@@ -165,7 +165,11 @@ def compat_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fix
     private_files.write_private(state / "admin-password", ADMIN_PASSWORD.encode())
     cfg = state / "master.yaml"
     # "compat-bound", without agents, for pool bindings (tests/compat/test_rbac.py); the agents join "default".
+    # allow_task_host_access: the experiments name shared_fs storage under their own tmp_path, as
+    # Determined's configs name their own host_path (off the cluster's root that is an operator's
+    # choice in Shipyard; its refusal is tested in tests/control_plane/api/test_storage_host_access.py).
     cfg.write_text(yaml.safe_dump({"agent_heartbeat_timeout_s": 8, "task_kill_grace_s": 3,
+                                   "allow_task_host_access": True,
                                    "resource_pools": [{"name": "default"}, {"name": "compat-bound"}]}))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STORAGE_EMULATOR_HOST", gcs_host)
