@@ -66,7 +66,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from agent_bootstrap.agent import __version__, determined_env, identity, interruption
+from agent_bootstrap.agent import __version__, determined_env, identity, interruption, tensorboard_dirs
 from agent_bootstrap.agent.client import (
     AuthRefused,
     MasterClient,
@@ -861,9 +861,26 @@ class Agent:
                 identity.shared_checkpoint_dir(c.checkpoint_path, (c.storage_root, str(self.config.work_dir)))
         except OSError as e:
             raise _SetupError(f"cannot prepare the task for uid {run_as.uid}: {e}") from None
+        self._tensorboard_dirs(spec, env, run_as)
         if "HOME" not in spec.env:
             env["HOME"] = str(workdir)
         return run_as
+
+    def _tensorboard_dirs(self, spec: TaskSpec, env: dict[str, str], run_as: RunAs) -> None:
+        """A trial's TensorBoard directories in shared_fs storage, made by the agent for its user; a
+        TensorBoard task's sources told which uid owns each (agent/tensorboard_dirs.py). A failure
+        costs the trial its TensorBoard files, not its run: logged."""
+        c = spec.container
+        if tensorboard_dirs.SOURCES_ENV in env:
+            env[tensorboard_dirs.SOURCES_ENV] = tensorboard_dirs.with_owner_uids(
+                env[tensorboard_dirs.SOURCES_ENV], self.identities.run_as)
+        if c is None or not c.checkpoint_path or "DET_TRIAL_ID" not in env:
+            return
+        try:
+            tensorboard_dirs.prepare(c.checkpoint_path, env.get("DET_CLUSTER_ID", ""),
+                                     env.get("DET_EXPERIMENT_ID", ""), env["DET_TRIAL_ID"], run_as)
+        except (OSError, ValueError) as e:
+            log.warning("event=tensorboard_dirs_failed allocation=%s error=%r", spec.allocation_id, str(e))
 
     def _run_to_end(self, task: _Task, handle: TaskHandle) -> None:
         """Wait for the task (killing it when asked), clean it up and report how it ended."""

@@ -61,14 +61,16 @@ def _best(s: Session, exp: Experiment) -> list[int]:
 
 
 def sources(s: Session, cluster_id: str, trial_ids: Sequence[int]) -> list[dict[str, Any]]:
-    """For the task's launcher: each trial's run name, its experiment's checkpoint storage and the
-    path of its event files in that storage."""
+    """For the task's launcher: each trial's run name, its experiment's checkpoint storage, the
+    path of its event files in that storage and its experiment's owner (a root agent adds the uid
+    the owner's trials run as; the launcher reads a shared_fs directory only if that uid owns it)."""
     out = []
-    rows = s.execute(select(Trial.id, Experiment.id, Experiment.config).join(Experiment, Experiment.id == Trial.experiment_id)
+    rows = s.execute(select(Trial.id, Experiment.id, Experiment.config, Experiment.owner_id)
+                     .join(Experiment, Experiment.id == Trial.experiment_id)
                      .where(Trial.id.in_(list(trial_ids))).order_by(Trial.id))
-    for trial_id, exp_id, config in rows:
+    for trial_id, exp_id, config, owner_id in rows:
         out.append({"name": f"exp{exp_id}-trial{trial_id}", "storage": (config or {}).get("checkpoint_storage") or {},
-                    "path": sync_path(cluster_id, exp_id, trial_id)})
+                    "path": sync_path(cluster_id, exp_id, trial_id), "owner": owner_id})
     return out
 
 

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,8 @@ class Source:
     scratch directory, so each trial is one run named after it): a copy of a bucket's files, or a
     link to the shared_fs directory."""
 
-    def __init__(self, name: str, storage: Mapping[str, Any], path: str, scratch: Path) -> None:
+    def __init__(self, name: str, storage: Mapping[str, Any], path: str, scratch: Path,
+                 owner_uid: Optional[int] = None) -> None:
         parent, leaf = str(PurePosixPath(path).parent), PurePosixPath(path).name
         config = dict(storage)
         if config.get("type") == "shared_fs":  # the trial's directory itself
@@ -58,17 +60,46 @@ class Source:
             config["prefix"] = "/".join(p for p in (config.get("prefix") or "", parent) if p)
         self.name, self.leaf = name, leaf
         self.storage = from_config(config)
-        direct = self.storage.direct_path(leaf)
-        self.copied = direct is None
+        self.direct = self.storage.direct_path(leaf)
+        self.copied = self.direct is None
         self.local = scratch / name
-        if direct is not None:
-            self.local.symlink_to(direct, target_is_directory=True)
+        # Where the agent gives task users uids of their own (agent/tensorboard_dirs.py), the uid the
+        # experiment owner's trials run as: a shared_fs trial directory another uid owns was not
+        # written by them, and is not shown.
+        self.owner_uid = owner_uid
+        self._told = False
+        self._link()
         self._incoming = scratch / ".incoming" / name
+
+    def _foreign_owner(self) -> Optional[int]:
+        """The uid owning the trial's shared_fs directory when that is not its experiment owner's."""
+        if self.direct is None or self.owner_uid is None:
+            return None
+        try:
+            st = os.lstat(self.direct)
+        except FileNotFoundError:
+            return None  # not written yet: linked, and looked at again on every pass
+        return None if stat.S_ISDIR(st.st_mode) and st.st_uid == self.owner_uid else st.st_uid
+
+    def _link(self) -> None:
+        """Link `local` to the shared_fs trial directory, or unlink it, after its owner."""
+        if self.direct is None:
+            return
+        foreign = self._foreign_owner()
+        if foreign is None and not self.local.is_symlink():
+            self.local.symlink_to(self.direct, target_is_directory=True)
+        elif foreign is not None and (self.local.is_symlink() or not self._told):
+            self.local.unlink(missing_ok=True)
+            print(f"{self.name} is left out: its event directory {self.direct} belongs to uid {foreign}, not to "
+                  f"uid {self.owner_uid} its experiment's trials run as", flush=True)
+        self._told = foreign is not None
 
     def sync(self) -> int:
         """Copy new or grown files of a bucket's trial into `local` (each replaced whole, by rename);
-        the number copied. Nothing there yet is not an error: the next pass looks again."""
+        the number copied. Nothing there yet is not an error: the next pass looks again. A shared_fs
+        trial's link is checked again instead."""
         if not self.copied:
+            self._link()
             return 0
         self.local.mkdir(parents=True, exist_ok=True)
         try:
@@ -92,7 +123,8 @@ def sources_from_env(env: Mapping[str, str], scratch: Path) -> list[Source]:
     out = []
     for s in json.loads(env[SOURCES_ENV]):
         try:
-            out.append(Source(s["name"], s["storage"], s["path"], scratch))
+            uid = s.get("uid")
+            out.append(Source(s["name"], s["storage"], s["path"], scratch, uid if isinstance(uid, int) else None))
         except StorageError as e:
             print(f"{s['name']} is left out: its checkpoint storage cannot be read ({e})", flush=True)
     return out
@@ -190,7 +222,7 @@ def main(env: Optional[Mapping[str, str]] = None) -> int:
     next_sync = time.monotonic() + SYNC_INTERVAL_S
     while child.poll() is None:
         time.sleep(0.5)
-        if time.monotonic() >= next_sync and any(s.copied for s in sources):
+        if time.monotonic() >= next_sync:
             _sync_all(sources)
             next_sync = time.monotonic() + SYNC_INTERVAL_S
     return child.wait()
