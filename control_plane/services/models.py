@@ -15,7 +15,7 @@ from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.core.rbac import DEFAULT_WORKSPACE_ID, Perm
 from control_plane.db.models import Checkpoint, Experiment, Model, ModelVersion
-from control_plane.errors import Conflict, bad_request, conflict, forbidden, not_found
+from control_plane.errors import Conflict, DomainError, bad_request, conflict, forbidden, not_found
 from control_plane.master import Master
 from control_plane.services import access, authz
 from control_plane.services.experiments import check_label
@@ -76,10 +76,25 @@ class NewModelVersion:
     notes: str = ""
 
 
-def register_version(s: Session, master: Master, by: Principal, m: Model, new: NewModelVersion) -> ModelVersion:
-    """The model's next version, pointing at a live checkpoint; the model's owner or an admin."""
+def require_edit(s: Session, by: Principal, m: Model) -> None:
+    """403 unless `by` may change model `m`: its owner, or a role granting EDIT_MODEL_REGISTRY in
+    Uncategorized, where models live (an admin, a ClusterAdmin)."""
     authz.require(s, by, Perm.EDIT_MODEL_REGISTRY, workspace_id=DEFAULT_WORKSPACE_ID, what=f"model {m.name!r}",
                   owner_id=m.owner_id)
+
+
+def may_edit(s: Session, by: Principal, m: Model) -> bool:
+    """Whether require_edit lets `by` through (what the web UI offers)."""
+    try:
+        require_edit(s, by, m)
+    except DomainError:
+        return False
+    return True
+
+
+def register_version(s: Session, master: Master, by: Principal, m: Model, new: NewModelVersion) -> ModelVersion:
+    """The model's next version, pointing at a live checkpoint; the model's owner or an admin."""
+    require_edit(s, by, m)
     ckpt = s.get(Checkpoint, new.checkpoint_uuid)
     if ckpt is None:
         raise bad_request(f"no checkpoint {new.checkpoint_uuid}", "checkpointUuid")
@@ -122,8 +137,7 @@ def edit_model(s: Session, master: Master, by: Principal, m: Model, description:
                notes: str | None = None) -> None:
     """The model's description, labels, metadata (replaced whole, as Determined's PatchModel does)
     and notes; None leaves one as it is. Its owner or an admin."""
-    authz.require(s, by, Perm.EDIT_MODEL_REGISTRY, workspace_id=DEFAULT_WORKSPACE_ID, what=f"model {m.name!r}",
-                  owner_id=m.owner_id)
+    require_edit(s, by, m)
     if description is not None:
         if len(description) > DESCRIPTION_MAX:
             raise bad_request(f"must be at most {DESCRIPTION_MAX} characters", "description")
@@ -145,8 +159,7 @@ def delete_model(s: Session, by: Principal, m: Model) -> int:
     """Determined's DeleteModel: the model and its versions, in the caller's one transaction; their
     checkpoints stay (no longer held, a later GC may take them). Who may edit it: its owner, or an
     admin / ClusterAdmin. Returns how many versions went."""
-    authz.require(s, by, Perm.EDIT_MODEL_REGISTRY, workspace_id=DEFAULT_WORKSPACE_ID, what=f"model {m.name!r}",
-                  owner_id=m.owner_id)
+    require_edit(s, by, m)
     versions = list_versions(s, m)
     for v in versions:
         s.delete(v)

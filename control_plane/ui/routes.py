@@ -712,9 +712,9 @@ def models_page(request: Request) -> Response:
 def _model_ctx(master: Master, name: str, ui: sess.UISession) -> dict[str, Any]:
     with _read(master) as s:
         row = dashboard.model_view(s, name)
+        may_edit = models.may_edit(s, ui.principal, row.model)
         s.expunge_all()
-    p = ui.principal
-    return {"row": row, "model": row.model, "may_edit": p.admin or row.model.owner_id == p.user_id,
+    return {"row": row, "model": row.model, "may_edit": may_edit,
             "metadata_json": json.dumps(row.model.metadata_ or {}, indent=2, sort_keys=True)}
 
 

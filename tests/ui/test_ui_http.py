@@ -337,6 +337,12 @@ def test_model_page_shows_versions_with_metrics_and_is_edited_by_its_owner(clien
     assert client.get("/api/v1/models/mnist cnn", headers=alice).json()["model"]["description"] == "digits"
     assert client.post("/models/mnist cnn/edit", data={"description": "no csrf"}).status_code == 403
     assert client.get("/models/nope").status_code == 404
+    # ClusterAdmin by role (no admin flag): offered the edit, as the service admits it.
+    from tests.control_plane.api.test_rbac import CLUSTER_ADMIN, _assign, _ids
+    assert _assign(client, admin_headers, CLUSTER_ADMIN, user=_ids(client, admin_headers)["bob"]).status_code == 200
+    assert 'id="model-edit"' in client.get("/models/mnist cnn").text
+    assert _assign(client, admin_headers, CLUSTER_ADMIN, user=_ids(client, admin_headers)["bob"],
+                   remove=True).status_code == 200
 
     client.cookies.clear()
     ui_login(client, "alice", "alice-password-1")
