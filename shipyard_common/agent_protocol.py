@@ -84,6 +84,14 @@ class ContainerMount(Wire):
     optional: bool = False
 
 
+class ContainerDevice(Wire):
+    """A host device in the container (Docker's --device host:container:mode)."""
+
+    host_path: str = Field(min_length=1)
+    container_path: str = Field(min_length=1)
+    mode: str = Field(default="mrw", pattern="^[rwm]{1,3}$")
+
+
 class ContainerSpec(Wire):
     """How to run a task in a container, from the experiment config. Agents whose runtime is
     `docker` use it; an agent running tasks as processes refuses a task whose `image` is set."""
@@ -104,6 +112,11 @@ class ContainerSpec(Wire):
     # the agent makes a missing writable bind source or checkpoint directory only below it or its
     # work dir (agent/host_paths.py). None: the master stores checkpoints elsewhere.
     storage_root: Optional[str] = None
+    # `environment.add_capabilities` / `drop_capabilities` and `resources.devices` (the master sends
+    # the first and the last only where its allow_task_host_access let the config through).
+    cap_add: list[str] = Field(default_factory=list)
+    cap_drop: list[str] = Field(default_factory=list)
+    devices: list[ContainerDevice] = Field(default_factory=list)
 
 
 class TaskSpec(Wire):

@@ -924,7 +924,8 @@ class Agent:
         return ContainerLaunch(image=image, task_id=spec.task_id, force_pull=c.force_pull,
                                registry_auth=c.registry_auth, shm_size_bytes=c.shm_size_bytes,
                                memory_bytes=c.memory_bytes, mounts=tuple(mounts), gpus=gpus,
-                               storage_root=c.storage_root)
+                               storage_root=c.storage_root, cap_add=tuple(c.cap_add), cap_drop=tuple(c.cap_drop),
+                               devices=tuple(f"{d.host_path}:{d.container_path}:{d.mode}" for d in c.devices))
 
     def _adopt_leftovers(self) -> None:
         """Reattach to the tasks a previous agent left running (containers): they are reported at

@@ -11,7 +11,7 @@ storage is held to the same rule, and a config that names no host_path inherits 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from control_plane.core.expconf import ExperimentConfig, SharedFSStorage
@@ -24,13 +24,20 @@ _STORAGE_FIELD = "config.checkpoint_storage.host_path"
 def host_access_refusal(cfg: ExperimentConfig, cluster_storage: Mapping[str, Any]) -> FieldProblem | None:
     """The first part of `cfg` that needs `allow_task_host_access`, or None. `cluster_storage` is
     the master's own checkpoint storage (MasterConfig.default_checkpoint_storage)."""
-    for field_name, asked in (("config.bind_mounts", cfg.bind_mounts),
-                              ("config.resources.devices", cfg.resources.devices),
-                              ("config.environment.add_capabilities", cfg.environment.add_capabilities)):
+    return (host_parts_refusal(cfg.bind_mounts, cfg.resources.devices, cfg.environment.add_capabilities)
+            or storage_refusal(cfg.checkpoint_storage, cluster_storage))
+
+
+def host_parts_refusal(bind_mounts: Sequence[object], devices: Sequence[object],
+                       add_capabilities: Sequence[str]) -> FieldProblem | None:
+    """An experiment's or a task's (command, notebook, shell, TensorBoard) host paths, devices or
+    added capabilities: each needs `allow_task_host_access`."""
+    for field_name, asked in (("config.bind_mounts", bind_mounts), ("config.resources.devices", devices),
+                              ("config.environment.add_capabilities", add_capabilities)):
         if asked:
-            return FieldProblem(field_name, "refused: a trial gets only its task directory and its checkpoint "
+            return FieldProblem(field_name, "refused: a task gets only its task directory and its checkpoint "
                                 f"storage; host paths, devices and capabilities need {SETTING} in the master config")
-    return storage_refusal(cfg.checkpoint_storage, cluster_storage)
+    return None
 
 
 def storage_refusal(storage: object, cluster_storage: Mapping[str, Any]) -> FieldProblem | None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
 from control_plane.core.expconf import BindMount, ConfigInvalid, Environment, FieldError
 from control_plane.core.expconf.messages import field_errors
-from control_plane.core.expconf.models.resources import ByteSize
+from control_plane.core.expconf.models.resources import ByteSize, Devices
 
 TaskKind = Literal["command", "notebook", "tensorboard", "shell"]
 TASK_KINDS: tuple[str, ...] = ("command", "notebook", "tensorboard", "shell")
@@ -38,6 +38,8 @@ class TaskResources(_Lenient):
     weight: FiniteFloat = Field(default=1.0, gt=0)
     shm_size: ByteSize = None
     memory: ByteSize = None
+    # Host devices in the task's container (needs allow_task_host_access).
+    devices: Devices = []
 
 
 class TaskConfig(_Lenient):

@@ -30,6 +30,7 @@ from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.core.containers import task_container_spec
 from control_plane.core.expconf import ConfigInvalid
+from control_plane.core.host_access import host_parts_refusal
 from control_plane.core.rbac import DEFAULT_WORKSPACE_ID, Perm
 from control_plane.core.task_config import (
     READY_ON_ADDRESS,
@@ -138,9 +139,10 @@ def launch(s: Session, master: Master, p: Principal, kind: str, raw_config: Any,
         unservable = pool_capacity.unservable_reason(s, master, pool.name, cfg.resources.slots)
         if unservable is not None:
             raise bad_request(unservable, "config.resources.slots")
-    if cfg.bind_mounts and not master.config.allow_task_host_access:
-        raise bad_request("refused: host paths need allow_task_host_access in the master config",
-                          "config.bind_mounts")
+    if not master.config.allow_task_host_access:
+        refusal = host_parts_refusal(cfg.bind_mounts, cfg.resources.devices, cfg.environment.add_capabilities)
+        if refusal is not None:
+            raise bad_request(refusal.reason, refusal.field)
     task_id = str(uuid.uuid4())
     now = master.clock()
     cfg = cfg.model_copy(update={"description": description_of(kind, cfg, task_id)})

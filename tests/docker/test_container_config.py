@@ -76,6 +76,34 @@ def test_the_master_sends_the_image_of_the_agents_device_type_and_the_mounts() -
     assert cpu.checkpoint_path == "/mnt/ckpt"
 
 
+def test_capabilities_and_devices_in_both_spellings_reach_the_agents_launch(tmp_path: Path) -> None:
+    """environment.add_capabilities / drop_capabilities and resources.devices (what the master lets
+    through with allow_task_host_access): typed at submit, sent, and in the docker launch."""
+    cfg = parse(environment={"add_capabilities": ["CAP_NET_ADMIN"], "drop_capabilities": ["MKNOD"]},
+                resources={"devices": ["/dev/fuse", "/dev/null:/dev/quiet:rw",
+                                       {"host_path": "/dev/zero", "container_path": "/dev/z"}]})
+    sent = container_spec(cfg, "cpu")
+    assert (sent.cap_add, sent.cap_drop) == (["CAP_NET_ADMIN"], ["MKNOD"])
+    assert [(d.host_path, d.container_path, d.mode) for d in sent.devices] == [
+        ("/dev/fuse", "/dev/fuse", "mrw"), ("/dev/null", "/dev/quiet", "rw"), ("/dev/zero", "/dev/z", "mrw")]
+    wire = TaskSpec(allocation_id="a", entrypoint=["x"], container=sent).to_wire()
+    rt = ImageRuntime()
+    try:
+        launch = agent(tmp_path, rt, CPU, container_image_cpu="base/cpu:1")._container_launch(
+            TaskSpec.model_validate(wire), CPU)
+        assert launch is not None
+        assert (launch.cap_add, launch.cap_drop, launch.devices) == (
+            ("CAP_NET_ADMIN",), ("MKNOD",), ("/dev/fuse:/dev/fuse:mrw", "/dev/null:/dev/quiet:rw", "/dev/zero:/dev/z:mrw"))
+    finally:
+        rt.close()
+    assert errors(resources={"devices": ["dev/fuse"]}) == {
+        "resources.devices[0]": "host_path must be an absolute path, got 'dev/fuse'"}
+    assert errors(resources={"devices": ["/dev/a:/dev/b:rwx"]}) == {
+        "resources.devices[0]": "mode must be made of r, w and m, got 'rwx'"}
+    assert errors(environment={"add_capabilities": ["net admin"]}) == {
+        "environment.add_capabilities[0]": "'net admin' is not a capability name (e.g. SYS_PTRACE, CAP_NET_ADMIN)"}
+
+
 CPU = [Slot(id="0", type="cpu", brand="cpu")]
 GPUS = [Slot(id="0", type="cuda", brand="A10G", uuid="GPU-aaa", index=0),
         Slot(id="1", type="cuda", brand="A10G", uuid="GPU-bbb", index=1)]

@@ -91,6 +91,25 @@ def test_a_task_runs_in_its_container_with_env_mounts_and_logs(docker_engine: En
     assert runtime.exit_reason(handle) is None
 
 
+def test_the_configs_capabilities_and_devices_are_the_containers(docker_engine: Engine, runtime: DockerRuntime,
+                                                                   tmp_path: Path, mounts: list[str]) -> None:
+    """environment.add_capabilities / drop_capabilities and resources.devices (allowed by the
+    master's allow_task_host_access) are what Docker gives the container."""
+    out = Output()
+    code = ("import os; print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapBnd')][0]); "
+            "print(os.path.exists('/dev/quiet'), open('/dev/quiet', 'w').write('x'))")
+    spec = launch(docker_engine, tmp_path, mounts, code, out=out, alloc="caps", cap_add=("CAP_NET_ADMIN", "NET_RAW"),
+                  cap_drop=("CHOWN",), devices=("/dev/null:/dev/quiet:rw",))
+    handle = runtime.start(spec)
+    assert runtime.wait(handle) == 0, out.text("stderr")
+    runtime.release(handle)
+    bounding_hex, device = out.text("stdout").splitlines()
+    bounding = int(bounding_hex, 16)
+    assert bounding & (1 << 12) and bounding & (1 << 13)  # NET_ADMIN added; NET_RAW back because asked for
+    assert not bounding & (1 << 0) and bounding & (1 << 1)  # CHOWN dropped; the other defaults kept
+    assert device == "True 1"
+
+
 def test_an_optional_mount_whose_source_is_missing_is_left_out(docker_engine: Engine, runtime: DockerRuntime,
                                                                 tmp_path: Path, mounts: list[str]) -> None:
     """A TensorBoard's trial event directories are optional read-only mounts: one the agent lacks

@@ -64,6 +64,11 @@ class ContainerLaunch:
     # The cluster's checkpoint storage root (ContainerSpec.storage_root): a missing writable mount
     # source is made only below it or the agent's work dir (agent/host_paths.py).
     storage_root: str | None = None
+    # Capabilities added to and dropped from the container's (Docker's names), and host devices
+    # (Docker's host:container:mode), from the config (the master's allow_task_host_access).
+    cap_add: tuple[str, ...] = ()
+    cap_drop: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,11 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def _cap(name: str) -> str:
+    """A capability as Docker's API takes it (NET_ADMIN for CAP_NET_ADMIN)."""
+    return name.upper().removeprefix("CAP_")
+
+
 def _explanation(e: Exception) -> str:
     text = getattr(e, "explanation", None) or str(e)
     return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
@@ -202,14 +207,22 @@ class DockerRuntime:
         )
         if user:
             kwargs["user"] = user
+        added = [_cap(x) for x in c.cap_add]
         if spec.run_as is not None:
-            # Unprivileged (issue 27): never privileged, no capabilities, no setuid way back.
+            # Unprivileged (issue 27): never privileged, no capabilities but those the config adds
+            # (allow_task_host_access), no setuid way back.
             kwargs.update(privileged=False, cap_drop=["ALL"], security_opt=["no-new-privileges"])
         else:
             # The image's or container_user's own user keeps Docker's default capabilities (an
-            # image's root installs packages), but not raw sockets: on the host's network they
-            # would read every connection of the host, other tasks' tokens to the master included.
-            kwargs.update(privileged=False, cap_drop=["NET_RAW"])
+            # image's root installs packages), but not raw sockets (unless the config adds them): on
+            # the host's network they would read every connection of the host, other tasks' tokens
+            # to the master included.
+            dropped = ["NET_RAW", *(_cap(x) for x in c.cap_drop)]
+            kwargs.update(privileged=False, cap_drop=[x for x in dict.fromkeys(dropped) if x not in added])
+        if added:
+            kwargs["cap_add"] = added
+        if c.devices:
+            kwargs["devices"] = list(c.devices)
         if c.shm_size_bytes:
             kwargs["shm_size"] = c.shm_size_bytes
         if c.memory_bytes:

@@ -47,7 +47,7 @@ from control_plane.core.expconf.models.hyperparameters import (
     grid_size,
     hyperparameters_to_dict,
 )
-from control_plane.core.expconf.models.resources import Resources, byte_size
+from control_plane.core.expconf.models.resources import Device, Devices, Resources, byte_size
 from control_plane.core.expconf.models.searcher import (
     AdaptiveASHASearcher,
     GridSearcher,
@@ -89,6 +89,8 @@ __all__ = [
     "RandomSearcher",
     "Reproducibility",
     "Resources",
+    "Device",
+    "Devices",
     "S3Storage",
     "SearcherConfig",
     "SharedFSStorage",

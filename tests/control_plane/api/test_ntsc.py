@@ -63,10 +63,18 @@ def test_refusals_name_the_field(client, admin_headers) -> None:  # type: ignore
     for config, field in (({"entrypoint": ["x"], "resources": {"slots": "two"}}, "config.resources.slots"),
                           ({"description": "no entrypoint"}, "config.entrypoint"),
                           ({"entrypoint": "x", "resources": {"resource_pool": "nope"}}, "config.resources.resource_pool"),
-                          ({"entrypoint": "x", "idle_timeout": "soon"}, "config.idle_timeout")):
+                          ({"entrypoint": "x", "idle_timeout": "soon"}, "config.idle_timeout"),
+                          ({"entrypoint": "x", "resources": {"devices": ["dev/x"]}}, "config.resources.devices"),
+                          # What reaches the agent's host needs allow_task_host_access, as for trials.
+                          ({"entrypoint": "x", "bind_mounts": [{"host_path": "/etc", "container_path": "/e"}]},
+                           "config.bind_mounts"),
+                          ({"entrypoint": "x", "resources": {"devices": ["/dev/mem"]}}, "config.resources.devices"),
+                          ({"entrypoint": "x", "environment": {"add_capabilities": ["SYS_ADMIN"]}},
+                           "config.environment.add_capabilities")):
         r = client.post("/api/v1/commands", headers=admin_headers, json={"config": config})
         assert r.status_code == 400, r.text
         assert field in r.text, r.text
+    assert client.get("/api/v1/commands", headers=admin_headers).json()["commands"] == []
 
 
 def test_placed_like_a_trial_with_its_spec_and_not_preempted(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]

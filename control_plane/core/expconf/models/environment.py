@@ -131,6 +131,20 @@ class RegistryAuth(ConfigModel):
     registrytoken: str | None = None
 
 
+_CAPABILITY = re.compile(r"^(CAP_)?[A-Z][A-Z0-9_]*$")
+
+
+def _capability(value: Any) -> Any:
+    """A Linux capability as Docker names one (NET_ADMIN, CAP_NET_ADMIN, ALL)."""
+    if isinstance(value, str) and not _CAPABILITY.match(value):
+        raise PydanticCustomError("capability", "{reason}",
+                                  {"reason": f"{value!r} is not a capability name (e.g. SYS_PTRACE, CAP_NET_ADMIN)"})
+    return value
+
+
+Capabilities = list[Annotated[str, BeforeValidator(_capability)]]
+
+
 class Environment(ConfigModel):
     image: Annotated[DeviceImages, BeforeValidator(_normalize_image)] = DeviceImages()
     environment_variables: Annotated[DeviceVariables, BeforeValidator(_normalize_env_vars)] = (
@@ -139,7 +153,7 @@ class Environment(ConfigModel):
     force_pull_image: bool = False
     registry_auth: RegistryAuth | None = None
     pod_spec: dict[str, Any] | None = None
-    add_capabilities: list[str] = []
-    drop_capabilities: list[str] = []
+    add_capabilities: Capabilities = []
+    drop_capabilities: Capabilities = []
     ports: dict[str, Annotated[int, Field(ge=1, le=65535)]] = {}
     proxy_ports: list[dict[str, Any]] = []
