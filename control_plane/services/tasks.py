@@ -356,7 +356,7 @@ def task_spec(s: Session, master: Master, alloc: Allocation, agent: Agent, slot_
         env.update({"SHIPYARD_PROXY_BASE": f"/proxy/{task.id}/", "JUPYTER_TOKEN": jupyter_token(master, task.id)})
     elif task.kind == "tensorboard":  # the harness's launcher (the agent puts it on PYTHONPATH)
         argv = ["python3", "-m", "harness.tensorboard.serve"]
-        sources = tensorboards.sources(s, master.cluster_id, cfg.trial_ids)
+        sources = tensorboards.sources(s, master.cluster_id, cfg.trial_ids, task.owner_id)
         read_only = tensorboards.shared_fs_paths(sources)
         env.update({"SHIPYARD_PROXY_BASE": f"/proxy/{task.id}/", "SHIPYARD_TASK_TOKEN": jupyter_token(master, task.id),
                     TENSORBOARD_SOURCES_ENV: json.dumps(sources)})

@@ -60,16 +60,26 @@ def _best(s: Session, exp: Experiment) -> list[int]:
     return sorted(trial_id for trial_id, _ in ranked[:MAX_TRIALS])
 
 
-def sources(s: Session, cluster_id: str, trial_ids: Sequence[int]) -> list[dict[str, Any]]:
+# A storage's own credentials: another user's never reach a TensorBoard's environment.
+STORAGE_CREDENTIALS = ("access_key", "secret_key")
+
+
+def sources(s: Session, cluster_id: str, trial_ids: Sequence[int], launcher_id: int | None) -> list[dict[str, Any]]:
     """For the task's launcher: each trial's run name, its experiment's checkpoint storage, the
     path of its event files in that storage and its experiment's owner (a root agent adds the uid
-    the owner's trials run as; the launcher reads a shared_fs directory only if that uid owns it)."""
+    the owner's trials run as; the launcher reads a shared_fs directory only if that uid owns it).
+    The storage of an experiment `launcher_id` does not own comes without its credentials (the
+    TensorBoard runs as its launcher, who could read its environment): it is read with what the
+    agent's machine has (an instance role), as a trial without keys would."""
     out = []
     rows = s.execute(select(Trial.id, Experiment.id, Experiment.config, Experiment.owner_id)
                      .join(Experiment, Experiment.id == Trial.experiment_id)
                      .where(Trial.id.in_(list(trial_ids))).order_by(Trial.id))
     for trial_id, exp_id, config, owner_id in rows:
-        out.append({"name": f"exp{exp_id}-trial{trial_id}", "storage": (config or {}).get("checkpoint_storage") or {},
+        storage = dict((config or {}).get("checkpoint_storage") or {})
+        if owner_id != launcher_id:
+            storage = {k: v for k, v in storage.items() if k not in STORAGE_CREDENTIALS}
+        out.append({"name": f"exp{exp_id}-trial{trial_id}", "storage": storage,
                     "path": sync_path(cluster_id, exp_id, trial_id), "owner": owner_id})
     return out
 

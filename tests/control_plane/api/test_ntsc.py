@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import yaml
 from sqlalchemy import select
 
 from control_plane.core.scheduling import RunningAllocation  # noqa: F401 (documents the seam)
@@ -147,6 +148,32 @@ def test_tensorboard_launch_its_trials_spec_and_refusals(client, admin_headers, 
     assert task["taskType"] == "TASK_TYPE_TENSORBOARD" and task["allocations"][0]["isReady"] is False
     killed = client.post(f"/api/v1/tensorboards/{tb['id']}/kill", headers=admin_headers).json()["tensorboard"]
     assert killed["state"] == "STATE_TERMINATING"
+
+
+def test_a_tensorboard_gets_another_users_storage_without_its_keys(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    """It runs as its launcher, who could read its environment: the storage of an experiment they do
+    not own reaches it without access_key / secret_key; the owner's own TensorBoard gets them."""
+    from tests.control_plane.api.test_experiments import CONFIG, create_ok, only_trial
+
+    bob = make_user(client, admin_headers, "bob")
+    cfg = yaml.safe_load(CONFIG)
+    cfg["checkpoint_storage"] = {"type": "s3", "bucket": "b", "access_key": "AKIABOB", "secret_key": "bob-secret"}
+    trial = only_trial(master, create_ok(client, bob, yaml.safe_dump(cfg))["experiment"]["id"])
+    _agent(master)
+    seen = {}
+    for who, headers in (("admin", admin_headers), ("bob", bob)):
+        r = client.post("/api/v1/tensorboards", headers=headers,
+                        json={"trialIds": [trial.id], "config": {"resources": {"slots": 0}}})
+        assert r.status_code == 200, r.text
+        placement.tick(master)
+        with transaction(master.sessions) as s:
+            alloc = s.scalar(select(Allocation).where(Allocation.task_id == r.json()["tensorboard"]["id"]))
+            spec = agent_service.task_spec(s, master, alloc, s.get(Agent, "a1"))
+        (seen[who],) = json.loads(spec.env["SHIPYARD_TENSORBOARD_SOURCES"])
+    assert (seen["admin"]["storage"]["bucket"], seen["admin"]["storage"].keys() & {"access_key", "secret_key"}) == (
+        "b", set())
+    assert "bob-secret" not in json.dumps(seen["admin"]) and "AKIABOB" not in json.dumps(seen["admin"])
+    assert (seen["bob"]["storage"]["access_key"], seen["bob"]["storage"]["secret_key"]) == ("AKIABOB", "bob-secret")
 
 
 def test_tensorboard_of_a_large_experiment_takes_its_best_trials(client, admin_headers, master,  # type: ignore[no-untyped-def]
