@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from control_plane.auth import Principal
 from control_plane.core import states as st
+from control_plane.core.expconf.secrets import redact_config
 from control_plane.core.task_config import TASK_TYPES
 from control_plane.db.models import Project, User, Workspace
 from control_plane.errors import DomainError, bad_request, http_status
@@ -81,7 +82,7 @@ def _task_ctx(master: Master, ui: sess.UISession, task_id: str) -> dict[str, Any
         v = tasks.get(s, ui.principal, task_id)
         s.expunge_all()
     row = task_row(v, ui.principal)
-    return {"t": row, "config": v.task.config or {}, "final": row["ended"]}
+    return {"t": row, "config": redact_config(v.task.config or {}), "final": row["ended"]}  # as the API shows it
 
 
 FLASH = {"kill": "Killing the task: it stops in a few seconds.", "noop": "Nothing to kill: the task has ended."}

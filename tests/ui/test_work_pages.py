@@ -25,7 +25,8 @@ def _rows(html: str, cls: str) -> list[str]:
 def test_tasks_page_lists_tasks_with_open_and_kill_for_who_may(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
     bob = make_user(client, admin_headers, "bob")
     make_user(client, admin_headers, "eve")
-    cmd = launch(client, bob, entrypoint=["sleep", "600"], resources={"slots": 0})["command"]
+    cmd = launch(client, bob, entrypoint=["sleep", "600"], resources={"slots": 0},
+                 environment={"registry_auth": {"username": "bob", "password": "registry-pass"}})["command"]
     nb = launch(client, bob, "notebooks", resources={"slots": 0})["notebook"]
     ui_login(client, "bob", "bob-password-1")
     html = client.get("/tasks").text
@@ -42,6 +43,7 @@ def test_tasks_page_lists_tasks_with_open_and_kill_for_who_may(client, admin_hea
     assert html.count('class="kill"') == 2
     page = client.get(f"/tasks/{cmd['id']}")
     assert page.status_code == 200 and 'id="task-kill"' in page.text and "sleep" in page.text
+    assert "registry-pass" not in page.text  # the config as the API shows it: secrets redacted
     assert page.headers["X-Shipyard-Final"] == "0"
     logs = client.get(f"/ui/data/tasks/{cmd['id']}/logs").json()
     assert logs["lines"] == [] and logs["over"] is False
@@ -57,7 +59,9 @@ def test_tasks_page_lists_tasks_with_open_and_kill_for_who_may(client, admin_hea
     assert client.get("/tasks/..%2Fx").status_code in (400, 404)
     # An admin sees both; the owner's kill goes through the service and says so.
     ui_login(client)
-    assert set(_rows(client.get("/tasks").text, "task")) == {cmd["id"], nb["id"]}
+    html = client.get("/tasks").text
+    assert set(_rows(html, "task")) == {cmd["id"], nb["id"]}
+    assert "/proxy/" not in html  # no Open: a browser reaches its own user's tasks only (api/proxy.py)
     ui_login(client, "bob", "bob-password-1")
     csrf = page_csrf(client, "/tasks")
     r = client.post(f"/tasks/{cmd['id']}/kill", data={"csrf": csrf}, follow_redirects=False)
