@@ -13,7 +13,7 @@ from typing import Any
 
 from cli import session
 from cli.errors import CliError
-from shipyard_common import passwords, private_files
+from shipyard_common import host_env, passwords, private_files
 from shipyard_common.processes import pid_alive, start_session, stop_process_group
 
 # httpx is imported where a request is made, as in cli.session: ~100 ms that `det deploy local status`
@@ -153,7 +153,9 @@ def up(state_dir: Path, *, agents: int, port: int, db: str | None, slots: int, p
         private_files.write_private(token_file, agent_token.encode())
         private_files.private_dir(state_dir / "agents")
         os.chmod(state_dir / "agents", 0o711)
-        agent_env = {k: v for k, v in os.environ.items() if k != "SHIPYARD_ADMIN_PASSWORD"}
+        # As a local pool's agents (provisioners/local.py): an allowlist of this environment, so
+        # nothing of the user's shell (cloud keys, a database URL, the admin password) reaches them.
+        agent_env = host_env.for_agent(os.environ)
         for i in range(agents):
             agent_id = f"local-{i}"
             log = state_dir / "agents" / f"{agent_id}.log"

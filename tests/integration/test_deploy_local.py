@@ -23,7 +23,8 @@ def det(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
-    env = dict(os.environ, SHIPYARD_CLI_DIR=str(tmp_path / "cli"))
+    # The user's shell holds secrets of its own: they do not reach the agents (shipyard_common/host_env.py).
+    env = dict(os.environ, SHIPYARD_CLI_DIR=str(tmp_path / "cli"), AWS_SECRET_ACCESS_KEY="shell-secret-key")
     state = tmp_path / "local"
     port = free_port()
     up = det("deploy", "local", "up", "--agents", "2", "--port", str(port), "--state-dir", str(state), env=env)
@@ -40,6 +41,9 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     status = json.loads(det("deploy", "local", "status", "--json", "--state-dir", str(state), env=env).stdout)
     pids = [status["master_pid"]] + [a["pid"] for a in status["agents"]]
     assert status["master_alive"] and all(a["alive"] for a in status["agents"])
+    for a in status["agents"]:
+        environ = Path(f"/proc/{a['pid']}/environ").read_bytes()
+        assert b"shell-secret-key" not in environ and b"PATH=" in environ
     # the CLI is logged in as admin against that master and sees both agents
     agents = det("-m", f"http://127.0.0.1:{port}", "agent", "list", "--json", env=env)
     assert agents.returncode == 0, agents.stderr
