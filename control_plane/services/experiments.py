@@ -27,6 +27,7 @@ from control_plane.core.expconf import (
     parse_experiment_config,
 )
 from control_plane.core.expconf.defaults import merge_storage
+from control_plane.core.expconf.secrets import PLACEHOLDER, redacted_left
 from control_plane.core.host_access import host_access_refusal
 from control_plane.core.metrics import better
 from control_plane.core.rbac import Perm
@@ -163,7 +164,10 @@ def validate(s: Session, master: Master, new: NewExperiment) -> ValidatedExperim
         archive = pack_model_definition(files)
     except ModelDefInvalid as e:
         raise Invalid(f"{e.path}: {e.reason}", [FieldProblem(e.path, e.reason)]) from None
-    return ValidatedExperiment(cfg, config_to_dict(cfg), list(warnings), files, archive, home.project.id)
+    config = config_to_dict(cfg)
+    if (left := redacted_left(config)) is not None:  # a config shown back (secrets hidden) and sent again
+        raise bad_request(PLACEHOLDER, f"config.{left}")
+    return ValidatedExperiment(cfg, config, list(warnings), files, archive, home.project.id)
 
 
 def create(s: Session, master: Master, owner: Principal, new: NewExperiment) -> tuple[Experiment, ValidatedExperiment]:

@@ -30,6 +30,7 @@ from control_plane.auth import Principal, TokenKind
 from control_plane.core import states as st
 from control_plane.core.containers import task_container_spec
 from control_plane.core.expconf import ConfigInvalid
+from control_plane.core.expconf.secrets import PLACEHOLDER, redacted_left
 from control_plane.core.host_access import host_parts_refusal
 from control_plane.core.rbac import DEFAULT_WORKSPACE_ID, Perm
 from control_plane.core.task_config import (
@@ -143,6 +144,8 @@ def launch(s: Session, master: Master, p: Principal, kind: str, raw_config: Any,
         refusal = host_parts_refusal(cfg.bind_mounts, cfg.resources.devices, cfg.environment.add_capabilities)
         if refusal is not None:
             raise bad_request(refusal.reason, refusal.field)
+    if (left := redacted_left(config_dict(cfg))) is not None:  # a config shown back and sent again
+        raise bad_request(PLACEHOLDER, f"config.{left}")
     task_id = str(uuid.uuid4())
     now = master.clock()
     cfg = cfg.model_copy(update={"description": description_of(kind, cfg, task_id)})

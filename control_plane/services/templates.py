@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from control_plane.auth import Principal
 from control_plane.core.expconf.loading import load_document
 from control_plane.core.expconf.merge import merge_template
+from control_plane.core.expconf.secrets import PLACEHOLDER, keep_redacted, redacted_left
 from control_plane.core.rbac import Perm
 from control_plane.db.models import ConfigTemplate
 from control_plane.errors import bad_request, conflict, not_found
@@ -27,9 +28,14 @@ log = logging.getLogger("shipyard.templates")
 NAME_MAX = 255
 
 
-def _config(value: Any) -> dict[str, Any]:
+def _config(value: Any, old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The template's config; a secret shown back as REDACTED and sent again keeps `old`'s value
+    (the same template's), and is refused where there is none."""
     if not isinstance(value, dict):
         raise bad_request("must be a mapping of experiment config fields", "config")
+    value = keep_redacted(value, old)
+    if (left := redacted_left(value)) is not None:
+        raise bad_request(PLACEHOLDER, f"config.{left}")
     return value
 
 
@@ -63,7 +69,7 @@ def create_template(s: Session, master: Master, by: Principal, name: str, config
 def set_config(s: Session, by: Principal, t: ConfigTemplate, config: Any) -> None:
     access.require_permission(s, by, Perm.UPDATE_TEMPLATES, workspace_id=t.workspace_id, what=f"template {t.name!r}",
                               owner_id=t.owner_id)
-    t.config = _config(config)
+    t.config = _config(config, t.config)
     s.flush()
 
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, object_session
 from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.core.expconf.models.storage import CheckpointStorage
+from control_plane.core.expconf.secrets import PLACEHOLDER, keep_redacted_storage, redacted_left
 from control_plane.core.rbac import Perm
 from control_plane.db.models import ConfigTemplate, Experiment, Project, User, Workspace
 from control_plane.errors import bad_request, conflict, not_found
@@ -61,10 +62,14 @@ def _pool(master: Master, name: str | None, field_name: str) -> str | None:
     return name
 
 
-def _storage(value: dict[str, Any] | None, field_name: str) -> dict[str, Any] | None:
-    """Checkpoint storage as an experiment config would give it ({} clears it)."""
+def _storage(value: dict[str, Any] | None, field_name: str, old: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Checkpoint storage as an experiment config would give it ({} clears it); a secret key shown
+    back as REDACTED and sent again keeps `old`'s (the same workspace's), refused where there is none."""
     if not value:
         return None
+    value = keep_redacted_storage(value, old)
+    if redacted_left({"checkpoint_storage": value}) is not None:
+        raise bad_request(PLACEHOLDER, f"{field_name}.secret_key")
     try:
         _STORAGE.validate_python(value)
     except ValidationError as e:
@@ -97,7 +102,7 @@ def _apply_settings(s: Session, master: Master, ws: Workspace, change: Workspace
     if change.default_aux_pool is not None:
         ws.default_aux_pool = _pool(master, change.default_aux_pool, "defaultAuxPool")
     if change.checkpoint_storage is not None:
-        ws.checkpoint_storage = _storage(change.checkpoint_storage, "checkpointStorageConfig")
+        ws.checkpoint_storage = _storage(change.checkpoint_storage, "checkpointStorageConfig", ws.checkpoint_storage)
 
 
 def create_workspace(s: Session, master: Master, by: Principal, new: WorkspaceSettings) -> Workspace:

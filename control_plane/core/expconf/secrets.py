@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["REDACTED", "SECRET_REGISTRY_KEYS", "SECRET_STORAGE_KEYS", "redact_config", "redact_config_text",
-           "redact_storage"]
+__all__ = ["PLACEHOLDER", "REDACTED", "SECRET_REGISTRY_KEYS", "SECRET_STORAGE_KEYS", "keep_redacted", "keep_redacted_storage",
+           "redact_config", "redact_config_text", "redact_storage", "redacted_left"]
 
 REDACTED = "********"
 SECRET_STORAGE_KEYS = ("secret_key",)
@@ -61,3 +61,51 @@ def redact_config_text(text: str) -> str:
         return f'{m.group(1)}"{REDACTED}"{value[len(value.rstrip()):]}'
 
     return _SECRET_VALUE.sub(hide, text)
+
+
+# Written back as shown (a template or a workspace read, edited and saved): the placeholder stands
+# for the value stored in the same record, which it keeps; anywhere else it is refused, never stored.
+def _kept(new: Any, old: Any, keys: Sequence[str]) -> Any:
+    if not isinstance(new, dict) or not any(new.get(k) == REDACTED for k in keys):
+        return new
+    old = old if isinstance(old, dict) else {}
+    return {**new, **{k: old[k] for k in keys if new.get(k) == REDACTED and old.get(k)}}
+
+
+def keep_redacted_storage(new: Any, old: Any) -> Any:
+    """A checkpoint_storage section saved over `old`: REDACTED secrets take `old`'s values."""
+    return _kept(new, old, SECRET_STORAGE_KEYS)
+
+
+def keep_redacted(new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    """A config saved over `old` (the same record's): its REDACTED secrets take `old`'s values."""
+    old = old or {}
+    out = new
+    storage = keep_redacted_storage(new.get("checkpoint_storage"), old.get("checkpoint_storage"))
+    if storage is not new.get("checkpoint_storage"):
+        out = {**out, "checkpoint_storage": storage}
+    env, old_env = new.get("environment"), old.get("environment")
+    if isinstance(env, dict):
+        auth = _kept(env.get("registry_auth"), old_env.get("registry_auth") if isinstance(old_env, dict) else None,
+                     SECRET_REGISTRY_KEYS)
+        if auth is not env.get("registry_auth"):
+            out = {**out, "environment": {**env, "registry_auth": auth}}
+    return out
+
+
+PLACEHOLDER = f"is {REDACTED!r}, the placeholder shown for a hidden secret: give the secret itself, or leave it out"
+
+
+def redacted_left(config: dict[str, Any]) -> str | None:
+    """The field of `config` that still holds the REDACTED placeholder as a secret (a config shown
+    back and sent again where no stored value stands behind it), or None."""
+    storage = config.get("checkpoint_storage")
+    for key in SECRET_STORAGE_KEYS:
+        if isinstance(storage, dict) and storage.get(key) == REDACTED:
+            return f"checkpoint_storage.{key}"
+    env = config.get("environment")
+    auth = env.get("registry_auth") if isinstance(env, dict) else None
+    for key in SECRET_REGISTRY_KEYS:
+        if isinstance(auth, dict) and auth.get(key) == REDACTED:
+            return f"environment.registry_auth.{key}"
+    return None

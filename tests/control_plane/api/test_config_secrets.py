@@ -64,3 +64,49 @@ def test_registry_credentials_and_storage_keys_are_hidden_from_owner_and_others(
     with master.sessions() as s:
         assert s.get(Experiment, exp_id).config["environment"]["registry_auth"]["password"] == "hunter2"
         assert s.get(Task, cmd_id).config["environment"]["registry_auth"]["password"] == "hunter2"
+
+
+def test_a_config_shown_back_and_saved_again_keeps_its_secrets_or_is_refused(client, admin_headers, master) -> None:  # type: ignore[no-untyped-def]
+    """`det template describe` then `det template set`, a workspace's storage read and sent back:
+    the placeholder stands for the same record's stored secret and keeps it. Where no stored value
+    stands behind it (a new experiment, command, template or workspace), it is refused with the field,
+    never stored as the secret."""
+    from control_plane.db.models import ConfigTemplate, Workspace
+    from tests.control_plane.api.test_experiments import create
+
+    tpl = {"checkpoint_storage": STORAGE, "environment": {"registry_auth": REGISTRY_AUTH}}
+    assert client.post("/api/v1/templates/t1", headers=admin_headers, json={"name": "t1", "config": tpl}).status_code == 200
+    shown = client.get("/api/v1/templates/t1", headers=admin_headers).json()["template"]["config"]
+    _no_secret(shown)
+    shown["checkpoint_storage"]["bucket"] = "edited"
+    r = client.patch("/api/v1/templates/t1", headers=admin_headers, json=shown)
+    assert r.status_code == 200, r.text
+    with master.sessions() as s:
+        stored = s.get(ConfigTemplate, "t1").config
+    assert stored["checkpoint_storage"] == {**STORAGE, "bucket": "edited"}
+    assert stored["environment"]["registry_auth"]["password"] == "hunter2"
+    ws = client.post("/api/v1/workspaces", headers=admin_headers, json={"name": "w1", "checkpointStorageConfig": STORAGE})
+    ws_id = ws.json()["workspace"]["id"]
+    storage = client.get(f"/api/v1/workspaces/{ws_id}", headers=admin_headers).json()["workspace"]["checkpointStorageConfig"]
+    assert storage["secret_key"] == "********"
+    r = client.patch(f"/api/v1/workspaces/{ws_id}", headers=admin_headers, json={"checkpointStorageConfig": storage})
+    assert r.status_code == 200, r.text
+    with master.sessions() as s:
+        assert s.get(Workspace, ws_id).checkpoint_storage["secret_key"] == "s3cr3t/VALUE"
+    # Nothing behind the placeholder: refused, naming the field.
+    hidden_storage = {**STORAGE, "secret_key": "********"}
+    refusals = (
+        (create(client, admin_headers, CONFIG + "checkpoint_storage:\n" + "".join(
+            f"  {k}: '{v}'\n" for k, v in hidden_storage.items())), "config.checkpoint_storage.secret_key"),
+        (client.post("/api/v1/commands", headers=admin_headers, json={"config": {
+            "entrypoint": ["true"], "environment": {"registry_auth": {**REGISTRY_AUTH, "password": "********"}}}}),
+         "config.environment.registry_auth.password"),
+        (client.post("/api/v1/templates/t2", headers=admin_headers,
+                     json={"name": "t2", "config": {"checkpoint_storage": hidden_storage}}),
+         "config.checkpoint_storage.secret_key"),
+        (client.post("/api/v1/workspaces", headers=admin_headers,
+                     json={"name": "w2", "checkpointStorageConfig": hidden_storage}),
+         "checkpointStorageConfig.secret_key"))
+    for r, field in refusals:
+        assert r.status_code == 400 and "placeholder shown for a hidden secret" in r.text, r.text
+        assert field in [d["field"] for d in r.json()["details"]], r.json()
