@@ -61,6 +61,32 @@ def _open_below(root: Path, parts: list[str]) -> int:
     return fd
 
 
+def _remove_tree_at(parent: int, name: str) -> None:
+    """Remove directory `name` of `parent` and what is in it, through descriptors: a link inside is
+    removed, never followed; what cannot be removed is left."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    except OSError:
+        return
+    try:
+        with os.scandir(fd) as entries:
+            children = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        for child, is_dir in children:
+            try:
+                if is_dir:
+                    _remove_tree_at(fd, child)
+                else:
+                    os.unlink(child, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent)
+    except OSError:
+        pass
+
+
 def _copy_regular(dirfd: int, name: str, dst: Path) -> bool:
     """Copy the regular file `name` (in directory `dirfd`) to dst; False, copying nothing, for a
     symbolic link, a FIFO, a device or a socket."""
@@ -176,8 +202,7 @@ class SharedFSStorage(CheckpointStorage):
 
     def delete_files(self, uuid: str, relpaths: list[str]) -> None:
         """Each path's file, link or tree; reached through directory descriptors, no link followed
-        (the master deletes as root in a tree a trial wrote): a path through a link is left alone.
-        The master's (Python 3.11+: rmtree's dir_fd); trials never delete files of a checkpoint."""
+        (the master deletes as root in a tree a trial wrote): a path through a link is left alone."""
         for rel in relpaths:
             path = safe_relpath(rel.rstrip("/"))
             try:
@@ -189,7 +214,7 @@ class SharedFSStorage(CheckpointStorage):
             try:
                 mode = os.stat(path.name, dir_fd=parent, follow_symlinks=False).st_mode
                 if stat.S_ISDIR(mode):
-                    shutil.rmtree(path.name, ignore_errors=True, dir_fd=parent)
+                    _remove_tree_at(parent, path.name)
                 else:
                     os.unlink(path.name, dir_fd=parent)
             except FileNotFoundError:

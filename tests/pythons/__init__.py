@@ -98,6 +98,8 @@ DESELECTED = (
     "tests/harness/test_tensorboard_serve.py::test_a_trials_uploaded_event_files_reach_the_tensorboard[s3]",
     "tests/harness/test_tensorboard_serve.py::test_a_trials_uploaded_event_files_reach_the_tensorboard[gcs]",
     "tests/harness/test_storage.py::test_missing_gcs_bucket_fails_at_init",
+    "tests/harness/test_storage_files.py::test_list_and_delete_some_files[s3]",
+    "tests/harness/test_storage_files.py::test_list_and_delete_some_files[gcs]",
     "tests/shipyard_common/test_private_files.py::test_the_cli_token_cache_is_private",
     "tests/shipyard_common/test_private_files.py::test_deploy_local_state_is_private",
     "tests/shipyard_common/test_private_files.py::test_the_local_providers_directory_is_private",

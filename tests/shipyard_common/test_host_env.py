@@ -1,14 +1,10 @@
 """The allowlist of what a host process hands on (shipyard_common/host_env.py): the local provider's
-agents get none of the master's secrets, an agent's process-runtime tasks none of the agent's."""
+agents get none of the master's secrets (tests/provisioners/test_local_agent_env.py: the master's side,
+Python 3.11+), an agent's process-runtime tasks none of the agent's. Run on every agent Python."""
 
 from __future__ import annotations
 
-import os
-
-import pytest
-
 from agent_bootstrap.agent.daemon import task_environment
-from provisioners import local
 from shipyard_common import host_env
 from shipyard_common.agent_protocol import TaskSpec
 
@@ -32,14 +28,6 @@ BASICS = {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "https_proxy", "
 
 def test_tasks_inherit_the_host_basics_and_storage_endpoints_never_credentials_or_settings() -> None:
     assert set(host_env.inherited(MASTER_ENV)) == BASICS
-
-
-def test_local_provider_agents_get_their_own_settings_and_none_of_the_masters_secrets(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "environ", dict(MASTER_ENV))
-    env = local._agent_env()
-    assert set(env) == BASICS | {"DOCKER_HOST", "DET_AGENT_TOKEN", "DET_AGENT_AGENT_RECONNECT_BACKOFF_MAX"}
-    assert env["PATH"] == "/usr/bin"
 
 
 def test_a_process_task_gets_the_allowlist_its_spec_and_the_agents_additions() -> None:
