@@ -421,7 +421,10 @@ def submit_long_trial(url: str, headers: dict[str, str]) -> int:
     config = {"name": "upgrade-e2e", "entrypoint": "python3 train.py",
               "searcher": {"name": "single", "metric": "loss", "smaller_is_better": True,
                            "max_length": {"batches": UPGRADE_STEPS}},
-              "resources": {"slots_per_trial": 1, "resource_pool": render.COMPUTE_POOL}, "max_restarts": 0}
+              "resources": {"slots_per_trial": 1, "resource_pool": render.COMPUTE_POOL}, "max_restarts": 0,
+              # The bucket's keys (moto's): this harness's agents are processes with no instance role
+              # to ask, and a task never inherits its agent's credentials (shipyard_common/host_env.py).
+              "environment": {"environment_variables": ["AWS_ACCESS_KEY_ID=testing", "AWS_SECRET_ACCESS_KEY=testing"]}}
     files = [{"path": "train.py", "type": 48, "content": base64.b64encode(UPGRADE_TRAIN_PY.encode()).decode(),
               "mode": 0o644, "mtime": "0", "uid": 0, "gid": 0}]
     r = httpx.post(url + "/api/v1/experiments", headers=headers, timeout=30,
