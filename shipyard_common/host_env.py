@@ -9,7 +9,9 @@ master's SHIPYARD_DB_URL, SHIPYARD_ADMIN_PASSWORD, its cloud keys; the agent's D
               CUDA_HOME, NCCL_*), the network (proxies, SSL_CERT_FILE and the CA bundles), where
               storage is but never who may use it (STORAGE_EMULATOR_HOST, AWS_ENDPOINT_URL*,
               AWS_REGION, GOOGLE_CLOUD_PROJECT, GCE_METADATA_HOST) and the harness's own tuning
-              (SHIPYARD_RETRY_WAIT_MAX_S, SHIPYARD_METRICS_*; harness/core/_session.py, _reporter.py);
+              (SHIPYARD_RETRY_WAIT_MAX_S, SHIPYARD_METRICS_*; harness/core/_session.py, _reporter.py),
+              the machine's model caches, mirrors and offline switches (HF_HOME, TORCH_HOME,
+              XDG_CACHE_HOME, HF_ENDPOINT, HF_HUB_OFFLINE ...), OMP_NUM_THREADS, a conda prefix;
   not         everything else: credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
               AWS_SESSION_TOKEN, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS ...), the master's
               SHIPYARD_* settings, the agent's DET_AGENT_* settings, anything unknown. A task gets
@@ -30,6 +32,12 @@ _NAMES = frozenset({
     "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "GCE_METADATA_HOST", "GCE_METADATA_IP",
     "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_CA_BUNDLE",
     "SHIPYARD_RETRY_WAIT_MAX_S", "SHIPYARD_METRICS_FLUSH_TIMEOUT_S", "SHIPYARD_METRICS_SPOOL_MAX_BYTES",
+    # Where the machine keeps model and compiler caches (a shared disk on a GPU host), its mirrors
+    # and offline switches, threads per process, a conda environment: no credentials among them
+    # (HF_TOKEN, WANDB_API_KEY, PIP_INDEX_URL with a password belong in environment_variables).
+    "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "TORCH_HOME", "XDG_CACHE_HOME",
+    "TRITON_CACHE_DIR", "HF_ENDPOINT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
+    "OMP_NUM_THREADS", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
 })
 _PREFIXES = ("LC_", "NCCL_", "AWS_ENDPOINT_URL")
 

@@ -43,6 +43,8 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 # A transfer that moves nothing for this long is abandoned (a stalled task or caller).
 IDLE_TIMEOUT_S = 300.0
+# The relay lets the event loop serve others after this many bytes when neither side ever blocks.
+YIELD_BYTES = 16 << 20
 
 
 class SpliceError(OSError):
@@ -66,16 +68,10 @@ async def _splice_body(protocol: HttpToolsProtocol, cycle: RequestResponseCycle,
     if count > cycle.expected_content_length:
         raise RuntimeError("Response content longer than Content-Length")
     transport = protocol.transport
-    if cycle.disconnected or transport.is_closing():
-        return 0
-    while transport.get_write_buffer_size():  # what `send` wrote goes first
-        if transport.is_closing():
-            return 0
-        await asyncio.sleep(0.0005)
-    sock = transport.get_extra_info("socket")
     moved = 0
     try:
-        moved = await relay(src_fd, sock.fileno(), count, stop=stop)
+        if not cycle.disconnected and await _flushed(transport, stop):  # what `send` wrote goes first
+            moved = await relay(src_fd, transport.get_extra_info("socket").fileno(), count, stop=stop)
     finally:
         cycle.expected_content_length -= moved
         if moved < count:  # the response cannot be completed: the caller's connection goes
@@ -83,6 +79,20 @@ async def _splice_body(protocol: HttpToolsProtocol, cycle: RequestResponseCycle,
             cycle.keep_alive = False
             transport.close()
     return moved
+
+
+async def _flushed(transport: Any, stop: asyncio.Future[Any] | None) -> bool:
+    """Whether the transport's write buffer emptied (polled, backing off to 50 ms: a caller that
+    stops reading costs a few wake-ups a second); False once it closes, `stop` is done, or after
+    IDLE_TIMEOUT_S."""
+    delay, waited = 0.0005, 0.0
+    while transport.get_write_buffer_size():
+        if transport.is_closing() or (stop is not None and stop.done()) or waited >= IDLE_TIMEOUT_S:
+            return False
+        await asyncio.sleep(delay)
+        waited += delay
+        delay = min(delay * 2, 0.05)
+    return not transport.is_closing()
 
 
 async def relay(src_fd: int, dst_fd: int, count: int, *, stop: asyncio.Future[Any] | None = None) -> int:
@@ -97,8 +107,10 @@ async def relay(src_fd: int, dst_fd: int, count: int, *, stop: asyncio.Future[An
         with contextlib.suppress(OSError):
             fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_BYTES)
         capacity = fcntl.fcntl(w, _F_GETPIPE_SZ)
-        src, dst = os.dup(src_fd), os.dup(dst_fd)
+        src = os.dup(src_fd)
+        dst = os.dup(dst_fd)
         moved = queued = 0  # delivered to dst; in the pipe
+        next_yield = YIELD_BYTES
         flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
         while moved < count:
             src_blocked = dst_blocked = False
@@ -127,6 +139,9 @@ async def relay(src_fd: int, dst_fd: int, count: int, *, stop: asyncio.Future[An
                 else:
                     queued -= m
                     moved += m
+                    if moved >= next_yield:  # a fast pair of sockets never blocks: let the loop run
+                        next_yield = moved + YIELD_BYTES
+                        await asyncio.sleep(0)
                     continue
             if src_blocked or dst_blocked:
                 # Wait for what can make progress: the source while the pipe has room, the caller

@@ -15,8 +15,8 @@ from harness.storage.base import (
     CheckpointNotFound,
     CheckpointStorage,
     StorageConfigError,
+    StorageError,
     StorageNotWritable,
-    list_resources,
     safe_relpath,
     validate_uuid,
 )
@@ -87,19 +87,31 @@ def _remove_tree_at(parent: int, name: str) -> None:
         pass
 
 
-def _copy_regular(dirfd: int, name: str, dst: Path) -> bool:
-    """Copy the regular file `name` (in directory `dirfd`) to dst; False, copying nothing, for a
-    symbolic link, a FIFO, a device or a socket."""
+def _open_regular(dirfd: int, name: str) -> int | None:
+    """A read descriptor of `name` (in directory `dirfd`) when it is a regular file, else None: a
+    symbolic link, a FIFO, a socket or a device is never opened for reading (opening some devices
+    acts on them). Asked of an O_PATH descriptor, then reopened through /proc, so nothing swapped in
+    between is opened either."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENXIO):  # a link; a socket
-            return False
-        raise
+        path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=dirfd)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(path_fd).st_mode):
+            return None
+        return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY)
+    finally:
+        os.close(path_fd)
+
+
+def _copy_regular(dirfd: int, name: str, dst: Path) -> bool:
+    """Copy the regular file `name` (in directory `dirfd`) to dst; False, copying nothing, for
+    anything else (_open_regular)."""
+    fd = _open_regular(dirfd, name)
+    if fd is None:
+        return False
     with open(fd, "rb") as src:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            return False
         with open(dst, "wb") as out:
             shutil.copyfileobj(src, out, 1 << 20)
             os.fchmod(out.fileno(), stat.S_IMODE(mode) & 0o777)  # its permissions, no setuid/setgid/sticky
@@ -197,8 +209,29 @@ class SharedFSStorage(CheckpointStorage):
         shutil.rmtree(self._dir(uuid), ignore_errors=True)
 
     def list_files(self, uuid: str) -> dict[str, int]:
-        root = self._dir(uuid)
-        return list_resources(root) if root.is_dir() else {}
+        """Determined's resources map of the checkpoint (files with their size, directories as
+        'dir/': 0), read through directory descriptors as download reads it: links, FIFOs and
+        devices are not listed, nothing is followed."""
+        try:
+            top = _open_below(self.root, self._parts(uuid))
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return {}
+            raise
+        out: dict[str, int] = {}
+        try:
+            for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                rel = PurePosixPath(dirpath)
+                for name in sorted(dirnames):
+                    if stat.S_ISDIR(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+                        out[f"{(rel / name).as_posix()}/"] = 0
+                for name in sorted(filenames):
+                    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        out[(rel / name).as_posix()] = st.st_size
+        finally:
+            os.close(top)
+        return dict(sorted(out.items()))
 
     def delete_files(self, uuid: str, relpaths: list[str]) -> None:
         """Each path's file, link or tree; reached through directory descriptors, no link followed
@@ -219,6 +252,8 @@ class SharedFSStorage(CheckpointStorage):
                     os.unlink(path.name, dir_fd=parent)
             except FileNotFoundError:
                 pass
+            except RecursionError:
+                raise StorageError(f"checkpoint {uuid}: {rel} is nested too deep to remove") from None
             finally:
                 os.close(parent)
 

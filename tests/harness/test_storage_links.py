@@ -5,6 +5,7 @@ FIFO, is followed to what the trial could not read or delete itself."""
 from __future__ import annotations
 
 import os
+import stat
 import uuid as uuidlib
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def _outside(tmp_path: Path) -> Path:
     return secret
 
 
-def test_download_copies_the_trials_files_and_no_link_nor_fifo(tmp_path: Path) -> None:
+def test_download_copies_the_trials_files_and_no_link_nor_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     secret = _outside(tmp_path)
     storage = SharedFSStorage.from_config(str(tmp_path / "shared"), "exp-1")
     u = str(uuidlib.uuid4())
@@ -35,11 +36,25 @@ def test_download_copies_the_trials_files_and_no_link_nor_fifo(tmp_path: Path) -
     os.symlink("/proc/self/environ", ckpt / "opt" / "env.bin")
     os.symlink(secret.parent, ckpt / "linked-dir")
     os.mkfifo(ckpt / "pipe")  # would block a reader that opened it for its content
+    if os.geteuid() == 0:  # a container's root keeps MKNOD: a device node is never opened
+        os.mknod(ckpt / "device", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording(path, flags, *args, **kw):  # type: ignore[no-untyped-def]
+        opened.append(f"{path}:{flags & os.O_PATH}")
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", recording)
     out = tmp_path / "out"
     storage.download(u, out)
+    monkeypatch.undo()
+    assert not [o for o in opened if o.startswith(("device:", "pipe:")) and not o.endswith(f":{os.O_PATH}")], opened
     got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file() or p.is_symlink()}
     assert got == {"model.pt": b"weights", "opt/run.sh": b"#!/bin/sh\n"}
     assert (out / "opt" / "run.sh").stat().st_mode & 0o7777 == 0o755
+    # Listed as Determined's resources map: the same files, nothing through a link or special.
+    assert storage.list_files(u) == {"model.pt": 7, "opt/": 0, "opt/run.sh": 10}
 
 
 def test_a_checkpoint_or_storage_path_directory_that_is_a_link_is_not_found(tmp_path: Path) -> None:
@@ -50,6 +65,7 @@ def test_a_checkpoint_or_storage_path_directory_that_is_a_link_is_not_found(tmp_
     os.symlink(secret.parent, shared / u)  # the checkpoint's own directory
     with pytest.raises(CheckpointNotFound):
         SharedFSStorage.from_config(str(shared)).download(u, tmp_path / "out1")
+    assert SharedFSStorage.from_config(str(shared)).list_files(u) == {}
     (secret.parent / u).mkdir()
     (secret.parent / u / "k").write_text("x")
     os.symlink(secret.parent, shared / "evil")  # a storage_path directory

@@ -13,6 +13,7 @@ MASTER_ENV = {
     "PYTHONPATH": "/src", "https_proxy": "http://proxy:3128", "SSL_CERT_FILE": "/etc/ca.pem",
     "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9023", "AWS_ENDPOINT_URL_S3": "http://moto:5000",
     "AWS_DEFAULT_REGION": "us-east-1", "NCCL_SOCKET_IFNAME": "eth0", "SHIPYARD_RETRY_WAIT_MAX_S": "1",
+    "HF_HOME": "/mnt/cache/hf", "HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_secret", "WANDB_API_KEY": "wandb-secret",
     # secrets and settings that are nobody else's business
     "SHIPYARD_DB_URL": "postgresql://shipyard:dbpw@db/shipyard", "SHIPYARD_ADMIN_PASSWORD": "pw",
     "SHIPYARD_TOKEN_SECRET_FILE": "/etc/shipyard/key", "AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "sk",
@@ -21,9 +22,11 @@ MASTER_ENV = {
     "DET_AGENT_AGENT_RECONNECT_BACKOFF_MAX": "1",
 }
 SECRETS = {"SHIPYARD_DB_URL", "SHIPYARD_ADMIN_PASSWORD", "SHIPYARD_TOKEN_SECRET_FILE", "AWS_ACCESS_KEY_ID",
-           "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "GOOGLE_APPLICATION_CREDENTIALS", "GITHUB_TOKEN"}
+           "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "GOOGLE_APPLICATION_CREDENTIALS", "GITHUB_TOKEN",
+           "HF_TOKEN", "WANDB_API_KEY"}
 BASICS = {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "https_proxy", "SSL_CERT_FILE", "STORAGE_EMULATOR_HOST",
-          "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "NCCL_SOCKET_IFNAME", "SHIPYARD_RETRY_WAIT_MAX_S"}
+          "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "NCCL_SOCKET_IFNAME", "SHIPYARD_RETRY_WAIT_MAX_S", "HF_HOME",
+          "HF_HUB_OFFLINE"}
 
 
 def test_tasks_inherit_the_host_basics_and_storage_endpoints_never_credentials_or_settings() -> None:

@@ -65,20 +65,30 @@ def redact_config_text(text: str) -> str:
 
 # Written back as shown (a template or a workspace read, edited and saved): the placeholder stands
 # for the value stored in the same record, which it keeps; anywhere else it is refused, never stored.
-def _kept(new: Any, old: Any, keys: Sequence[str]) -> Any:
+# Only for the same destination: a secret is never carried to another bucket, endpoint, key id or
+# registry (whoever may edit the record could otherwise send it where they read it).
+_STORAGE_IDENTITY = ("type", "bucket", "endpoint_url", "access_key", "host_path")
+_REGISTRY_IDENTITY = ("serveraddress", "username")
+
+
+def _kept(new: Any, old: Any, keys: Sequence[str], identity: Sequence[str]) -> Any:
     if not isinstance(new, dict) or not any(new.get(k) == REDACTED for k in keys):
         return new
     old = old if isinstance(old, dict) else {}
+    if any(new.get(k) != old.get(k) for k in identity):
+        return new  # the placeholder stays, and is refused (redacted_left)
     return {**new, **{k: old[k] for k in keys if new.get(k) == REDACTED and old.get(k)}}
 
 
 def keep_redacted_storage(new: Any, old: Any) -> Any:
-    """A checkpoint_storage section saved over `old`: REDACTED secrets take `old`'s values."""
-    return _kept(new, old, SECRET_STORAGE_KEYS)
+    """A checkpoint_storage section saved over `old`: REDACTED secrets take `old`'s values when it
+    names the same storage (type, bucket, endpoint, access key, host path)."""
+    return _kept(new, old, SECRET_STORAGE_KEYS, _STORAGE_IDENTITY)
 
 
 def keep_redacted(new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
-    """A config saved over `old` (the same record's): its REDACTED secrets take `old`'s values."""
+    """A config saved over `old` (the same record's): its REDACTED secrets take `old`'s values, for
+    the same storage or registry only."""
     old = old or {}
     out = new
     storage = keep_redacted_storage(new.get("checkpoint_storage"), old.get("checkpoint_storage"))
@@ -87,7 +97,7 @@ def keep_redacted(new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, 
     env, old_env = new.get("environment"), old.get("environment")
     if isinstance(env, dict):
         auth = _kept(env.get("registry_auth"), old_env.get("registry_auth") if isinstance(old_env, dict) else None,
-                     SECRET_REGISTRY_KEYS)
+                     SECRET_REGISTRY_KEYS, _REGISTRY_IDENTITY)
         if auth is not env.get("registry_auth"):
             out = {**out, "environment": {**env, "registry_auth": auth}}
     return out

@@ -78,12 +78,12 @@ def test_a_config_shown_back_and_saved_again_keeps_its_secrets_or_is_refused(cli
     assert client.post("/api/v1/templates/t1", headers=admin_headers, json={"name": "t1", "config": tpl}).status_code == 200
     shown = client.get("/api/v1/templates/t1", headers=admin_headers).json()["template"]["config"]
     _no_secret(shown)
-    shown["checkpoint_storage"]["bucket"] = "edited"
+    shown["description"] = "edited"
     r = client.patch("/api/v1/templates/t1", headers=admin_headers, json=shown)
     assert r.status_code == 200, r.text
     with master.sessions() as s:
         stored = s.get(ConfigTemplate, "t1").config
-    assert stored["checkpoint_storage"] == {**STORAGE, "bucket": "edited"}
+    assert stored["checkpoint_storage"] == STORAGE and stored["description"] == "edited"
     assert stored["environment"]["registry_auth"]["password"] == "hunter2"
     ws = client.post("/api/v1/workspaces", headers=admin_headers, json={"name": "w1", "checkpointStorageConfig": STORAGE})
     ws_id = ws.json()["workspace"]["id"]
@@ -93,6 +93,14 @@ def test_a_config_shown_back_and_saved_again_keeps_its_secrets_or_is_refused(cli
     assert r.status_code == 200, r.text
     with master.sessions() as s:
         assert s.get(Workspace, ws_id).checkpoint_storage["secret_key"] == "s3cr3t/VALUE"
+    # Not to another destination: whoever may edit the record must not send the secret elsewhere.
+    moved = {**shown, "environment": {"registry_auth": {**shown["environment"]["registry_auth"],
+                                                          "serveraddress": "registry.attacker"}}}
+    r = client.patch("/api/v1/templates/t1", headers=admin_headers, json=moved)
+    assert r.status_code == 400 and "config.environment.registry_auth.password" in r.text, r.text
+    r = client.patch(f"/api/v1/workspaces/{ws_id}", headers=admin_headers,
+                     json={"checkpointStorageConfig": {**storage, "endpoint_url": "http://attacker:9000"}})
+    assert r.status_code == 400 and "checkpointStorageConfig.secret_key" in r.text, r.text
     # Nothing behind the placeholder: refused, naming the field.
     hidden_storage = {**STORAGE, "secret_key": "********"}
     refusals = (

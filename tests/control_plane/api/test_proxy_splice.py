@@ -277,3 +277,23 @@ def test_under_tls_the_body_goes_through_tls_not_around_it(served: Any, task_ser
         assert r.status_code == 200 and r.content == BIG
     assert relays == []
 
+
+
+def test_a_caller_that_stops_reading_is_waited_for_with_few_wakeups_and_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the proxy sent through `send` must leave before the splice: a caller that never reads
+    is polled with a backing-off delay (not a busy loop) and given up after IDLE_TIMEOUT_S."""
+
+    class Stuck:
+        polls = 0
+
+        def get_write_buffer_size(self) -> int:
+            Stuck.polls += 1
+            return 1 << 20
+
+        def is_closing(self) -> bool:
+            return False
+
+    monkeypatch.setattr(splice, "IDLE_TIMEOUT_S", 0.5)
+    t0 = time.monotonic()
+    assert asyncio.run(splice._flushed(Stuck(), None)) is False
+    assert 0.4 < time.monotonic() - t0 < 5 and Stuck.polls < 30, Stuck.polls
