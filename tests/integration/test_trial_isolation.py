@@ -155,7 +155,11 @@ def probe_secrets(cluster: Cluster, env: dict[str, str], **extra: Any) -> tuple[
     # It still trained and checkpointed, as its own user, into the shared directory.
     assert cluster.metrics(trial["id"], "training")
     ckpt_dir = state / "checkpoints"
-    ckpts = list(ckpt_dir.iterdir())
+    # Beside them, the cluster's TensorBoard tree: its shared levels are root's, made by the agent
+    # (agent/tensorboard_dirs.py), so that no user can take another experiment's place in it.
+    trees = [p for p in ckpt_dir.iterdir() if (p / "tensorboard").is_dir()]
+    assert all(p.stat().st_uid == 0 and (p / "tensorboard" / "experiment").stat().st_uid == 0 for p in trees)
+    ckpts = [p for p in ckpt_dir.iterdir() if p not in trees]
     assert ckpts and all(p.stat().st_uid == uid for p in ckpts)
     assert ckpt_dir.stat().st_mode & 0o7777 == 0o1777
     cluster.post(f"/api/v1/experiments/{holder_id}/kill")
