@@ -123,6 +123,9 @@ def test_admission_refusals_count_by_lane_and_why(client: TestClient) -> None:
     saved = (lane.active, lane.queue, lane.wait_s, lane.served)
     before = scrape(client)
     lane.active, lane.queue, lane.wait_s = lane.limit, 5, 0.05  # full; a request may wait 50 ms
+    # No service rate known yet, so the first request queues and times out. The earlier requests'
+    # rate, slow on a loaded machine, would otherwise predict a wait over 50 ms: over_wait at once.
+    lane.served = ServiceRate()
     try:
         assert client.get("/api/v1/experiments").status_code == 503  # waited its 50 ms in the queue
         lane.served = ServiceRate()
