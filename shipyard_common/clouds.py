@@ -83,10 +83,13 @@ GCP_MACHINE_TYPES: dict[str, InstanceType] = _types(
     ("n1-standard-16", 16, 60, 0, "", 0.76),
     # Accelerator-optimized types come with their GPUs (price included). A2 is priced by its parts
     # (us-central1: vCPU $0.031611, GB $0.004237, A100 40GB $2.933908 an hour): the 1g is
-    # 12 vCPU + 85 GB + 1 GPU = $3.673385, the 8g 96 vCPU + 680 GB + 8 GPUs = $29.387078.
+    # 12 vCPU + 85 GB + 1 GPU = $3.673385, the 2g 24 + 170 + 2 = $7.34677, the 4g 48 + 340 + 4 =
+    # $14.69354, the 8g 96 vCPU + 680 GB + 8 GPUs = $29.387078.
     ("g2-standard-4", 4, 16, 1, "nvidia-l4", 0.7068),
     ("g2-standard-8", 8, 32, 1, "nvidia-l4", 0.8536),
     ("a2-highgpu-1g", 12, 85, 1, "nvidia-tesla-a100", 3.6734),
+    ("a2-highgpu-2g", 24, 170, 2, "nvidia-tesla-a100", 7.3468),
+    ("a2-highgpu-4g", 48, 340, 4, "nvidia-tesla-a100", 14.6935),
     ("a2-highgpu-8g", 96, 680, 8, "nvidia-tesla-a100", 29.3871),
 )
 

@@ -780,6 +780,36 @@ def test_two_machine_types_launch_as_chosen_with_their_gpus_and_capacity(fake: G
 
 
 @pytest.mark.integration
+def test_the_four_a2_sizes_are_offered_with_their_bundled_gpus_and_launched_as_decided(fake: GceFake) -> None:
+    """The pool of benchmarks/elastic_trace.py's family rows: A100 machines of 1, 2, 4 and 8 GPUs,
+    known from the catalogue alone (no gpu_type or gpu_num), priced per GPU alike."""
+    cfg = {k: v for k, v in base_cfg(api_endpoint=fake.endpoint).items()
+           if k not in ("machine_type", "gpu_type", "gpu_num")}
+    cfg["machine_types"] = [{"machine_type": f"a2-highgpu-{n}g"} for n in (1, 2, 4, 8)]
+    prov = GcpProvider(GcpPoolConfig.from_dict(cfg), cluster_id="c1", pool="gpu", master_url=MASTER,
+                       credentials=AnonymousCredentials(), call_timeout_s=10, retry_base_s=0.01)
+    offers = sorted(prov.offers(), key=lambda o: o.slots)
+    assert [(o.instance_type, o.slots, o.spot) for o in offers] == [
+        (f"a2-highgpu-{n}g", n, False) for n in (1, 2, 4, 8)]
+    assert all(o.usd_per_hour == pytest.approx(3.6734 * o.slots, abs=1e-3) for o in offers)
+
+    from control_plane.core.scaling import PendingDemand, PoolLimits, decide
+    from control_plane.loops.autoscaler.types import options_of
+
+    limits = PoolLimits(0, 10, 8, options=options_of(prov))  # as the autoscaler gives them
+    decision = decide([PendingDemand(2, 1), PendingDemand(1, 1)], [], limits, datetime.now(UTC))
+    assert sum(p.option.slots * p.count for p in decision.launches) == 3  # no GPU paid for that nothing uses
+    specs = _typed_specs(*((f"a-{i}", ((p.option.instance_type, False),))
+                           for i, p in enumerate(p for p in decision.launches for _ in range(p.count))))
+    result = prov.launch(specs)
+    assert result.error is None
+    sent = sorted(fake.sent[i.id]["machineType"].rsplit("/", 1)[1] for i in result.launched)
+    assert sent == sorted(p.option.instance_type for p in decision.launches for _ in range(p.count))
+    assert all("guestAccelerators" not in fake.sent[i.id] or not fake.sent[i.id]["guestAccelerators"]
+               for i in result.launched)  # bundled: none attached
+
+
+@pytest.mark.integration
 def test_a_machine_type_out_of_capacity_in_every_zone_fails_over_to_the_next(fake: GceFake) -> None:
     fake.inject("insert", code="ZONE_RESOURCE_POOL_EXHAUSTED", machine_type="n1-standard-8", times=None)
     clock = _Clock()
