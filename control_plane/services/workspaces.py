@@ -27,6 +27,7 @@ from control_plane.auth import Principal
 from control_plane.core import states as st
 from control_plane.core.expconf.models.storage import CheckpointStorage
 from control_plane.core.expconf.secrets import PLACEHOLDER, keep_redacted_storage, redacted_left
+from control_plane.core.host_access import storage_refusal
 from control_plane.core.rbac import Perm
 from control_plane.db.models import ConfigTemplate, Experiment, Project, User, Workspace
 from control_plane.errors import bad_request, conflict, not_found
@@ -62,20 +63,27 @@ def _pool(master: Master, name: str | None, field_name: str) -> str | None:
     return name
 
 
-def _storage(value: dict[str, Any] | None, field_name: str, old: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def _storage(master: Master, value: dict[str, Any] | None, field_name: str,
+             old: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Checkpoint storage as an experiment config would give it ({} clears it); a secret key shown
-    back as REDACTED and sent again keeps `old`'s (the same workspace's), refused where there is none."""
+    back as REDACTED and sent again keeps `old`'s (the same workspace's), refused where there is none.
+    A shared_fs storage off the cluster's root is refused here, as each experiment would refuse it
+    (core/host_access.py), unless the master allows task host access."""
     if not value:
         return None
     value = keep_redacted_storage(value, old)
     if redacted_left({"checkpoint_storage": value}) is not None:
         raise bad_request(PLACEHOLDER, f"{field_name}.secret_key")
     try:
-        _STORAGE.validate_python(value)
+        parsed = _STORAGE.validate_python(value)
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
         where = ".".join(str(x) for x in first["loc"][1:] if not str(x).startswith("storage="))
         raise bad_request(first["msg"], f"{field_name}.{where}" if where else field_name) from None
+    if not master.config.allow_task_host_access:
+        refused = storage_refusal(parsed, master.config.default_checkpoint_storage)
+        if refused is not None:
+            raise bad_request(refused.reason, f"{field_name}.{refused.field.rsplit('.', 1)[1]}")
     return dict(value)
 
 
@@ -102,7 +110,8 @@ def _apply_settings(s: Session, master: Master, ws: Workspace, change: Workspace
     if change.default_aux_pool is not None:
         ws.default_aux_pool = _pool(master, change.default_aux_pool, "defaultAuxPool")
     if change.checkpoint_storage is not None:
-        ws.checkpoint_storage = _storage(change.checkpoint_storage, "checkpointStorageConfig", ws.checkpoint_storage)
+        ws.checkpoint_storage = _storage(master, change.checkpoint_storage, "checkpointStorageConfig",
+                                         ws.checkpoint_storage)
 
 
 def create_workspace(s: Session, master: Master, by: Principal, new: WorkspaceSettings) -> Workspace:

@@ -53,14 +53,30 @@ def test_shared_fs_storage_must_use_the_clusters_root(client, master, admin_head
         "name": "evil", "config": {"checkpoint_storage": {"type": "shared_fs", "host_path": "/etc"}}})
     assert r.status_code == 200, r.text
     _refused(create(client, admin_headers, template="evil"))
-    # So is a workspace's storage that the experiment inherits.
+    # A workspace's storage is refused when it is set, on create and on edit, naming the field ...
+    foreign_ws = {"type": "shared_fs", "host_path": "/var/lib"}
+    for r in (client.post("/api/v1/workspaces", headers=admin_headers,
+                          json={"name": "team", "checkpointStorageConfig": foreign_ws}),
+              client.patch("/api/v1/workspaces/1", headers=admin_headers, json={"checkpointStorageConfig": foreign_ws})):
+        assert r.status_code == 400, r.text
+        assert [d["field"] for d in r.json()["details"]] == ["checkpointStorageConfig.host_path"], r.text
+        assert "allow_task_host_access" in r.json()["message"], r.text
+    assert [w["name"] for w in client.get("/api/v1/workspaces", headers=admin_headers).json()["workspaces"]] \
+        == ["Uncategorized"]  # nothing stored
+    # ... and one stored while the master allowed it is refused by each experiment that inherits it.
+    master.config = master.config.model_copy(update={"allow_task_host_access": True})
     ws = client.post("/api/v1/workspaces", headers=admin_headers, json={
-        "name": "team", "checkpointStorageConfig": {"type": "shared_fs", "host_path": "/var/lib"}})
+        "name": "team", "checkpointStorageConfig": foreign_ws})
     assert ws.status_code == 200, ws.text
+    master.config = master.config.model_copy(update={"allow_task_host_access": False})
     proj = client.post(f"/api/v1/workspaces/{ws.json()['workspace']['id']}/projects", headers=admin_headers,
                        json={"name": "p"})
     _refused(create(client, admin_headers, projectId=proj.json()["project"]["id"]))
     assert _experiments(master) == 4
+    # The cluster's root (or a storage_path below it) is a workspace's to choose.
+    ok = client.post("/api/v1/workspaces", headers=admin_headers, json={
+        "name": "team2", "checkpointStorageConfig": {"type": "shared_fs", "host_path": root, "storage_path": "t2"}})
+    assert ok.status_code == 200, ok.text
 
 
 def test_the_setting_allows_another_host_path_and_s3_clusters_refuse_shared_fs(  # type: ignore[no-untyped-def]
