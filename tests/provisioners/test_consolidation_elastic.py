@@ -26,9 +26,12 @@ from control_plane.db.models import Allocation, ConsolidationMove
 from control_plane.loops.autoscaler import Autoscaler
 from control_plane.master import Master
 from control_plane.services import allocations
+from shipyard_common import clouds
 from tests.control_plane.loops.conftest import FakeClock, add_agent, add_allocation, agent, allocation
 from tests.fakes.gce import GceFake
 from tests.provisioners.test_elastic_regressions import (  # noqa: F401  (fixtures)
+    REGION,
+    ZONES,
     _clock,
     _fast_aws,
     _fast_gcp,
@@ -88,7 +91,8 @@ def exit_preempted(master: Master, alloc_id: str) -> None:
 
 
 def consolidate_twice(master: Master, scaler: Autoscaler, clock: FakeClock,
-                      gone: Callable[[str], bool]) -> None:
+                      gone: Callable[[str], bool], usd_per_hour: float) -> None:
+    """`usd_per_hour`: what one instance costs, so what emptying one saves."""
     ids = three_quarter_empty_instances(master, scaler, clock)
     scaler.tick()
     assert moves(master) == []
@@ -100,7 +104,8 @@ def consolidate_twice(master: Master, scaler: Autoscaler, clock: FakeClock,
     [move] = moves(master)
     emptied = move.instance_id
     assert emptied in ids and move.allocation_id == f"t{ids.index(emptied)}"
-    assert move.saving > 0 and move.saving_unit == "$/h" and f"${move.saving:.2f}/h" in move.reason
+    assert move.saving == pytest.approx(usd_per_hour) and move.saving_unit == "$/h"
+    assert f"${move.saving:.2f}/h" in move.reason
     assert allocation(master, move.allocation_id).preempt_requested  # checkpoint and stop: the preemption path
     assert agent(master, emptied).enabled is False  # cordoned
     shown = pool_api(master)["consolidationMoves"]
@@ -147,7 +152,10 @@ def test_aws_consolidation_empties_an_instance_under_the_budget(
     master = masters(aws_pool(ec2_faults, moto_image, instance_slots=4, consolidation=BUDGET), clock)
     scaler = Autoscaler(master, wrap_provider=_fast_aws(aws_session))
     moto = ec2(aws_session, ec2_faults_upstream(ec2_faults))
-    consolidate_twice(master, scaler, clock, lambda iid: moto_state(moto, iid) in ("shutting-down", "terminated"))
+    price = clouds.regional_price("aws", REGION, "p3.2xlarge")
+    assert price is not None
+    consolidate_twice(master, scaler, clock, lambda iid: moto_state(moto, iid) in ("shutting-down", "terminated"),
+                      price.on_demand)
 
 
 def test_gcp_consolidation_empties_an_instance_under_the_budget(
@@ -155,5 +163,9 @@ def test_gcp_consolidation_empties_an_instance_under_the_budget(
     clock = _clock()
     master = masters(gcp_pool(gce, gpu_num=4, consolidation=BUDGET), clock)
     scaler = Autoscaler(master, wrap_provider=_fast_gcp)
+    # The machine and its four attached T4s (the machine type's list price alone was taken before).
+    price = clouds.gcp_vm_price(clouds.gcp_region(ZONES[0]), "n1-standard-8", "nvidia-tesla-t4", 4)
+    assert price is not None and price.on_demand > clouds.on_demand_usd_per_hour("n1-standard-8")  # type: ignore[operator]
     consolidate_twice(master, scaler, clock,
-                      lambda iid: not gce.has_instance(iid) or gce.instance(iid)["status"] in ("STOPPING", "TERMINATED"))
+                      lambda iid: not gce.has_instance(iid) or gce.instance(iid)["status"] in ("STOPPING", "TERMINATED"),
+                      price.on_demand)

@@ -21,6 +21,7 @@ it emptied from them, and describe and the web UI show them (services/consolidat
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -36,8 +37,10 @@ from control_plane.errors import NotLeader
 from control_plane.loops import placement
 from control_plane.loops.autoscaler.memory import PoolMemory
 from control_plane.loops.autoscaler.records import begin_termination
+from control_plane.loops.autoscaler.types import SPOT, matches
 from control_plane.master import Master
 from control_plane.services import gangs, lifecycle, scaling_history
+from provisioners.base import InstanceOffer, offers_of
 from shipyard_common import clouds
 
 log = logging.getLogger("shipyard.autoscaler")
@@ -71,7 +74,7 @@ def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consol
     scheduler = cfg.scheduler if cfg is not None else SchedulerConfig()
     budget = consolidation.Budget(settings.max_moves_per_hour, settings.min_run_time, pp.settings.min_instances)
     with master.read_sessions() as s:
-        instances, running, pending = _snapshot(s, pool, scheduler.default_priority)
+        instances, running, pending = _snapshot(s, pool, scheduler.default_priority, offers_of(pp.provider))
         recent = recent_move_times(s, pool, now)
     decision = consolidation.decide(instances, running, pending, budget, recent, now, policy=scheduler.type,
                                     fitting=scheduler.fitting_policy)
@@ -91,10 +94,23 @@ def recent_move_times(s: Session, pool: str, now: datetime) -> list[datetime]:
                                                             ConsolidationMove.at > now - consolidation.HOUR)))
 
 
-def _snapshot(s: Session, pool: str, default_priority: int
+def price_of(row: Instance, offers: Sequence[InstanceOffer]) -> float | None:
+    """What an instance costs an hour: the pool's offer for its type in its capacity (the region's
+    price, a GCP machine's attached GPUs included, spot's when it is spot); without one, an on-demand
+    row's list price; None when not known."""
+    spot = row.capacity == SPOT
+    for o in offers:
+        if o.spot == spot and row.instance_type and matches(o.instance_type, row.instance_type) \
+                and o.usd_per_hour is not None:
+            return o.usd_per_hour
+    return clouds.on_demand_usd_per_hour(row.instance_type) if row.instance_type and not spot else None
+
+
+def _snapshot(s: Session, pool: str, default_priority: int, offers: Sequence[InstanceOffer] = ()
               ) -> tuple[list[consolidation.InstanceSlots], list[RunningAllocation], list[PendingAllocation]]:
-    """The pool's running instances with their agents, and its running work and queue exactly as
-    placement reads them: placement's own readers, so the simulation sees what placement sees."""
+    """The pool's running instances with their agents and prices, and its running work and queue
+    exactly as placement reads them: placement's own readers, so the simulation sees what placement
+    sees."""
     snap = placement._read(s, pool)
     queue, running = placement._queue_and_running(s, snap, default_priority)
     agents = {a.id: a for a in snap.agents}
@@ -105,7 +121,7 @@ def _snapshot(s: Session, pool: str, default_priority: int
             (a for a in snap.agents if row.instance_id and a.instance_id == row.instance_id), None)
         if agent is None or agent.state != st.AgentState.CONNECTED:
             continue
-        price = clouds.on_demand_usd_per_hour(row.instance_type) if row.instance_type else None
+        price = price_of(row, offers)
         instances.append(consolidation.InstanceSlots(row.launch_id, AgentSlots(
             agent.id, tuple(str(sl["id"]) for sl in agent.slots), frozenset(snap.used.get(agent.id, set())),
             schedulable=bool(agent.enabled)), price))

@@ -35,3 +35,21 @@ def test_a_failing_consolidation_leaves_the_launches_to_go_on(
         assert "event=consolidation_error" in caplog.text
     finally:
         master.stop()
+
+
+def test_an_instance_is_priced_by_the_pools_offer_for_its_type_and_capacity() -> None:
+    """What emptying an instance saves (and which one goes first): the region's price of its type in
+    its capacity, a GCP machine's attached GPUs included; a spot instance without an offer is not
+    priced at the on-demand list price."""
+    from control_plane.db.models import Instance
+    from control_plane.loops.autoscaler.consolidate import price_of
+    from provisioners.base import InstanceOffer
+
+    offers = (InstanceOffer("g5.xlarge", 1, False, 1.2), InstanceOffer("g5.xlarge", 1, True, 0.4),
+              InstanceOffer("n1-standard-8 + 2x nvidia-tesla-t4", 2, False, 1.08))
+    assert price_of(Instance(instance_type="g5.xlarge", capacity="on-demand"), offers) == 1.2
+    assert price_of(Instance(instance_type="g5.xlarge", capacity="spot"), offers) == 0.4
+    assert price_of(Instance(instance_type="n1-standard-8", capacity=""), offers) == 1.08  # the cloud's name
+    assert price_of(Instance(instance_type="g5.xlarge", capacity="on-demand"), ()) == 1.006  # the list price
+    assert price_of(Instance(instance_type="g5.xlarge", capacity="spot"), ()) is None
+    assert price_of(Instance(instance_type="", capacity=""), offers) is None
