@@ -34,7 +34,8 @@ Policies:
   arrival that fits costs less than a relaunch (control_plane/core/scaling/idle.py), at most twice it;
 * + consolidation: every minute the consolidation core (control_plane/core/scaling/consolidation.py,
   the pool's scheduling policy run without the instance) may empty one instance whose work fits on
-  the others' free slots, under the disruption budget (the pool default: 30 moves an hour, 30 min
+  the others' free slots (or, in a pool of several types, replace one by a cheaper instance its work
+  fits: launched, then the work moves once it has booted), under the disruption budget (the pool default: 30 moves an hour, 30 min
   since a trial started or last moved; and the old default, 2 an hour). Modelled as checkpoint-and-resume: the
   trial checkpoints when asked and resumes elsewhere, losing CHECKPOINT_S + RESTORE_S of progress
   (its remaining work grows by that); the emptied instance bills CHECKPOINT_S more, then goes;
@@ -48,18 +49,18 @@ What limits the targets. On 8-GPU instances alone the 'floor' row (consolidation
 all and a 2-minute idle period, the least provisioned of all that was tried) stays above 1.10 on the
 steady traces (seed 11: 1.15 / 1.13; seed 23: 1.18 / 1.16), and the bursty trace's packing bound
 (1.65 / 1.83) is above 1.5: the free slots of an 8-GPU instance under a few small trials are what a
-one-type pool cannot give back. With the four A2 sizes and the default consolidation, a 1-2 minute
-idle period reaches 1.08-1.12 on the steady traces (seed 23's 3/6-GPU trace: 1.14, its 6-GPU trials
-leave two slots of an 8g each) and 1.29-1.61 on the bursty one: some traces and seeds meet their
-target, not all. Mean wait is the other side of the
+one-type pool cannot give back. With the four A2 sizes and the default consolidation (which then
+also replaces an instance by a cheaper size its work fits), a 1-2 minute idle period reaches
+1.07-1.09 on seed 11's steady traces and 1.29-1.45 on its bursty one; seed 23's power-of-two trace
+1.07-1.09, its 3/6-GPU 1.13 (its 6-GPU trials leave two slots of an 8g each) and bursty 1.54-1.61:
+some traces and seeds meet their target, not all. Mean wait is the other side of the
 same trade: it is bought with idle or partly free instances (Determined's 20 minutes idle on 8-GPU
-instances waits 0.81 min at 1.56), and every row at or under 1.10 waits 1.2-1.4 min, one boot per
+instances waits 0.81 min at 1.56), and every row at or under 1.10 waits 1.3-1.4 min, one boot per
 arrival; the family with 20 minutes idle and no consolidation waits less than Determined (0.69 /
 0.66 min at 1.43 / 1.49 on seed 11's steady traces) but costs 1.3-1.5. No row meets both. What a
 cheap row still provisions beyond the work: one 60-120 s boot per launch (2-3% of the work), a moved
-trial's checkpoint and restore, the emptied instance's last minute, and the free slots of busy
-instances that consolidation cannot fill (it moves work onto instances that run, never onto a new
-smaller one). Tried in the cores without gain on seeds 11 and 23 (each within noise, or
+trial's checkpoint and restore, the emptied instance's last minute, and free slots that no move
+fills under the budget (a bursty trace's trials end before the min run time). Tried in the cores without gain on seeds 11 and 23 (each within noise, or
 trading cost for wait along the same curve as the idle period): placement tie-breaks (newest or
 oldest work, even an oracle of trial ends), a warm reserve of free slots for the forecast arrivals
 before emptying an instance, emptying only while arrivals fall, not moving work that ends soon (an
@@ -271,6 +272,7 @@ class Instance:
     connected_at: float | None = None
     terminated_at: float | None = None
     leave_at: float | None = None  # emptied (consolidation) or noticed (spot): gone then, no new work
+    replaced_by: str | None = None  # cordoned (no new work) until this replacement connects
     running: dict[int, tuple[int, ...]] = field(default_factory=dict)  # trial id -> its slot indexes
     idle_since: float | None = None
 
@@ -406,7 +408,8 @@ class Sim:
     def place(self) -> None:
         """FIFO with backfill, best fit (the fullest connected instance the trial fits on), as both
         Determined's and Shipyard's schedulers default to."""
-        hosts = [i for i in self.instances.values() if i.connected_at is not None and i.leave_at is None]
+        hosts = [i for i in self.instances.values()
+                 if i.connected_at is not None and i.leave_at is None and i.replaced_by is None]
         waiting: list[Queued] = []
         for q in self.queue:
             fits = [i for i in hosts if i.free() >= q.trial.slots]
@@ -428,10 +431,13 @@ class Sim:
         now = at(self.now)
         if not moves_left(budget, self.move_times, now):
             return
-        hosts = [i for i in self.instances.values() if i.connected_at is not None and i.leave_at is None]
+        hosts = [i for i in self.instances.values()
+                 if i.connected_at is not None and i.leave_at is None and i.replaced_by is None]
         free = sum(i.free() for i in hosts)
-        # Cheap pre-check (the core simulates each candidate): some instance's work fits the others' free slots.
-        if not any(i.running and i.kind.slots - i.free() <= free - i.free() for i in hosts):
+        options = self.run.limits.options
+        # Cheap pre-check (the core simulates each candidate): some instance's work fits the others'
+        # free slots (or, with several options, a cheaper instance).
+        if not options and not any(i.running and i.kind.slots - i.free() <= free - i.free() for i in hosts):
             return
         base = EPOCH.timestamp()
 
@@ -444,15 +450,31 @@ class Sim:
         running = [RunningAllocation.on(str(tid), i.id, ids(i, slots), order=base + self.started[tid])
                    for i in hosts for tid, slots in i.running.items()]
         pending = [PendingAllocation(str(q.trial.id), q.trial.slots, order=base + q.since) for q in self.queue]
-        plan = consolidation.decide(views, running, pending, budget, self.move_times, now).plan
+        plan = consolidation.decide(views, running, pending, budget, self.move_times, now, options=options).plan
         if plan is None:
             return
         inst = self.instances[plan.instance]
+        if plan.replacement is not None:  # launched now; the work moves once it has connected
+            inst.replaced_by = self.launch(plan.replacement)
+            self.moves += len(plan.allocations)
+            self.move_times.extend([now] * len(plan.allocations))
+            return
         for aid in plan.allocations:
             self.requeue(inst, int(aid))
             self.moves += 1
             self.move_times.append(now)
         inst.leave_at = self.now + CHECKPOINT_S  # bills until its trials have checkpointed
+
+    def advance_replacements(self) -> None:
+        """A replaced instance's work checkpoints and requeues once its replacement has connected."""
+        for inst in list(self.instances.values()):
+            new = self.instances.get(inst.replaced_by or "")
+            if inst.replaced_by is None or inst.leave_at is not None:
+                continue
+            if new is None or new.connected_at is not None:
+                for tid in list(inst.running):
+                    self.requeue(inst, tid)
+                inst.leave_at = self.now + CHECKPOINT_S
 
     def scale(self, arrivals: deque[Arrival]) -> None:
         run = self.run
@@ -467,15 +489,19 @@ class Sim:
             self.retire(inst)
         kinds = [p.option for p in decision.launches for _ in range(p.count)] or [run.kind] * decision.launch
         for k in kinds:
-            if self.now - self.last_termination <= RELAUNCH_S:
-                self.relaunches += 1
-            # The n-th launch boots equally fast, and the n-th spot launch is interrupted as soon, under every policy.
-            rnd = random.Random(self.seed * 100_003 + self.launches)
-            boot = BOOT_S + rnd.uniform(-BOOT_JITTER_S, BOOT_JITTER_S)
-            notice = self.now + rnd.expovariate(1 / (self.spot_mtbi_h * 3600)) if k.spot else math.inf
-            iid = f"i-{self.launches:05d}"
-            self.instances[iid] = Instance(iid, k, self.now, boot, notice)
-            self.launches += 1
+            self.launch(k)
+
+    def launch(self, k: Kind) -> str:
+        if self.now - self.last_termination <= RELAUNCH_S:
+            self.relaunches += 1
+        # The n-th launch boots equally fast, and the n-th spot launch is interrupted as soon, under every policy.
+        rnd = random.Random(self.seed * 100_003 + self.launches)
+        boot = BOOT_S + rnd.uniform(-BOOT_JITTER_S, BOOT_JITTER_S)
+        notice = self.now + rnd.expovariate(1 / (self.spot_mtbi_h * 3600)) if k.spot else math.inf
+        iid = f"i-{self.launches:05d}"
+        self.instances[iid] = Instance(iid, k, self.now, boot, notice)
+        self.launches += 1
+        return iid
 
     def result(self) -> Result:
         t0 = time.perf_counter()
@@ -494,6 +520,8 @@ class Sim:
                 next_arrival += 1
             while recent and recent[0].at <= at(self.now) - run.limits.arrival_window:
                 recent.popleft()
+            if run.consolidation is not None:
+                self.advance_replacements()
             self.place()
             if run.consolidation is not None and self.now % CONSOLIDATE_EVERY_S == 0:
                 self.consolidate()

@@ -67,7 +67,8 @@ def pool_json(master: Master, s: Session, row: ResourcePool) -> dict[str, Any]:
         # Work moved off instances by consolidation, newest first: why, and the estimated saving.
         "consolidationMoves": [
             {"at": ts(m.at), "launchId": m.launch_id, "instanceId": m.instance_id, "allocationId": m.allocation_id,
-             "trialId": m.trial_id, "reason": m.reason, "saving": m.saving, "savingUnit": m.saving_unit}
+             "trialId": m.trial_id, "reason": m.reason, "saving": m.saving, "savingUnit": m.saving_unit,
+             "replacementLaunchId": m.replacement_launch_id, "pending": m.pending}
             for m in consolidation.recent_moves(s, row.name)
         ],
         # The autoscaler's decisions that changed something, and steady runs collapsed, newest first.

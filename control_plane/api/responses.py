@@ -443,6 +443,9 @@ class ConsolidationMoveOut(Wire):
     reason: str
     saving: float
     saving_unit: str
+    # A replacement: the new, cheaper instance the work moves to; pending until its agent connects.
+    replacement_launch_id: str | None = None
+    pending: bool = False
 
 
 class ScalingEventOut(Wire):

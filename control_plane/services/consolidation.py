@@ -25,10 +25,13 @@ class MoveView:
     reason: str
     saving: float
     saving_unit: str
+    replacement_launch_id: str | None = None  # moved onto this new, cheaper instance
+    pending: bool = False  # waiting for that replacement's agent to connect
 
 
 def recent_moves(s: Session, pool: str, limit: int = SHOWN_MOVES) -> list[MoveView]:
     """The pool's latest moves, newest first."""
-    return [MoveView(m.at, m.launch_id, m.instance_id, m.allocation_id, m.trial_id, m.reason, m.saving, m.saving_unit)
+    return [MoveView(m.at, m.launch_id, m.instance_id, m.allocation_id, m.trial_id, m.reason, m.saving, m.saving_unit,
+                     m.replacement_launch_id, m.pending)
             for m in s.scalars(select(ConsolidationMove).where(ConsolidationMove.pool == pool)
                                .order_by(ConsolidationMove.at.desc(), ConsolidationMove.id.desc()).limit(limit))]

@@ -13,6 +13,7 @@ and PostgreSQL. Three instances of 4 slots each run one 1-slot allocation; with
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import boto3
@@ -169,3 +170,96 @@ def test_gcp_consolidation_empties_an_instance_under_the_budget(
     consolidate_twice(master, scaler, clock,
                       lambda iid: not gce.has_instance(iid) or gce.instance(iid)["status"] in ("STOPPING", "TERMINATED"),
                       price.on_demand)
+
+
+# ---- replacement by a cheaper machine (GCP's A2 sizes) -------------------------------------------
+
+def a2_pool(fake: GceFake) -> dict[str, Any]:
+    """A pool of two A2 sizes (1 and 4 A100s, their GPUs known from the catalogue)."""
+    cfg = {k: v for k, v in gcp_pool(fake, consolidation=BUDGET).items()
+           if k not in ("machine_type", "gpu_type", "gpu_num")}
+    return {**cfg, "machine_types": [{"machine_type": "a2-highgpu-1g"}, {"machine_type": "a2-highgpu-4g"}]}
+
+
+def a_4g_running_one_slot(masters: Callable[..., Master], gce: GceFake,  # noqa: F811
+                          **over: Any) -> tuple[Master, Autoscaler, FakeClock, str]:
+    """A pool of two A2 sizes where a 4-slot trial got an a2-highgpu-4g and now one 1-slot
+    allocation runs there: the master, its autoscaler and clock, and that instance's id."""
+    clock = _clock()
+    master = masters({**a2_pool(gce), **over}, clock)
+    scaler = Autoscaler(master, wrap_provider=_fast_gcp)
+    add_allocation(master, "w", slots=4)
+    scaler.tick()
+    [row] = rows(master)
+    assert row.instance_type == "a2-highgpu-4g" and row.instance_id
+    iid = str(row.instance_id)
+    clock.advance(seconds=5)
+    with transaction(master.sessions) as s:
+        w = s.get(Allocation, "w")
+        assert w is not None
+        w.state, w.end_cause, w.ended_at = st.AllocationState.TERMINATED, st.ExitCause.KILLED, clock()
+    add_agent(master, iid, slots=4, instance_id=iid)
+    add_allocation(master, "t", slots=1, state="running", agent_id=iid, slot_ids=["0"])
+    with transaction(master.sessions) as s:  # running past min_run_time (10m) already: the cloud
+        t = s.get(Allocation, "t")           # stamps launches with the real time, so the clock stays
+        assert t is not None
+        t.started_at = t.assigned_at = clock() - timedelta(minutes=11)
+    return master, scaler, clock, iid
+
+
+def test_gcp_consolidation_replaces_an_instance_by_a_cheaper_machine(
+        masters: Callable[..., Master], gce: GceFake) -> None:  # noqa: F811
+    master, scaler, clock, old = a_4g_running_one_slot(masters, gce)
+
+    scaler.tick()
+    [move] = moves(master)
+    assert move.instance_id == old and move.allocation_id == "t" and move.pending
+    small, big = (clouds.regional_price("gcp", ZONES[0], t) for t in ("a2-highgpu-1g", "a2-highgpu-4g"))
+    assert small is not None and big is not None
+    assert move.saving == pytest.approx(big.on_demand - small.on_demand)
+    assert move.reason.startswith("replacing: 1 allocation (1 slot) of instance") and "a2-highgpu-1g" in move.reason
+    [shown] = pool_api(master)["consolidationMoves"]
+    assert (shown["pending"], shown["replacementLaunchId"]) == (True, move.replacement_launch_id)
+    assert agent(master, old).enabled is False  # cordoned while the replacement boots ...
+    assert not allocation(master, "t").preempt_requested  # ... and the work keeps running meanwhile
+    new = next(r for r in rows(master) if r.launch_id == move.replacement_launch_id)
+    assert new.instance_type == "a2-highgpu-1g" and new.instance_id and gce.has_instance(str(new.instance_id))
+    assert gce.instance(str(new.instance_id))["machineType"].endswith("/a2-highgpu-1g")
+
+    clock.advance(seconds=30)
+    scaler.tick()  # still booting: nothing moves
+    assert moves(master)[0].pending and not allocation(master, "t").preempt_requested
+
+    add_agent(master, str(new.instance_id), slots=1, instance_id=str(new.instance_id))
+    clock.advance(seconds=5)
+    scaler.tick()  # connected: the work is asked to checkpoint and move
+    assert not moves(master)[0].pending and allocation(master, "t").preempt_requested
+    exit_preempted(master, "t")
+    clock.advance(seconds=10)
+    scaler.tick()
+    row = next(r for r in rows(master) if r.instance_id == old)
+    assert row.state in (InstanceState.STOPPING, InstanceState.TERMINATED)
+    assert row.terminate_reason and row.terminate_reason.startswith("consolidated")
+    assert not gce.has_instance(old) or gce.instance(old)["status"] in ("STOPPING", "TERMINATED")
+    assert next(r for r in rows(master) if r.launch_id == new.launch_id).state == InstanceState.RUNNING
+
+
+def test_gcp_a_replacement_that_never_connects_is_abandoned(
+        masters: Callable[..., Master], gce: GceFake) -> None:  # noqa: F811
+    master, scaler, clock, old = a_4g_running_one_slot(masters, gce)
+    scaler.tick()
+    assert moves(master)[0].pending and agent(master, old).enabled is False
+    clock.advance(minutes=2)  # past max_agent_starting_period (1m) without its agent
+    scaler.tick()
+    [move] = moves(master)
+    assert not move.pending and "abandoned: the replacement ended (agent did not connect within" in move.reason
+    assert agent(master, old).enabled is True and not allocation(master, "t").preempt_requested
+    assert next(r for r in rows(master) if r.instance_id == old).state == InstanceState.RUNNING
+
+
+def test_gcp_no_replacement_beyond_max_instances(masters: Callable[..., Master], gce: GceFake) -> None:  # noqa: F811
+    master, scaler, _, old = a_4g_running_one_slot(masters, gce, max_instances=1)
+    scaler.tick()
+    assert moves(master) == [] and agent(master, old).enabled is True and len(rows(master)) == 1
+    said = pool_api(master)["lastDecision"]["consolidation"]["reason"]
+    assert said == "not moving: no room for a replacement: the pool has 1 of its max_instances 1", said

@@ -19,7 +19,13 @@ the time since its last move), never a non-preemptible one, never one already st
 Of the candidates that pass, the one whose removal saves the most is chosen: its price per hour when
 every candidate's price is known, else its slots (slot-hours per hour); then the fewest slots moved.
 Candidates are simulated in that order and the first whose work is placed is the plan (at most
-`MAX_SIMULATIONS` passes per decision). Every candidate left out says why. Time is an input (`now`); nothing here reads the clock."""
+`MAX_SIMULATIONS` passes per decision). Every candidate left out says why. Time is an input (`now`); nothing here reads the clock.
+
+Replacement: when no instance can be emptied onto the others and the pool has several options
+(`InstanceOption`, priced), an instance whose work (none of it a gang spanning other instances) fits
+one instance of a cheaper option is replaced: the plan names that option, the caller launches it and
+moves the work once it has connected. The same budget applies, and the instance's free slots must
+not be where pending work is placed today. The largest saving ($/h) wins."""
 
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from control_plane.core.scaling.model import InstanceOption
 from control_plane.core.scheduling import (
     AgentSlots,
     Fitting,
@@ -72,6 +79,8 @@ class Plan:
     saving: float
     unit: str  # DOLLARS or SLOTS
     reason: str
+    # Launch one of these first and move the work once it has connected (None: onto the others).
+    replacement: InstanceOption | None = None
 
 
 @dataclass(frozen=True)
@@ -147,9 +156,35 @@ def _simulate(inst: InstanceSlots, work: Sequence[RunningAllocation], instances:
     return {r.id: where[r.id] for r in work}, ""
 
 
+def _replacement(candidates: Sequence[tuple[InstanceSlots, Sequence[RunningAllocation]]],
+                 options: Sequence[InstanceOption], pending_on: set[str]) -> Plan | None:
+    """The instance whose work one instance of a cheaper option holds, saving the most; None if none."""
+    best: Plan | None = None
+    for inst, work in candidates:
+        me = inst.agent.agent_id
+        if inst.price_per_hour is None or me in pending_on or any(p.agent_id != me for r in work for p in r.parts):
+            continue
+        used = sum(r.slots for r in work)
+        fitting_options = [o for o in options if used <= o.slots < len(inst.agent.slot_ids)
+                           and o.usd_per_hour is not None and o.usd_per_hour < inst.price_per_hour]
+        if not fitting_options:
+            continue
+        o = min(fitting_options, key=lambda o: (o.usd_per_hour, o.slots, o.spot is False))
+        assert o.usd_per_hour is not None
+        saving = inst.price_per_hour - o.usd_per_hour
+        if best is not None and saving <= best.saving:
+            continue
+        reason = (f"replacing: {_plural(len(work), 'allocation')} ({_plural(used, 'slot')}) of instance {inst.id} "
+                  f"({_plural(len(inst.agent.slot_ids), 'slot')}) fit one {o.instance_type} ({o.capacity}, "
+                  f"{_plural(o.slots, 'slot')}); replacing it saves ${saving:.2f}/h")
+        best = Plan(inst.id, me, tuple(r.id for r in work), {}, saving, DOLLARS, reason, o)
+    return best
+
+
 def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocation],
            pending: Sequence[PendingAllocation], budget: Budget, recent_moves: Sequence[datetime],
-           now: datetime, *, policy: str | None = None, fitting: Fitting = "best") -> ConsolidationDecision:
+           now: datetime, *, policy: str | None = None, fitting: Fitting = "best",
+           options: Sequence[InstanceOption] = ()) -> ConsolidationDecision:
     """The instance to empty now, if any (see the module's docstring), and why each other is not."""
     left = moves_left(budget, recent_moves, now)
     live = sum(1 for i in instances if i.agent.schedulable)
@@ -199,5 +234,10 @@ def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocati
                   + (f"${saving:.2f}/h" if priced else f"{saving:g} slot-hours per hour"))
         return ConsolidationDecision(Plan(inst.id, inst.agent.agent_id, tuple(r.id for r in work), destinations,
                                           saving, DOLLARS if priced else SLOTS, reason), tuple(refused))
+    if options:
+        pending_on = {p.agent_id for a in baseline.assignments for p in a.parts}
+        plan = _replacement([(inst, work) for _, inst, work in ranked], options, pending_on)
+        if plan is not None:
+            return ConsolidationDecision(plan, tuple((i, why) for i, why in refused if i != plan.instance))
     return ConsolidationDecision(None, tuple(refused), "no instance can be emptied: " + "; ".join(
         f"{i}: {why}" for i, why in refused))

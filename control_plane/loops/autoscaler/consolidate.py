@@ -15,16 +15,25 @@ Per elastic pool and tick, after the scale decision:
    `preemption_grace_s` it is killed, as any preemption) and a `consolidation_moves` row is written
    per allocation with the reason and the estimated saving.
 
+A replacement (the core's plan names a cheaper option: the work fits one such instance) is applied
+in two steps. First, under the same lock and check, the instance is cordoned, a `requested` row of
+that option is written (launched by this tick like the decision's) and each move row is `pending`
+with the replacement's launch id. Then, on a later tick, once the replacement's agent has connected,
+the work is asked to checkpoint and stop (placement puts it where it fits, the new instance being
+the free one) and the rows stop being pending; if the replacement fails, or has not connected
+within max_agent_starting_period, the instance is enabled again and the move is abandoned.
+
 The moves rows are the record: the budget counts them across restarts, step 1 finds the instances
 it emptied from them, and describe and the web UI show them (services/consolidation.py)."""
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from control_plane.config import SchedulerConfig
@@ -36,8 +45,8 @@ from control_plane.db.models import Agent, ConsolidationMove, Instance, Resource
 from control_plane.errors import NotLeader
 from control_plane.loops import placement
 from control_plane.loops.autoscaler.memory import PoolMemory
-from control_plane.loops.autoscaler.records import begin_termination
-from control_plane.loops.autoscaler.types import SPOT, matches
+from control_plane.loops.autoscaler.records import agent_of, begin_termination
+from control_plane.loops.autoscaler.types import SPOT, matches, options_of
 from control_plane.master import Master
 from control_plane.services import gangs, lifecycle, scaling_history
 from provisioners.base import InstanceOffer, offers_of
@@ -48,28 +57,30 @@ log = logging.getLogger("shipyard.autoscaler")
 CONSOLIDATED = "consolidated"
 
 
-def run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consolidation.ConsolidationDecision | None:
-    """One consolidation step of `pool` (see the module's docstring); the decision, when one was made.
-    A failure here is logged and leaves the tick's launches and terminations to go on: consolidation
-    is an optimisation, never a reason for the pool to stop scaling."""
+def run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> list[str]:
+    """One consolidation step of `pool` (see the module's docstring): the launch ids of the
+    replacements it requested, for this tick to launch. A failure here is logged and leaves the
+    tick's launches and terminations to go on: consolidation is an optimisation, never a reason for
+    the pool to stop scaling."""
     try:
         return _run(master, pool, memory, now)
     except NotLeader:
         raise
     except Exception:
         log.exception("event=consolidation_error pool=%s", pool)
-        return None
+        return []
 
 
-def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consolidation.ConsolidationDecision | None:
+def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> list[str]:
     pp = memory.provider
     assert pp is not None
     with transaction(master.sessions) as s:
         emptied = finish_emptied(s, pool, now)
         scaling_history.record_terminations(s, pool, now, scaling_history.retention_of(master.config), emptied)
+        advance_replacements(s, master, pool, now, pp.settings.max_agent_starting_period)
     settings = pp.settings.consolidation
     if not settings.enabled:
-        return None
+        return []
     cfg = master.config.pool(pool)
     scheduler = cfg.scheduler if cfg is not None else SchedulerConfig()
     budget = consolidation.Budget(settings.max_moves_per_hour, settings.min_run_time, pp.settings.min_instances)
@@ -77,16 +88,18 @@ def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> consol
         instances, running, pending = _snapshot(s, pool, scheduler.default_priority, offers_of(pp.provider))
         recent = recent_move_times(s, pool, now)
     decision = consolidation.decide(instances, running, pending, budget, recent, now, policy=scheduler.type,
-                                    fitting=scheduler.fitting_policy)
+                                    fitting=scheduler.fitting_policy, options=options_of(pp.provider))
+    launch_ids: list[str] = []
     with transaction(master.sessions) as s:
-        refused = apply_plan(s, master, pool, decision.plan, now) if decision.plan is not None else None
+        refused = apply_plan(s, master, pool, decision.plan, now, pp.settings.type, launch_ids,
+                             pp.settings.max_instances) if decision.plan is not None else None
         _record(s, pool, decision, refused, now)
         if decision.plan is not None and refused is None:
             plan = decision.plan
             scaling_history.record_consolidation(s, pool, now, scaling_history.retention_of(master.config),
                                                  instance=plan.instance, allocations=plan.allocations,
                                                  reason=plan.reason, saving=plan.saving, unit=plan.unit)
-    return decision
+    return launch_ids
 
 
 def recent_move_times(s: Session, pool: str, now: datetime) -> list[datetime]:
@@ -131,9 +144,12 @@ def _snapshot(s: Session, pool: str, default_priority: int, offers: Sequence[Ins
     return instances, running, queue
 
 
-def apply_plan(s: Session, master: Master, pool: str, plan: consolidation.Plan, now: datetime) -> str | None:
-    """Cordon the instance and ask its work to checkpoint and stop, if under a lock on its agent's row
-    it still holds exactly the planned work; why not, else."""
+def apply_plan(s: Session, master: Master, pool: str, plan: consolidation.Plan, now: datetime,
+               provider_type: str = "", launch_ids: list[str] | None = None,
+               max_instances: int | None = None) -> str | None:
+    """Cordon the instance and ask its work to checkpoint and stop (or, for a replacement, request
+    the new instance and leave the work pending on it, its launch id added to `launch_ids`), if under
+    a lock on its agent's row it still holds exactly the planned work; why not, else."""
     row = s.get(Instance, plan.instance)
     if row is None or row.state != st.InstanceState.RUNNING:
         return f"instance {plan.instance} is no longer running"
@@ -144,18 +160,76 @@ def apply_plan(s: Session, master: Master, pool: str, plan: consolidation.Plan, 
     held = {a.id: a for a in gangs.holding(s, agent.id, pool)}
     if set(held) != set(plan.allocations) or any(a.preempt_requested or a.kill_requested for a in held.values()):
         return f"the work on agent {agent.id} changed since the decision"
+    if plan.replacement is not None and max_instances is not None:
+        billed = s.scalar(select(func.count()).select_from(Instance).where(
+            Instance.pool == pool, Instance.state.in_(st.INSTANCE_BILLED))) or 0
+        if billed >= max_instances:
+            return f"no room for a replacement: the pool has {billed} of its max_instances {max_instances}"
     agent.enabled = False  # cordoned: placement puts nothing new on it
+    replacement = None
+    if plan.replacement is not None:
+        replacement = uuid.uuid4().hex
+        s.add(Instance(launch_id=replacement, pool=pool, provider=provider_type, state=st.InstanceState.REQUESTED,
+                       requested_at=now, instance_type=plan.replacement.instance_type,
+                       capacity=plan.replacement.capacity))
+        if launch_ids is not None:
+            launch_ids.append(replacement)
+        log.info("event=consolidation_replacement pool=%s launch_id=%s replaced_by=%s instance_type=%s capacity=%s",
+                 pool, row.launch_id, replacement, plan.replacement.instance_type, plan.replacement.capacity)
     for alloc_id in plan.allocations:
         alloc = held[alloc_id]
-        lifecycle.request_preemption(alloc, now)
+        if replacement is None:
+            lifecycle.request_preemption(alloc, now)
         s.add(ConsolidationMove(pool=pool, at=now, launch_id=row.launch_id, instance_id=row.instance_id,
                                 agent_id=agent.id, allocation_id=alloc.id, trial_id=alloc.trial_id,
-                                reason=plan.reason, saving=plan.saving, saving_unit=plan.unit))
+                                reason=plan.reason, saving=plan.saving, saving_unit=plan.unit,
+                                replacement_launch_id=replacement, pending=replacement is not None))
         log.info("event=consolidation_move pool=%s launch_id=%s instance_id=%s allocation_id=%s trial_id=%s "
                  "to=%s saving=%s%s", pool, row.launch_id, row.instance_id, alloc.id, alloc.trial_id,
                  ",".join(plan.destinations.get(alloc.id, ())), plan.saving, plan.unit)
     master.notify(s)
     return None
+
+
+def advance_replacements(s: Session, master: Master, pool: str, now: datetime, starting_period: timedelta) -> None:
+    """The pending moves of replacements: once the replacement's agent has connected, ask the work
+    still on the replaced instance to checkpoint and stop; if the replacement failed or did not
+    connect within `starting_period`, enable the replaced instance again (the move is abandoned)."""
+    pending = list(s.scalars(select(ConsolidationMove).where(ConsolidationMove.pool == pool,
+                                                             ConsolidationMove.pending.is_(True))))
+    by_replacement: dict[str, list[ConsolidationMove]] = {}
+    for m in pending:
+        by_replacement.setdefault(m.replacement_launch_id or "", []).append(m)
+    for launch_id, moves in by_replacement.items():
+        new = s.get(Instance, launch_id) if launch_id else None
+        new_agent = agent_of(s, new) if new is not None else None
+        old_agent = s.scalar(select(Agent).where(Agent.id == moves[0].agent_id).with_for_update()
+                             .execution_options(populate_existing=True))
+        connected = new_agent is not None and new_agent.state == st.AgentState.CONNECTED and new_agent.enabled
+        if connected:
+            held = {a.id: a for a in gangs.holding(s, moves[0].agent_id, pool)} if old_agent is not None else {}
+            for m in moves:
+                alloc = held.get(m.allocation_id)
+                if alloc is not None and not (alloc.preempt_requested or alloc.kill_requested):
+                    lifecycle.request_preemption(alloc, now)
+                m.pending = False
+            log.info("event=consolidation_replacement_ready pool=%s launch_id=%s replaced_by=%s allocations=%d",
+                     pool, moves[0].launch_id, launch_id, len(moves))
+            master.notify(s)
+            continue
+        failed = new is None or new.state not in st.INSTANCE_LIVE
+        late = new is not None and now - new.requested_at > starting_period
+        if not (failed or late):
+            continue  # still booting
+        why = (f"ended ({new.terminate_reason or new.state})" if new is not None and failed else "was not launched"
+               if failed else f"did not connect within {int(starting_period.total_seconds())}s")
+        for m in moves:
+            m.pending = False
+            m.reason = f"{m.reason}; abandoned: the replacement {why}"
+        if old_agent is not None and old_agent.interruption_at is None:
+            old_agent.enabled = True  # not emptied after all: it takes work again
+        log.warning("event=consolidation_replacement_abandoned pool=%s launch_id=%s replaced_by=%s why=%r",
+                    pool, moves[0].launch_id, launch_id, why)
 
 
 def finish_emptied(s: Session, pool: str, now: datetime) -> list[dict[str, str]]:

@@ -104,7 +104,7 @@ class Autoscaler:
         with transaction(self.master.sessions) as s:
             orphans = reconcile.reconcile(s, self.master, name, memory, cloud, lookups, now)
         decided, launch_ids = decision.decide_and_apply(self.master, name, memory, orphans, now)
-        consolidate.run(self.master, name, memory, now)
+        launch_ids += consolidate.run(self.master, name, memory, now)  # replacements
         act.send_terminations(self.master, name, memory, orphans, now)
         if launch_ids:
             act.launch(self.master, name, memory, launch_ids, self.render_user_data)

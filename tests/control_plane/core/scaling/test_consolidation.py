@@ -17,7 +17,8 @@ from control_plane.core.scaling.consolidation import (
     decide,
     moves_left,
 )
-from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation
+from control_plane.core.scaling.model import InstanceOption
+from control_plane.core.scheduling import AgentSlots, Part, PendingAllocation, RunningAllocation
 from shipyard_common.consolidation_settings import DEFAULT_MAX_MOVES_PER_HOUR, DEFAULT_MIN_RUN_TIME
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
@@ -218,3 +219,41 @@ def test_the_default_budget_empties_an_instance_running_several_trials() -> None
     assert d.plan is not None and d.plan.instance == "a" and len(d.plan.allocations) == 4
     old = decide([a, b], running, [], Budget(2, DEFAULT_MIN_RUN_TIME), [], NOW)
     assert old.plan is None and "exceeds the 2 moves left this hour" in dict(old.refused)["a"]
+
+
+# ---- replacement by a cheaper option ----------------------------------------------------------------
+
+ONE, FOUR, EIGHT = (InstanceOption(f"a2-highgpu-{n}g", n, 3.67 * n) for n in (1, 4, 8))
+
+
+def test_an_instance_whose_work_fits_a_cheaper_option_is_replaced() -> None:
+    a = inst("a", 8, used=3, price=EIGHT.usd_per_hour)
+    d = decide([a], [run("t1", a, 2), run("t2", a, 1, first=2)], [], BUDGET, [], NOW, options=(ONE, FOUR, EIGHT))
+    assert d.plan is not None and d.plan.replacement == FOUR  # the cheapest that holds 3 slots
+    assert d.plan.instance == "a" and d.plan.allocations == ("t1", "t2") and d.plan.unit == DOLLARS
+    assert d.plan.saving == pytest.approx(3.67 * 4)
+    assert d.plan.reason.startswith("replacing: 2 allocations (3 slots) of instance a (8 slots) fit one a2-highgpu-4g")
+
+
+def test_emptying_onto_others_comes_before_a_replacement_and_the_budget_holds_both() -> None:
+    a, b = inst("a", 8, used=2, price=EIGHT.usd_per_hour), inst("b", 8, used=4, price=EIGHT.usd_per_hour)
+    d = decide([a, b], [run("t1", a, 2), run("t2", b, 4)], [], BUDGET, [], NOW, options=(ONE, FOUR, EIGHT))
+    assert d.plan is not None and d.plan.replacement is None and d.plan.instance == "a"  # fits on b
+    young = (NOW - timedelta(minutes=5)).timestamp()
+    d = decide([a], [run("t1", a, 2, order=young)], [], BUDGET, [], NOW, options=(ONE, FOUR, EIGHT))
+    assert d.plan is None and "min_run_time" in dict(d.refused)["a"]
+    d = decide([a], [run("t1", a, 2, preemptible=False)], [], BUDGET, [], NOW, options=(ONE, FOUR, EIGHT))
+    assert d.plan is None
+
+
+def test_no_replacement_without_a_cheaper_option_for_a_gang_or_where_pending_work_goes() -> None:
+    a = inst("a", 4, used=3, price=FOUR.usd_per_hour)
+    assert decide([a], [run("t1", a, 3)], [], BUDGET, [], NOW, options=(ONE, FOUR)).plan is None  # none cheaper fits
+    b, c = inst("b", 8, used=1, price=EIGHT.usd_per_hour), inst("c", 8, used=8, price=EIGHT.usd_per_hour)
+    gang = RunningAllocation("g", (Part("agent-b", ("b-0",)), Part("agent-c", c.agent.slot_ids)), order=LONG_AGO)
+    assert decide([b, c], [gang], [], BUDGET, [], NOW, options=(ONE, FOUR, EIGHT)).plan is None
+    d = inst("d", 8, used=1, price=EIGHT.usd_per_hour)
+    waiting = [PendingAllocation("p1", 4, order=LONG_AGO)]  # placed today on d's free slots
+    assert decide([d], [run("t1", d, 1)], waiting, BUDGET, [], NOW, options=(ONE, FOUR, EIGHT)).plan is None
+    unpriced = inst("e", 8, used=1)
+    assert decide([unpriced], [run("t1", unpriced, 1)], [], BUDGET, [], NOW, options=(ONE, FOUR)).plan is None
