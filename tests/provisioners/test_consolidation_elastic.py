@@ -23,8 +23,9 @@ from sqlalchemy import select
 from control_plane.core import states as st
 from control_plane.core.states import InstanceState
 from control_plane.db.engine import transaction
-from control_plane.db.models import Allocation, ConsolidationMove
+from control_plane.db.models import Allocation, ConsolidationMove, Instance
 from control_plane.loops.autoscaler import Autoscaler
+from control_plane.loops.autoscaler.decision import claim_idle
 from control_plane.master import Master
 from control_plane.services import allocations
 from shipyard_common import clouds
@@ -234,6 +235,11 @@ def test_gcp_consolidation_replaces_an_instance_by_a_cheaper_machine(
     clock.advance(seconds=5)
     scaler.tick()  # connected: the work is asked to checkpoint and move
     assert not moves(master)[0].pending and allocation(master, "t").preempt_requested
+    # However long the checkpoint takes, the idle claim keeps the replacement for the work on its way.
+    with transaction(master.sessions) as s:
+        row = s.get(Instance, new.launch_id)
+        assert row is not None and claim_idle(s, row) == "it replaces an instance whose allocation t is still " \
+            "moving onto it"
     exit_preempted(master, "t")
     clock.advance(seconds=10)
     scaler.tick()
@@ -242,6 +248,9 @@ def test_gcp_consolidation_replaces_an_instance_by_a_cheaper_machine(
     assert row.terminate_reason and row.terminate_reason.startswith("consolidated")
     assert not gce.has_instance(old) or gce.instance(old)["status"] in ("STOPPING", "TERMINATED")
     assert next(r for r in rows(master) if r.launch_id == new.launch_id).state == InstanceState.RUNNING
+    with transaction(master.sessions) as s:  # its work has left the old instance: idle like any other
+        row = s.get(Instance, new.launch_id)
+        assert row is not None and claim_idle(s, row) is None
 
 
 def test_gcp_a_replacement_that_never_connects_is_abandoned(

@@ -35,7 +35,7 @@ from control_plane.core.scaling import reconcile as rec
 from control_plane.core.scheduling.gang import whole_agent_parts
 from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Allocation, Instance, ResourcePool
+from control_plane.db.models import Agent, Allocation, ConsolidationMove, Instance, ResourcePool
 from control_plane.loops.autoscaler import types
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, close_row
@@ -321,6 +321,15 @@ def claim_idle(s: Session, row: Instance) -> str | None:
     held = len(gangs.holding(s, agent.id, agent.pool))  # a part of a gang holds it too
     if held:
         return f"its agent {agent.id} took {_plural(held, 'allocation')} since the decision"
+    # A consolidation replacement stays while the work it was launched for is still stopping on the
+    # instance it replaces (checkpointing can outlast the idle period); once that work has exited,
+    # the trial's next allocation is pending demand the decider packs onto it.
+    moving = s.scalar(select(ConsolidationMove.allocation_id).join(
+        Allocation, Allocation.id == ConsolidationMove.allocation_id).where(
+        ConsolidationMove.replacement_launch_id == row.launch_id,
+        Allocation.state != st.AllocationState.TERMINATED).limit(1))
+    if moving is not None:
+        return f"it replaces an instance whose allocation {moving} is still moving onto it"
     agent.enabled = False
     return None
 
