@@ -473,9 +473,10 @@ class ConsolidationMove(Base):
     saving: Mapped[float] = mapped_column(Float)  # estimated, per hour, in `saving_unit`
     saving_unit: Mapped[str] = mapped_column(String(16))  # "$/h", or "slot-h/h" when prices are unknown
     # A replacement: the new instance launched for the work (migration 0022); `pending` until its
-    # agent has connected and the work was asked to move (or the replacement failed: abandoned).
+    # agent has connected and the work was asked to move, `abandoned` if that never happened.
     replacement_launch_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     pending: Mapped[bool] = mapped_column(Boolean, default=False)
+    abandoned: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Task(Base):

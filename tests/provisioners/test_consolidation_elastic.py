@@ -272,3 +272,29 @@ def test_gcp_no_replacement_beyond_max_instances(masters: Callable[..., Master],
     assert moves(master) == [] and agent(master, old).enabled is True and len(rows(master)) == 1
     said = pool_api(master)["lastDecision"]["consolidation"]["reason"]
     assert said == "not moving: no room for a replacement: the pool has 1 of its max_instances 1", said
+
+
+def test_gcp_a_replacement_that_failed_over_to_a_dearer_machine_is_abandoned_and_terminated(
+        masters: Callable[..., Master], gce: GceFake) -> None:  # noqa: F811
+    """The 1g is out of capacity in every zone: the launch fails over to the next type that fits,
+    the 4g, which saves nothing. The move is abandoned once it shows (the old instance takes work
+    again, the work never moved), that instance goes, and the 1g is not planned while it cools down."""
+    gce.inject("insert", code="ZONE_RESOURCE_POOL_EXHAUSTED", machine_type="a2-highgpu-1g", times=None)
+    master, scaler, clock, old = a_4g_running_one_slot(masters, gce)
+    scaler.tick()
+    [move] = moves(master)
+    new = next(r for r in rows(master) if r.launch_id == move.replacement_launch_id)
+    assert new.instance_type == "a2-highgpu-4g" and new.instance_id  # what the failover launched
+    add_agent(master, str(new.instance_id), slots=4, instance_id=str(new.instance_id))
+    clock.advance(seconds=5)
+    scaler.tick()
+    [move] = moves(master)
+    assert move.abandoned and not move.pending
+    assert "abandoned: the replacement launched as a2-highgpu-4g (on-demand), not cheaper" in move.reason
+    assert agent(master, old).enabled is True and not allocation(master, "t").preempt_requested
+    dearer = next(r for r in rows(master) if r.launch_id == new.launch_id)
+    assert dearer.state in (InstanceState.STOPPING, InstanceState.TERMINATED)
+    assert dearer.terminate_reason and "not cheaper" in dearer.terminate_reason
+    clock.advance(seconds=5)
+    scaler.tick()
+    assert len(moves(master)) == 1  # neither the same instance again within the hour nor the 1g meanwhile

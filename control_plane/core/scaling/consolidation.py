@@ -29,7 +29,7 @@ not be where pending work is placed today. The largest saving ($/h) wins."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -157,12 +157,13 @@ def _simulate(inst: InstanceSlots, work: Sequence[RunningAllocation], instances:
 
 
 def _replacement(candidates: Sequence[tuple[InstanceSlots, Sequence[RunningAllocation]]],
-                 options: Sequence[InstanceOption], pending_on: set[str]) -> Plan | None:
+                 options: Sequence[InstanceOption], pending_on: set[str], not_replaced: Collection[str]) -> Plan | None:
     """The instance whose work one instance of a cheaper option holds, saving the most; None if none."""
     best: Plan | None = None
     for inst, work in candidates:
         me = inst.agent.agent_id
-        if inst.price_per_hour is None or me in pending_on or any(p.agent_id != me for r in work for p in r.parts):
+        if inst.price_per_hour is None or me in pending_on or inst.id in not_replaced \
+                or any(p.agent_id != me for r in work for p in r.parts):
             continue
         used = sum(r.slots for r in work)
         fitting_options = [o for o in options if used <= o.slots < len(inst.agent.slot_ids)
@@ -184,7 +185,7 @@ def _replacement(candidates: Sequence[tuple[InstanceSlots, Sequence[RunningAlloc
 def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocation],
            pending: Sequence[PendingAllocation], budget: Budget, recent_moves: Sequence[datetime],
            now: datetime, *, policy: str | None = None, fitting: Fitting = "best",
-           options: Sequence[InstanceOption] = ()) -> ConsolidationDecision:
+           options: Sequence[InstanceOption] = (), not_replaced: Collection[str] = ()) -> ConsolidationDecision:
     """The instance to empty now, if any (see the module's docstring), and why each other is not."""
     left = moves_left(budget, recent_moves, now)
     live = sum(1 for i in instances if i.agent.schedulable)
@@ -192,7 +193,8 @@ def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocati
     candidates = [(i, work) for i in instances if i.agent.schedulable and (work := by_agent.get(i.agent.agent_id))]
     if not candidates:
         return ConsolidationDecision(None, reason="no instance with work to move")
-    if live - 1 < budget.min_instances:
+    at_min = live - 1 < budget.min_instances  # nothing emptied; a replacement keeps the count
+    if at_min and not options:
         return ConsolidationDecision(None, reason=f"the pool keeps min_instances {budget.min_instances}")
     baseline = scheduling_policy(policy).schedule(pending, running, [i.agent for i in instances],
                                                   preemption=False, fitting=fitting)
@@ -216,7 +218,7 @@ def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocati
     # The simulations (one scheduling pass each) in the order of preference: the first that places
     # its work is the plan, so a large pool costs few passes; at most MAX_SIMULATIONS per decision.
     ranked.sort(key=lambda c: c[0])
-    for n, ((neg_saving, moved_slots, _), inst, work) in enumerate(ranked):
+    for n, ((neg_saving, moved_slots, _), inst, work) in enumerate([] if at_min else ranked):
         if n == MAX_SIMULATIONS:
             refused.extend((i.id, f"not simulated: {MAX_SIMULATIONS} simulations per decision")
                            for _, i, _ in ranked[n:])
@@ -236,8 +238,11 @@ def decide(instances: Sequence[InstanceSlots], running: Sequence[RunningAllocati
                                           saving, DOLLARS if priced else SLOTS, reason), tuple(refused))
     if options:
         pending_on = {p.agent_id for a in baseline.assignments for p in a.parts}
-        plan = _replacement([(inst, work) for _, inst, work in ranked], options, pending_on)
+        plan = _replacement([(inst, work) for _, inst, work in ranked], options, pending_on, not_replaced)
         if plan is not None:
             return ConsolidationDecision(plan, tuple((i, why) for i, why in refused if i != plan.instance))
+    if at_min:
+        return ConsolidationDecision(None, tuple(refused), f"the pool keeps min_instances {budget.min_instances}"
+                                     " and no instance's work fits a cheaper one")
     return ConsolidationDecision(None, tuple(refused), "no instance can be emptied: " + "; ".join(
         f"{i}: {why}" for i, why in refused))

@@ -40,13 +40,14 @@ from control_plane.config import SchedulerConfig
 from control_plane.core import states as st
 from control_plane.core.scaling import consolidation
 from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation
+from control_plane.core.states import PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, ConsolidationMove, Instance, ResourcePool
 from control_plane.errors import NotLeader
 from control_plane.loops import placement
 from control_plane.loops.autoscaler.memory import PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination
-from control_plane.loops.autoscaler.types import SPOT, matches, options_of
+from control_plane.loops.autoscaler.types import SPOT, matches, options_of, out_of_capacity
 from control_plane.master import Master
 from control_plane.services import gangs, lifecycle, scaling_history
 from provisioners.base import InstanceOffer, offers_of
@@ -77,7 +78,7 @@ def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> list[s
     with transaction(master.sessions) as s:
         emptied = finish_emptied(s, pool, now)
         scaling_history.record_terminations(s, pool, now, scaling_history.retention_of(master.config), emptied)
-        advance_replacements(s, master, pool, now, pp.settings.max_agent_starting_period)
+        advance_replacements(s, master, pool, now, pp.settings.max_agent_starting_period, offers_of(pp.provider))
     settings = pp.settings.consolidation
     if not settings.enabled:
         return []
@@ -87,8 +88,14 @@ def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> list[s
     with master.read_sessions() as s:
         instances, running, pending = _snapshot(s, pool, scheduler.default_priority, offers_of(pp.provider))
         recent = recent_move_times(s, pool, now)
+        cooling = set(s.scalars(select(ConsolidationMove.launch_id).where(  # abandoned within the hour
+            ConsolidationMove.pool == pool, ConsolidationMove.abandoned.is_(True),
+            ConsolidationMove.at > now - consolidation.HOUR)))
+    gone = out_of_capacity(pp.provider)
     decision = consolidation.decide(instances, running, pending, budget, recent, now, policy=scheduler.type,
-                                    fitting=scheduler.fitting_policy, options=options_of(pp.provider))
+                                    fitting=scheduler.fitting_policy,
+                                    options=tuple(o for o in options_of(pp.provider) if o not in gone),
+                                    not_replaced=cooling)
     launch_ids: list[str] = []
     with transaction(master.sessions) as s:
         refused = apply_plan(s, master, pool, decision.plan, now, pp.settings.type, launch_ids,
@@ -160,11 +167,10 @@ def apply_plan(s: Session, master: Master, pool: str, plan: consolidation.Plan, 
     held = {a.id: a for a in gangs.holding(s, agent.id, pool)}
     if set(held) != set(plan.allocations) or any(a.preempt_requested or a.kill_requested for a in held.values()):
         return f"the work on agent {agent.id} changed since the decision"
-    if plan.replacement is not None and max_instances is not None:
-        billed = s.scalar(select(func.count()).select_from(Instance).where(
-            Instance.pool == pool, Instance.state.in_(st.INSTANCE_BILLED))) or 0
-        if billed >= max_instances:
-            return f"no room for a replacement: the pool has {billed} of its max_instances {max_instances}"
+    if plan.replacement is not None:
+        why = _no_room(s, pool, now, max_instances)
+        if why is not None:
+            return why
     agent.enabled = False  # cordoned: placement puts nothing new on it
     replacement = None
     if plan.replacement is not None:
@@ -191,10 +197,27 @@ def apply_plan(s: Session, master: Master, pool: str, plan: consolidation.Plan, 
     return None
 
 
-def advance_replacements(s: Session, master: Master, pool: str, now: datetime, starting_period: timedelta) -> None:
-    """The pending moves of replacements: once the replacement's agent has connected, ask the work
-    still on the replaced instance to checkpoint and stop; if the replacement failed or did not
-    connect within `starting_period`, enable the replaced instance again (the move is abandoned)."""
+def _no_room(s: Session, pool: str, now: datetime, max_instances: int | None) -> str | None:
+    """Why no replacement may be launched now: the pool at max_instances, or its launches failing."""
+    prow = s.get(ResourcePool, pool)
+    if prow is not None and (prow.state != PoolState.OK or (prow.backoff_until is not None and prow.backoff_until > now)):
+        return f"no replacement while the pool's launches are failing ({prow.state})"
+    if max_instances is None:
+        return None
+    billed = s.scalar(select(func.count()).select_from(Instance).where(
+        Instance.pool == pool, Instance.state.in_(st.INSTANCE_BILLED))) or 0
+    if billed >= max_instances:
+        return f"no room for a replacement: the pool has {billed} of its max_instances {max_instances}"
+    return None
+
+
+def advance_replacements(s: Session, master: Master, pool: str, now: datetime, starting_period: timedelta,
+                         offers: Sequence[InstanceOffer] = ()) -> None:
+    """The pending moves of replacements: once the replacement's agent has connected, free and
+    cheaper than the instance it replaces (a capacity failover may have launched another type), ask
+    the work still on the replaced instance to checkpoint and stop. Else, or if the replacement
+    failed or did not connect within `starting_period`, the move is abandoned: the replaced instance
+    takes work again (and a replacement that was not cheaper is terminated)."""
     pending = list(s.scalars(select(ConsolidationMove).where(ConsolidationMove.pool == pool,
                                                              ConsolidationMove.pending.is_(True))))
     by_replacement: dict[str, list[ConsolidationMove]] = {}
@@ -202,34 +225,61 @@ def advance_replacements(s: Session, master: Master, pool: str, now: datetime, s
         by_replacement.setdefault(m.replacement_launch_id or "", []).append(m)
     for launch_id, moves in by_replacement.items():
         new = s.get(Instance, launch_id) if launch_id else None
-        new_agent = agent_of(s, new) if new is not None else None
+        old = s.get(Instance, moves[0].launch_id)
         old_agent = s.scalar(select(Agent).where(Agent.id == moves[0].agent_id).with_for_update()
                              .execution_options(populate_existing=True))
-        connected = new_agent is not None and new_agent.state == st.AgentState.CONNECTED and new_agent.enabled
-        if connected:
-            held = {a.id: a for a in gangs.holding(s, moves[0].agent_id, pool)} if old_agent is not None else {}
-            for m in moves:
-                alloc = held.get(m.allocation_id)
-                if alloc is not None and not (alloc.preempt_requested or alloc.kill_requested):
-                    lifecycle.request_preemption(alloc, now)
-                m.pending = False
-            log.info("event=consolidation_replacement_ready pool=%s launch_id=%s replaced_by=%s allocations=%d",
-                     pool, moves[0].launch_id, launch_id, len(moves))
-            master.notify(s)
-            continue
-        failed = new is None or new.state not in st.INSTANCE_LIVE
-        late = new is not None and now - new.requested_at > starting_period
-        if not (failed or late):
+        new_agent = agent_of(s, new) if new is not None else None
+        why = _replacement_refusal(s, pool, new, new_agent, old, offers, now, starting_period)
+        if why == "":
             continue  # still booting
-        why = (f"ended ({new.terminate_reason or new.state})" if new is not None and failed else "was not launched"
-               if failed else f"did not connect within {int(starting_period.total_seconds())}s")
+        if why is not None:
+            _abandon(s, pool, moves, old_agent, new, why, now)
+            continue
+        held = {a.id: a for a in gangs.holding(s, moves[0].agent_id, pool)}
         for m in moves:
+            alloc = held.get(m.allocation_id)
+            if alloc is not None and not (alloc.preempt_requested or alloc.kill_requested):
+                lifecycle.request_preemption(alloc, now)
             m.pending = False
-            m.reason = f"{m.reason}; abandoned: the replacement {why}"
-        if old_agent is not None and old_agent.interruption_at is None:
-            old_agent.enabled = True  # not emptied after all: it takes work again
-        log.warning("event=consolidation_replacement_abandoned pool=%s launch_id=%s replaced_by=%s why=%r",
-                    pool, moves[0].launch_id, launch_id, why)
+        log.info("event=consolidation_replacement_ready pool=%s launch_id=%s replaced_by=%s allocations=%d",
+                 pool, moves[0].launch_id, launch_id, len(moves))
+        master.notify(s)
+
+
+def _replacement_refusal(s: Session, pool: str, new: Instance | None, new_agent: Agent | None, old: Instance | None,
+                         offers: Sequence[InstanceOffer], now: datetime, starting_period: timedelta) -> str | None:
+    """Why a pending replacement's move is abandoned; "" while it boots; None when the work moves now."""
+    if old is None or old.state not in st.INSTANCE_LIVE:
+        return "the replaced instance ended first"
+    if new is None or new.state not in st.INSTANCE_LIVE:
+        return f"the replacement ended ({new.terminate_reason or new.state})" if new is not None \
+            else "the replacement was not launched"
+    if new_agent is None or new_agent.state != st.AgentState.CONNECTED or not new_agent.enabled:
+        if now - new.requested_at > starting_period:
+            return f"the replacement did not connect within {int(starting_period.total_seconds())}s"
+        return ""
+    new_price, old_price = price_of(new, offers), price_of(old, offers)
+    if new_price is None or old_price is None or new_price >= old_price:
+        return (f"the replacement launched as {new.instance_type} ({new.capacity or 'on-demand'}), "
+                f"not cheaper than the instance it replaces")
+    if gangs.holding(s, new_agent.id, pool):
+        return "the replacement took other work first"
+    return None
+
+
+def _abandon(s: Session, pool: str, moves: Sequence[ConsolidationMove], old_agent: Agent | None,
+             new: Instance | None, why: str, now: datetime) -> None:
+    for m in moves:
+        m.pending, m.abandoned = False, True
+        m.reason = f"{m.reason}; abandoned: {why}"
+    if old_agent is not None and old_agent.interruption_at is None:
+        old_agent.enabled = True  # not emptied after all: it takes work again
+    if new is not None and new.state in st.INSTANCE_LIVE and new.instance_id and "not cheaper" in why:
+        new_agent = agent_of(s, new)
+        if new_agent is None or not gangs.holding(s, new_agent.id, pool):
+            begin_termination(s, new, now, f"{CONSOLIDATED}: {why}")
+    log.warning("event=consolidation_replacement_abandoned pool=%s launch_id=%s replaced_by=%s why=%r",
+                pool, moves[0].launch_id, new.launch_id if new is not None else None, why)
 
 
 def finish_emptied(s: Session, pool: str, now: datetime) -> list[dict[str, str]]:

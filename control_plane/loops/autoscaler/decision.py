@@ -326,7 +326,7 @@ def claim_idle(s: Session, row: Instance) -> str | None:
     # the trial's next allocation is pending demand the decider packs onto it.
     moving = s.scalar(select(ConsolidationMove.allocation_id).join(
         Allocation, Allocation.id == ConsolidationMove.allocation_id).where(
-        ConsolidationMove.replacement_launch_id == row.launch_id,
+        ConsolidationMove.replacement_launch_id == row.launch_id, ConsolidationMove.abandoned.is_(False),
         Allocation.state != st.AllocationState.TERMINATED).limit(1))
     if moving is not None:
         return f"it replaces an instance whose allocation {moving} is still moving onto it"

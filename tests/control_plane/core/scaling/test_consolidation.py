@@ -250,10 +250,25 @@ def test_no_replacement_without_a_cheaper_option_for_a_gang_or_where_pending_wor
     a = inst("a", 4, used=3, price=FOUR.usd_per_hour)
     assert decide([a], [run("t1", a, 3)], [], BUDGET, [], NOW, options=(ONE, FOUR)).plan is None  # none cheaper fits
     b, c = inst("b", 8, used=1, price=EIGHT.usd_per_hour), inst("c", 8, used=8, price=EIGHT.usd_per_hour)
-    gang = RunningAllocation("g", (Part("agent-b", ("b-0",)), Part("agent-c", c.agent.slot_ids)), order=LONG_AGO)
+    c = inst("c", 8, used=1, price=EIGHT.usd_per_hour)  # a 2-slot gang, one slot on each: either fits a 1g alone
+    gang = RunningAllocation("g", (Part("agent-b", ("b-0",)), Part("agent-c", ("c-0",))), order=LONG_AGO)
     assert decide([b, c], [gang], [], BUDGET, [], NOW, options=(ONE, FOUR, EIGHT)).plan is None
     d = inst("d", 8, used=1, price=EIGHT.usd_per_hour)
     waiting = [PendingAllocation("p1", 4, order=LONG_AGO)]  # placed today on d's free slots
     assert decide([d], [run("t1", d, 1)], waiting, BUDGET, [], NOW, options=(ONE, FOUR, EIGHT)).plan is None
     unpriced = inst("e", 8, used=1)
     assert decide([unpriced], [run("t1", unpriced, 1)], [], BUDGET, [], NOW, options=(ONE, FOUR)).plan is None
+
+
+def test_a_replacement_keeps_the_instance_count_so_min_instances_allows_it_and_a_cooling_one_is_skipped() -> None:
+    a = inst("a", 8, used=1, price=EIGHT.usd_per_hour)
+    at_min = Budget(2, timedelta(minutes=30), min_instances=1)
+    d = decide([a], [run("t1", a, 1)], [], at_min, [], NOW, options=(ONE, FOUR, EIGHT))
+    assert d.plan is not None and d.plan.replacement == ONE
+    assert decide([a], [run("t1", a, 1)], [], at_min, [], NOW).reason == "the pool keeps min_instances 1"
+    d = decide([a], [run("t1", a, 1)], [], at_min, [], NOW, options=(ONE, FOUR, EIGHT), not_replaced={"a"})
+    assert d.plan is None and "min_instances 1" in d.reason
+    b = inst("b", 8, used=2, price=EIGHT.usd_per_hour)
+    d = decide([a, b], [run("t1", a, 1), run("t2", b, 2)], [], BUDGET, [], NOW, options=(ONE, FOUR, EIGHT),
+               not_replaced={"a", "b"})
+    assert d.plan is not None and d.plan.replacement is None  # emptying onto the other is not held back
