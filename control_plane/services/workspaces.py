@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, object_session
 
 from control_plane.auth import Principal
 from control_plane.core import states as st
+from control_plane.core.expconf.checks import storage_problems
 from control_plane.core.expconf.models.storage import CheckpointStorage
 from control_plane.core.expconf.secrets import PLACEHOLDER, keep_redacted_storage, redacted_left
 from control_plane.core.host_access import storage_refusal
@@ -80,6 +81,9 @@ def _storage(master: Master, value: dict[str, Any] | None, field_name: str,
         first = e.errors(include_url=False)[0]
         where = ".".join(str(x) for x in first["loc"][1:] if not str(x).startswith("storage="))
         raise bad_request(first["msg"], f"{field_name}.{where}" if where else field_name) from None
+    problems = storage_problems(parsed)
+    if problems:
+        raise bad_request(problems[0].reason, f"{field_name}.{problems[0].path.split('.', 1)[1]}")
     if not master.config.allow_task_host_access:
         refused = storage_refusal(parsed, master.config.default_checkpoint_storage)
         if refused is not None:

@@ -187,6 +187,14 @@ def _fmt_num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
+def storage_problems(storage: Any) -> list[FieldError]:
+    """What is wrong with a checkpoint storage on its own (paths, prefixes, key pairs), each at
+    `checkpoint_storage.<field>`: also a workspace's default storage (services/workspaces.py)."""
+    errors: list[FieldError] = []
+    _check_storage(storage, errors)
+    return errors
+
+
 def _check_storage(storage: Any, errors: list[FieldError]) -> None:
     base = "checkpoint_storage"
     if isinstance(storage, SharedFSStorage):

@@ -73,6 +73,11 @@ def test_shared_fs_storage_must_use_the_clusters_root(client, master, admin_head
                        json={"name": "p"})
     _refused(create(client, admin_headers, projectId=proj.json()["project"]["id"]))
     assert _experiments(master) == 4
+    # A storage_path climbing out of the root is refused too, as each experiment would refuse it.
+    r = client.post("/api/v1/workspaces", headers=admin_headers, json={"name": "team3", "checkpointStorageConfig": {
+        "type": "shared_fs", "host_path": root, "storage_path": "../elsewhere"}})
+    assert r.status_code == 400 and [d["field"] for d in r.json()["details"]] == [
+        "checkpointStorageConfig.storage_path"], r.text
     # The cluster's root (or a storage_path below it) is a workspace's to choose.
     ok = client.post("/api/v1/workspaces", headers=admin_headers, json={
         "name": "team2", "checkpointStorageConfig": {"type": "shared_fs", "host_path": root, "storage_path": "t2"}})
