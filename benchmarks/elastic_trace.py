@@ -43,7 +43,8 @@ Policies:
   the cheapest combination (control_plane/core/scaling/mix.py). A spot instance gets its interruption
   notice after an exponential time (mean --spot-mtbi-h, an assumption: the clouds publish only
   coarse interruption frequencies); its trials checkpoint and requeue at once (same loss as a move)
-  and it bills 2 minutes more. Spot capacity is assumed always available.
+  and it bills 2 minutes more. Spot capacity is assumed always available, and so is every type of a
+  pool (a replacement never fails over nor is abandoned): the several-type rows are optimistic there.
 
 What limits the targets. On 8-GPU instances alone the 'floor' row (consolidation with no budget at
 all and a 2-minute idle period, the least provisioned of all that was tried) stays above 1.10 on the
