@@ -21,15 +21,22 @@ import pytest
 from sqlalchemy import select
 
 from control_plane.core import states as st
-from control_plane.core.states import InstanceState
+from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
-from control_plane.db.models import Allocation, ConsolidationMove, Instance
+from control_plane.db.models import Allocation, ConsolidationMove, Instance, ResourcePool
 from control_plane.loops.autoscaler import Autoscaler
 from control_plane.loops.autoscaler.decision import claim_idle
 from control_plane.master import Master
 from control_plane.services import allocations
 from shipyard_common import clouds
-from tests.control_plane.loops.conftest import FakeClock, add_agent, add_allocation, agent, allocation
+from tests.control_plane.loops.conftest import (
+    ELASTIC,
+    FakeClock,
+    add_agent,
+    add_allocation,
+    agent,
+    allocation,
+)
 from tests.fakes.gce import GceFake
 from tests.provisioners.test_elastic_regressions import (  # noqa: F401  (fixtures)
     REGION,
@@ -298,3 +305,15 @@ def test_gcp_a_replacement_that_failed_over_to_a_dearer_machine_is_abandoned_and
     clock.advance(seconds=5)
     scaler.tick()
     assert len(moves(master)) == 1  # neither the same instance again within the hour nor the 1g meanwhile
+
+
+def test_gcp_no_replacement_while_the_pool_backs_off(masters: Callable[..., Master], gce: GceFake) -> None:  # noqa: F811
+    master, scaler, clock, old = a_4g_running_one_slot(masters, gce)
+    with transaction(master.sessions) as s:  # as a quota error leaves it
+        prow = s.get(ResourcePool, ELASTIC)
+        assert prow is not None
+        prow.state, prow.backoff_until = PoolState.BACKOFF, clock() + timedelta(minutes=10)
+    scaler.tick()
+    assert moves(master) == [] and agent(master, old).enabled is True
+    said = pool_api(master)["lastDecision"]["consolidation"]["reason"]
+    assert said.startswith("not moving: no replacement: backing off after launch errors until"), said

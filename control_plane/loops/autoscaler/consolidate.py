@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from control_plane.config import SchedulerConfig
 from control_plane.core import states as st
-from control_plane.core.scaling import consolidation
+from control_plane.core.scaling import backoff, consolidation
 from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation
 from control_plane.core.states import PoolState
 from control_plane.db.engine import transaction
@@ -75,10 +75,11 @@ def run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> list[st
 def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> list[str]:
     pp = memory.provider
     assert pp is not None
+    offers = offers_of(pp.provider)
     with transaction(master.sessions) as s:
         emptied = finish_emptied(s, pool, now)
         scaling_history.record_terminations(s, pool, now, scaling_history.retention_of(master.config), emptied)
-        advance_replacements(s, master, pool, now, pp.settings.max_agent_starting_period, offers_of(pp.provider))
+        advance_replacements(s, master, pool, now, pp.settings.max_agent_starting_period, offers)
     settings = pp.settings.consolidation
     if not settings.enabled:
         return []
@@ -86,7 +87,7 @@ def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> list[s
     scheduler = cfg.scheduler if cfg is not None else SchedulerConfig()
     budget = consolidation.Budget(settings.max_moves_per_hour, settings.min_run_time, pp.settings.min_instances)
     with master.read_sessions() as s:
-        instances, running, pending = _snapshot(s, pool, scheduler.default_priority, offers_of(pp.provider))
+        instances, running, pending = _snapshot(s, pool, scheduler.default_priority, offers)
         recent = recent_move_times(s, pool, now)
         cooling = set(s.scalars(select(ConsolidationMove.launch_id).where(  # abandoned within the hour
             ConsolidationMove.pool == pool, ConsolidationMove.abandoned.is_(True),
@@ -198,10 +199,13 @@ def apply_plan(s: Session, master: Master, pool: str, plan: consolidation.Plan, 
 
 
 def _no_room(s: Session, pool: str, now: datetime, max_instances: int | None) -> str | None:
-    """Why no replacement may be launched now: the pool at max_instances, or its launches failing."""
+    """Why no replacement may be launched now: the pool at max_instances, or backing off after launch
+    errors (the decision's own allowance; a replacement is never the backoff's probe)."""
     prow = s.get(ResourcePool, pool)
-    if prow is not None and (prow.state != PoolState.OK or (prow.backoff_until is not None and prow.backoff_until > now)):
-        return f"no replacement while the pool's launches are failing ({prow.state})"
+    if prow is not None:
+        allowance = backoff.launch_allowance(PoolState(prow.state), prow.backoff_until, None, timedelta(0), now)
+        if allowance.cap == 0:
+            return f"no replacement: {allowance.reason}"
     if max_instances is None:
         return None
     billed = s.scalar(select(func.count()).select_from(Instance).where(
@@ -233,7 +237,8 @@ def advance_replacements(s: Session, master: Master, pool: str, now: datetime, s
         if why == "":
             continue  # still booting
         if why is not None:
-            _abandon(s, pool, moves, old_agent, new, why, now)
+            dearer = new is not None and old is not None and new_agent is not None and _dearer(new, old, offers)
+            _abandon(s, pool, moves, old_agent, new, why, now, terminate=dearer)
             continue
         held = {a.id: a for a in gangs.holding(s, moves[0].agent_id, pool)}
         for m in moves:
@@ -248,7 +253,8 @@ def advance_replacements(s: Session, master: Master, pool: str, now: datetime, s
 
 def _replacement_refusal(s: Session, pool: str, new: Instance | None, new_agent: Agent | None, old: Instance | None,
                          offers: Sequence[InstanceOffer], now: datetime, starting_period: timedelta) -> str | None:
-    """Why a pending replacement's move is abandoned; "" while it boots; None when the work moves now."""
+    """Why a pending replacement's move is abandoned; "" while it boots; None when the work moves now.
+    (`_dearer` says which of these abandonments also terminate the replacement.)"""
     if old is None or old.state not in st.INSTANCE_LIVE:
         return "the replaced instance ended first"
     if new is None or new.state not in st.INSTANCE_LIVE:
@@ -258,8 +264,7 @@ def _replacement_refusal(s: Session, pool: str, new: Instance | None, new_agent:
         if now - new.requested_at > starting_period:
             return f"the replacement did not connect within {int(starting_period.total_seconds())}s"
         return ""
-    new_price, old_price = price_of(new, offers), price_of(old, offers)
-    if new_price is None or old_price is None or new_price >= old_price:
+    if _dearer(new, old, offers):
         return (f"the replacement launched as {new.instance_type} ({new.capacity or 'on-demand'}), "
                 f"not cheaper than the instance it replaces")
     if gangs.holding(s, new_agent.id, pool):
@@ -267,14 +272,23 @@ def _replacement_refusal(s: Session, pool: str, new: Instance | None, new_agent:
     return None
 
 
+def _dearer(new: Instance, old: Instance, offers: Sequence[InstanceOffer]) -> bool:
+    """Whether what the cloud launched (a capacity failover may have chosen another type) is not
+    known to cost less than the instance it replaces."""
+    new_price, old_price = price_of(new, offers), price_of(old, offers)
+    return new_price is None or old_price is None or new_price >= old_price
+
+
 def _abandon(s: Session, pool: str, moves: Sequence[ConsolidationMove], old_agent: Agent | None,
-             new: Instance | None, why: str, now: datetime) -> None:
+             new: Instance | None, why: str, now: datetime, terminate: bool) -> None:
+    """Give up the moves: the replaced instance takes work again; `terminate`: the replacement,
+    still without work, goes too (it was not cheaper)."""
     for m in moves:
         m.pending, m.abandoned = False, True
         m.reason = f"{m.reason}; abandoned: {why}"
     if old_agent is not None and old_agent.interruption_at is None:
         old_agent.enabled = True  # not emptied after all: it takes work again
-    if new is not None and new.state in st.INSTANCE_LIVE and new.instance_id and "not cheaper" in why:
+    if terminate and new is not None and new.state in st.INSTANCE_LIVE and new.instance_id:
         new_agent = agent_of(s, new)
         if new_agent is None or not gangs.holding(s, new_agent.id, pool):
             begin_termination(s, new, now, f"{CONSOLIDATED}: {why}")
