@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import hypothesis
 import pytest
 
 from tests.pg import PostgresServer, find_pg_bin, free_port, skip_or_fail
@@ -28,6 +29,11 @@ MASTER_PYTHON = os.environ.get("SHIPYARD_MASTER_PYTHON") or sys.executable
 # tests/integration/test_cluster.py, test_ha.py, tests/control_plane/test_workers.py and
 # `make demo` run.
 os.environ.setdefault("SHIPYARD_API_WORKERS", "1")
+
+# Property tests assert behaviour, never speed (speed is benchmarks/' business): Hypothesis' default
+# 200 ms deadline per example failed a merge property under the full suite's load on 2 cores.
+hypothesis.settings.register_profile("shipyard", deadline=None)
+hypothesis.settings.load_profile("shipyard")
 
 # Argon2id at its smallest work factor for the masters the tests start (in process through
 # `master_config`, as processes through the environment). The product's default (3 passes over

@@ -132,18 +132,48 @@ def place(s: Session, master: Master, pool: str) -> None:
     _track_idle(snap, now)
     if not snap.pending:
         return
-    pool_cfg = master.config.pool(pool)
-    # A pool row left from an older config is still drained, with the scheduler's defaults.
-    scheduler = pool_cfg.scheduler if pool_cfg is not None else SchedulerConfig()
+    scheduler = scheduler_of(master, pool)
     queue, running = _queue_and_running(s, snap, scheduler.default_priority)
-    decision = scheduling_policy(scheduler.type).schedule(
-        queue, running,
-        [AgentSlots(agent.id, tuple(str(sl["id"]) for sl in agent.slots), frozenset(snap.used.get(agent.id, set())),
-                    schedulable=agent.state == st.AgentState.CONNECTED and agent.enabled)
-         for agent in snap.agents],
-        preemption=scheduler.preemption, fitting=scheduler.fitting_policy,
-    )
+    decision = scheduling_policy(scheduler.type).schedule(queue, running, agent_slots(s, snap),
+                                                          preemption=scheduler.preemption,
+                                                          fitting=scheduler.fitting_policy)
     _apply(s, master, snap, decision, now)
+
+
+def scheduler_of(master: Master, pool: str) -> SchedulerConfig:
+    """The pool's scheduler settings; a pool row left from an older config is still drained, with
+    the scheduler's defaults."""
+    pool_cfg = master.config.pool(pool)
+    return pool_cfg.scheduler if pool_cfg is not None else SchedulerConfig()
+
+
+def agent_slots(s: Session, snap: _Snapshot) -> list[AgentSlots]:
+    """The pool's agents as the scheduler sees them: schedulable when connected, enabled and not on
+    an instance whose termination has begun (`claim_agents` refuses those)."""
+    ids = [a.instance_id for a in snap.agents if a.instance_id]
+    ending = set(s.scalars(_ending_instances().where(Instance.instance_id.in_(ids)))) if ids else set()
+    return [AgentSlots(agent.id, tuple(str(sl["id"]) for sl in agent.slots), frozenset(snap.used.get(agent.id, set())),
+                       schedulable=(agent.state == st.AgentState.CONNECTED and agent.enabled
+                                    and agent.instance_id not in ending))
+            for agent in snap.agents]
+
+
+def dry_run(s: Session, pool: str, scheduler: SchedulerConfig) -> tuple[_Snapshot, ScheduleDecision]:
+    """What a placement pass would assign now on free slots (no preemption), written nowhere: the
+    autoscaler's demand is the queue less these (loops/autoscaler/decision.py), as cluster-autoscaler
+    filters out the pods that fit existing nodes, with the same code as placement."""
+    snap = _read(s, pool)
+    if not snap.pending:
+        return snap, ScheduleDecision()
+    queue, running = _queue_and_running(s, snap, scheduler.default_priority)
+    return snap, scheduling_policy(scheduler.type).schedule(queue, running, agent_slots(s, snap), preemption=False,
+                                                            fitting=scheduler.fitting_policy)
+
+
+def _ending_instances() -> Any:
+    return select(Instance.instance_id).where(
+        Instance.instance_id.is_not(None),
+        Instance.state.in_((st.InstanceState.STOPPING, st.InstanceState.TERMINATED)))
 
 
 def _read(s: Session, pool: str) -> _Snapshot:
@@ -300,9 +330,7 @@ def claim_agents(s: Session, agent_ids: list[str]) -> set[str]:
     PostgreSQL this UPDATE waits for that lock and re-checks `enabled` on the row as committed.
     Agents go in id order, the autoscaler's too, so the two never wait on each other in a cycle."""
     s.flush()  # this tick's idle tracking first: the UPDATE below bypasses the session
-    ending = select(Instance.instance_id).where(
-        Instance.instance_id.is_not(None),
-        Instance.state.in_((st.InstanceState.STOPPING, st.InstanceState.TERMINATED)))
+    ending = _ending_instances()
     claimed: set[str] = set()
     for agent_id in agent_ids:
         result = s.execute(

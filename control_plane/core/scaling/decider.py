@@ -357,8 +357,9 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     census = draft.census
     capacity = limits.slots_per_instance
     live = census.live
-    idle_free = [_free(i, capacity) for i in census.idle]
-    booting_free = [_free(i, capacity) for i in census.booting]
+    # An instance whose agent is disabled takes no demand (placement puts nothing on it).
+    idle_free = [_free(i, capacity) for i in census.idle if i.accepts_work]
+    booting_free = [_free(i, capacity) for i in census.booting if i.accepts_work]
     packing = _pack(shapes, capacity, (idle_free, booting_free), new=not limits.options)
     # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone.
     draft.stopping = stopping = len(census.stopping) + len(draft.terminations)

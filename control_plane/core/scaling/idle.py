@@ -158,12 +158,15 @@ def _reap_by_cost(draft: Draft, limits: PoolLimits, now: datetime, arrivals: Seq
     after those the demand and min_instances hold; each kept one's slots are ahead of the next
     (the arrivals it is kept for take it first), as are the free slots of starting instances."""
     census = draft.census
+    # Those that take work first (the demand was packed onto them): a disabled agent's instance goes first.
     idle = sorted((i for i in census.idle if i.idle_since is not None),
-                  key=lambda i: (i.idle_since, i.id), reverse=True)
+                  key=lambda i: (i.accepts_work, i.idle_since, i.id), reverse=True)
     keep_for_demand, keep_for_min = _held(draft, idle, limits)
     held = max(keep_for_demand, keep_for_min)
 
     def slots_of(inst: InstanceView) -> int:
+        if not inst.accepts_work:
+            return 0
         return inst.slots if inst.slots is not None else limits.slots_per_instance
 
     ahead = sum(max(0, slots_of(i) - i.busy_slots) for i in census.booting)
@@ -176,6 +179,9 @@ def _reap_by_cost(draft: Draft, limits: PoolLimits, now: datetime, arrivals: Seq
             ahead += slots_of(inst)
             continue
         period = f"idle for {fmt_duration(idle_for)} (max_idle_agent_period {fmt_duration(grace)})"
+        if not inst.accepts_work:
+            draft.terminate(inst, f"{period}: its agent is disabled, no arrival can use it", presumes_idle=True)
+            continue
         if idle_for > bound:
             draft.terminate(inst, f"{period}: past the hard bound {fmt_duration(bound)}", presumes_idle=True)
             continue
@@ -206,12 +212,13 @@ def _reap_past_bound(draft: Draft, limits: PoolLimits, now: datetime, arrivals: 
             for i in census.idle
             if i.idle_since is not None and now - i.idle_since > limits.max_idle_agent_period
         ),
-        key=lambda i: (i.idle_since, i.id),
+        key=lambda i: (i.accepts_work, i.idle_since, i.id),  # a disabled agent's instance is reaped first
     )
     if not long_idle:
         return
     # The recently idle instances take the demand first; the rest of it holds long-idle ones.
-    keep_for_demand = max(0, draft.idle_absorbing - (len(census.idle) - len(long_idle)))
+    recent = sum(1 for i in census.idle if i.accepts_work) - sum(1 for i in long_idle if i.accepts_work)
+    keep_for_demand = max(0, draft.idle_absorbing - recent)
     keep_for_min = max(0, len(long_idle) - (census.live - limits.min_instances))
     reapable = max(0, len(long_idle) - max(keep_for_demand, keep_for_min))
     kept_ids = _keep_for_arrivals(draft, long_idle[:reapable], limits, now, arrivals)
@@ -252,7 +259,7 @@ def _keep_for_arrivals(draft: Draft, reapable: list[InstanceView], limits: PoolL
         if len(kept) == forecast.instances:
             break
         assert inst.idle_since is not None
-        if forecast.next_due - inst.idle_since <= bound:
+        if inst.accepts_work and forecast.next_due - inst.idle_since <= bound:
             kept.append(inst)
     if kept:
         draft.reasons.append(

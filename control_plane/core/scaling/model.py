@@ -83,6 +83,9 @@ class InstanceView:
     #: The instance's own slots (a pool of several instance types); None: `PoolLimits.slots_per_instance`.
     slots: int | None = None
     instance_type: str = ""
+    #: False: its agent is disabled (cordoned, drained, disabled by an admin): no demand is packed
+    #: onto it and it is no room ahead of arrivals, though it is idle when it holds nothing.
+    accepts_work: bool = True
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from control_plane.config import SchedulerConfig
 from control_plane.core import states as st
 from control_plane.core.scaling import backoff, consolidation
 from control_plane.core.scheduling import AgentSlots, PendingAllocation, RunningAllocation
@@ -83,8 +82,7 @@ def _run(master: Master, pool: str, memory: PoolMemory, now: datetime) -> list[s
     settings = pp.settings.consolidation
     if not settings.enabled:
         return []
-    cfg = master.config.pool(pool)
-    scheduler = cfg.scheduler if cfg is not None else SchedulerConfig()
+    scheduler = placement.scheduler_of(master, pool)
     budget = consolidation.Budget(settings.max_moves_per_hour, settings.min_run_time, pp.settings.min_instances)
     with master.read_sessions() as s:
         instances, running, pending = _snapshot(s, pool, scheduler.default_priority, offers)

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session, aliased
 
+from control_plane.config import SchedulerConfig
 from control_plane.core import states as st
 from control_plane.core.scaling import (
     Arrival,
@@ -36,6 +37,7 @@ from control_plane.core.scheduling.gang import whole_agent_parts
 from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, ConsolidationMove, Instance, ResourcePool
+from control_plane.loops import placement
 from control_plane.loops.autoscaler import types
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, close_row
@@ -56,6 +58,7 @@ class Snapshot:
 
     demand: list[PendingDemand]
     shapes: dict[int, int]
+    placeable: int  # pending allocations placement places on free slots now (not demand)
     arrivals: list[Arrival]
     views: list[InstanceView]
     live: int
@@ -94,22 +97,27 @@ def decide_and_apply(master: Master, pool: str, memory: PoolMemory, orphans: lis
     pp = memory.provider
     assert pp is not None
     limits = pool_limits(pp)
+    scheduler = placement.scheduler_of(master, pool)
     with master.read_sessions() as s:
-        snap = read_snapshot(s, pool, orphans, limits, now, hysteresis=bool(limits.arrival_window))
+        snap = read_snapshot(s, pool, orphans, limits, now, scheduler, hysteresis=bool(limits.arrival_window))
     decision = decide(snap.demand, snap.views, replace(limits, boot_times=snap.boot_times), now, snap.arrivals)
     with transaction(master.sessions) as s:
         launch_ids = apply_decision(s, master, pool, memory, decision, snap, now)
     return decision, launch_ids
 
 
-def _pending_demand(s: Session, pool: str, slots_per_instance: int) -> tuple[list[PendingDemand], dict[int, int]]:
-    """The pool's pending allocations as the decider's demand, and counted by slots (the record)."""
+def _pending_demand(pending: list[Any], placeable: set[str], slots_per_instance: int
+                    ) -> tuple[list[PendingDemand], dict[int, int]]:
+    """The pool's pending allocations that placement cannot place now (`placeable` it can) as the
+    decider's demand, and every pending one counted by slots (the record)."""
     shapes: dict[int, int] = {}
-    for slots in s.scalars(select(Allocation.slots_needed).where(Allocation.pool == pool,
-                                                                  Allocation.state == st.AllocationState.PENDING)):
-        shapes[slots] = shapes.get(slots, 0) + 1
+    unmet: dict[int, int] = {}
+    for row in pending:
+        shapes[row.slots_needed] = shapes.get(row.slots_needed, 0) + 1
+        if row.id not in placeable:
+            unmet[row.slots_needed] = unmet.get(row.slots_needed, 0) + 1
     demand: dict[tuple[int, int], int] = {}
-    for slots, count in shapes.items():
+    for slots, count in unmet.items():
         # A gang larger than an instance goes on whole instances (core/scheduling/gang.py): demand
         # for that many full instances at once; one that cannot be split stays unschedulable.
         parts = whole_agent_parts(slots, slots_per_instance)
@@ -145,18 +153,29 @@ def arrivals_of(s: Session, pool: str, since: datetime) -> list[Arrival]:
 
 
 def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: PoolLimits,
-                  now: datetime, *, hysteresis: bool = True) -> Snapshot:
+                  now: datetime, scheduler: SchedulerConfig, *, hysteresis: bool = True) -> Snapshot:
     """The pending demand, the demand arrivals of the window, and a view of every billed instance
-    (live rows, stopping rows, orphans) with its agent's state and work."""
-    demand, shapes = _pending_demand(s, pool, limits.slots_per_instance)
+    (live rows, stopping rows, orphans) with its agent's state and work.
+
+    The demand is the queue less what placement would place now on the free slots of connected,
+    enabled agents (`placement.dry_run`), and those placements count as the agents' work: a task
+    queued between two placement passes (a trial requeued by a move or a preemption, a new
+    submission) launches nothing while there is room for it, and the agent it is about to land on is
+    not idle. A connected agent that is disabled (cordoned, drained, disabled by an admin) takes no
+    demand."""
+    plan, dry = placement.dry_run(s, pool, scheduler)
+    placed = {a.allocation_id for a in dry.assignments}
+    demand, shapes = _pending_demand(plan.pending, placed, limits.slots_per_instance)
     arrivals = [] if not hysteresis else arrivals_of(s, pool, now - limits.arrival_window)
     billed = list(s.scalars(select(Instance).where(Instance.pool == pool,
                                                     Instance.state.in_(st.INSTANCE_BILLED))))
     rows = [r for r in billed if r.state in st.INSTANCE_LIVE]
     stopping = [r for r in billed if r.state == InstanceState.STOPPING]
     # Every agent an allocation holds is busy, each part of a gang across instances included.
-    busy = gangs.busy_slots(s.scalars(select(Allocation).where(Allocation.pool == pool,
-                                                               Allocation.state.in_(st.ALLOC_ON_AGENT))))
+    busy = gangs.busy_slots(plan.on_agents)
+    for assignment in dry.assignments:  # about to be placed: the agents' work from the next pass
+        for part in assignment.parts:
+            busy[part.agent_id] = busy.get(part.agent_id, 0) + len(part.slot_ids)
     running = set(busy)  # agents with any task, zero-slot ones included
     views = []
     links: dict[str, str] = {}
@@ -184,6 +203,7 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
             busy_slots=busy.get(agent.id, 0) if agent else 0,
             idle_since=(agent.idle_since or now) if connected and agent.id not in running else None,
             slots=types.slots_of(limits.options, row.instance_type), instance_type=row.instance_type or "",
+            accepts_work=agent is None or agent.enabled,
         ))
     # Instances being stopped, and orphans, bill until the cloud says they are gone: they leave
     # no room under max_instances (never capacity).
@@ -191,7 +211,7 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
               for r in stopping]
     views += [InstanceView(id=f"orphan:{ci.id}", state=InstanceState.STOPPING, launched_at=ci.launched_at)
               for ci in orphans]
-    return Snapshot(demand=demand, shapes=shapes, arrivals=arrivals, views=views, live=len(rows),
+    return Snapshot(demand=demand, shapes=shapes, placeable=len(placed), arrivals=arrivals, views=views, live=len(rows),
                     stopping=[(r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping],
                     links=links, orphans=orphans, interrupted_idle=interrupted_idle,
                     boot_times=boot_times(s, pool) if hysteresis else ())
@@ -207,6 +227,10 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
     prow = s.get(ResourcePool, pool)
     assert prow is not None
     reasons = list(decision.reasons)
+    if snap.placeable:
+        fit, it = ("fits", "it") if snap.placeable == 1 else ("fit", "them")
+        reasons.insert(0, f"{_plural(snap.placeable, 'pending task')} {fit} the free slots of connected instances: "
+                          f"placement takes {it}, no launch for {it}")
     if memory.last_launch_failure_at is None and prow.backoff_until is not None and prow.backoff_until > now:
         memory.last_launch_failure_at = now  # restarted during a backoff: the probe interval starts again
     allowance = backoff.launch_allowance(PoolState(prow.state), prow.backoff_until, memory.last_launch_failure_at,

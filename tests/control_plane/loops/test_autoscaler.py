@@ -203,6 +203,57 @@ def test_a_launch_never_confirmed_is_closed_after_the_grace_and_launched_again(
     assert second.state == InstanceState.STARTING and len(cloud.launches) == 1
 
 
+def test_a_task_queued_between_two_placement_passes_launches_nothing_while_there_is_room(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    """The demand is the queue less what placement places now (placement.dry_run). A trial requeued
+    by a consolidation move was still pending when the autoscaler ticked, before the next placement
+    pass: counted as demand, it launched a third instance, the trial landed there (worst fit) and a
+    second move followed (a CI failure of tests/integration/test_consolidation.py)."""
+    scaler, inst = busy_instance(loop_master, cloud, clock)  # a1 on 1 of its 2 slots
+    add_allocation(loop_master, "a2")  # queued; no placement pass yet
+    scaler.tick()
+    assert len(cloud.launches) == 1 and len(cloud.instances) == 1
+    reasons = pool_row(loop_master).last_decision["reasons"]
+    assert reasons[0] == ("1 pending task fits the free slots of connected instances: placement takes it, "
+                          "no launch for it"), reasons
+    assert not any(r.startswith("launch") for r in reasons), reasons
+    with transaction(loop_master.sessions) as s:  # the pass the autoscaler counted on
+        placement.place(s, loop_master, ELASTIC)
+    assert (allocation(loop_master, "a2").state, allocation(loop_master, "a2").agent_id) == ("assigned", inst.id)
+
+    add_allocation(loop_master, "a3", slots=2)  # no room for two slots: demand
+    scaler.tick()
+    assert len(cloud.launches) == 2, pool_row(loop_master).last_decision["reasons"]
+
+
+def test_an_agent_disabled_takes_no_demand_and_goes_once_idle(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    """A connected agent that is disabled (by an admin, a drain, consolidation's cordon) is no room:
+    pending work it could hold launches an instance, where before its idle instance "absorbed" it
+    and was kept for it, so the work waited for ever. Idle past max_idle_agent_period, it goes."""
+    scaler, inst = busy_instance(loop_master, cloud, clock)
+    with transaction(loop_master.sessions) as s:
+        row = s.get(Agent, inst.id)
+        assert row is not None
+        row.enabled = False  # `det agent disable`
+    add_allocation(loop_master, "a2")
+    scaler.tick()
+    assert len(cloud.launches) == 2, pool_row(loop_master).last_decision["reasons"]
+
+    finish(loop_master, "a1")  # the disabled instance is idle now; a2 still waits for the new one
+    with transaction(loop_master.sessions) as s:
+        row = s.get(Agent, inst.id)
+        assert row is not None
+        row.idle_since = clock()
+    clock.advance(seconds=61)
+    scaler.tick()
+    assert cloud.terminated == [inst.id], pool_row(loop_master).last_decision["reasons"]
+    gone = next(r for r in instance_rows(loop_master) if r.instance_id == inst.id)
+    assert gone.terminate_reason.startswith(IDLE_1M1S), gone.terminate_reason
+
+
 # -- what the cloud has that the record does not, and the reverse ----------------------------------
 
 

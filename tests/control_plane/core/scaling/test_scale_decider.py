@@ -254,6 +254,16 @@ class TestTerminate:
         d = decide([PendingDemand(8, 1)], insts, LIMITS, NOW)
         assert d.terminate_ids == ("old",)
 
+    def test_an_instance_whose_agent_is_disabled_takes_no_demand_and_is_reaped_first(self) -> None:
+        from dataclasses import replace
+        off = replace(idle("off", 30 * MIN), accepts_work=False)
+        d = decide([PendingDemand(8, 1)], [off], LIMITS, NOW)
+        # No room: a launch, and the disabled one goes (no flapping: the demand could never use it).
+        assert d.launch == 1 and d.terminate_ids == ("off",)
+        d = decide([PendingDemand(8, 1)], [off, idle("on", 30 * MIN)], LIMITS, NOW)
+        assert d.launch == 0 and d.terminate_ids == ("off",)  # "on" takes the demand and stays
+        assert "keeping 1 idle instance past max_idle_agent_period for pending demand" in d.reasons
+
     def test_no_idle_termination_in_a_decision_that_launches(self) -> None:
         insts = [idle(f"i{k}", 30 * MIN) for k in range(2)]
         d = decide([PendingDemand(8, 5)], insts, LIMITS, NOW)
