@@ -81,8 +81,8 @@ def test_two_half_used_instances_become_one(cluster_factory) -> None:  # type: i
     c.wait_experiment(d, timeout=180)
     gone, *rest = _allocs(c, moved)
     assert gone["endCause"] == "preempted" and rest, gone  # it checkpointed and stopped, then ran again
-    assert gone["agentId"] in (first, second)
-    assert rest[0]["agentId"] != gone["agentId"]  # resumed on the other instance
+    # Resumed on the other instance, not on a third one launched meanwhile.
+    assert {gone["agentId"], rest[0]["agentId"]} == {first, second}, (gone, rest)
     assert c.get(f"/api/v1/trials/{moved}")["trial"]["restarts"] == 0  # a move is no failure
     assert "resumed from" in c.logs(moved)
     for trial in (a_trial, d_trial):  # every step reported once: none lost, none repeated
