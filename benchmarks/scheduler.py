@@ -41,6 +41,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def cases(waiting: int, agent_count: int, seed: int, runs: int) -> None:
             old_ms, old = timed(REFERENCE[policy], pending, run, ags, preemption, runs)
             new_ms, new = timed(POLICIES[policy].schedule, pending, run, ags, preemption, runs)
             print(f"{label:<20} {policy:<11} {old_ms:>8.0f} {new_ms:>10.0f} {old_ms / new_ms:>7.1f}x "
-                  f"{len(new.assignments):>7} {len(new.preemptions):>9} {'yes' if new == old else 'NO':>5}")
+                  f"{len(new.assignments):>7} {len(new.preemptions):>9} {'yes' if replace(new, capped=()) == old else 'NO':>5}")
 
 
 def pure(sizes: list[int], agent_counts: list[int], seed: int, budget: float) -> None:

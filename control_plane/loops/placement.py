@@ -150,11 +150,16 @@ def scheduler_of(master: Master, pool: str) -> SchedulerConfig:
 def agent_slots(s: Session, snap: _Snapshot) -> list[AgentSlots]:
     """The pool's agents as the scheduler sees them: schedulable when connected, enabled and not on
     an instance whose termination has begun (`claim_agents` refuses those)."""
-    ids = [a.instance_id for a in snap.agents if a.instance_id]
-    ending = set(s.scalars(_ending_instances().where(Instance.instance_id.in_(ids)))) if ids else set()
+    ending: set[str] = set()
+    if snap.agents:  # the pool's agents on an instance whose row is stopping or ended, by either link
+        pool = snap.agents[0].pool
+        ending = set(s.scalars(select(Agent.id).join(Instance, Instance.instance_id == Agent.instance_id).where(
+            Agent.pool == pool, Instance.state.in_((st.InstanceState.STOPPING, st.InstanceState.TERMINATED)))))
+        ending |= set(s.scalars(select(Instance.agent_id).where(  # few: the terminations in flight
+            Instance.pool == pool, Instance.state == st.InstanceState.STOPPING, Instance.agent_id.is_not(None))))
     return [AgentSlots(agent.id, tuple(str(sl["id"]) for sl in agent.slots), frozenset(snap.used.get(agent.id, set())),
                        schedulable=(agent.state == st.AgentState.CONNECTED and agent.enabled
-                                    and agent.instance_id not in ending))
+                                    and agent.id not in ending))
             for agent in snap.agents]
 
 
@@ -170,10 +175,6 @@ def dry_run(s: Session, pool: str, scheduler: SchedulerConfig) -> tuple[_Snapsho
                                                             fitting=scheduler.fitting_policy)
 
 
-def _ending_instances() -> Any:
-    return select(Instance.instance_id).where(
-        Instance.instance_id.is_not(None),
-        Instance.state.in_((st.InstanceState.STOPPING, st.InstanceState.TERMINATED)))
 
 
 def _read(s: Session, pool: str) -> _Snapshot:
@@ -330,7 +331,9 @@ def claim_agents(s: Session, agent_ids: list[str]) -> set[str]:
     PostgreSQL this UPDATE waits for that lock and re-checks `enabled` on the row as committed.
     Agents go in id order, the autoscaler's too, so the two never wait on each other in a cycle."""
     s.flush()  # this tick's idle tracking first: the UPDATE below bypasses the session
-    ending = _ending_instances()
+    ending = select(Instance.instance_id).where(
+        Instance.instance_id.is_not(None),
+        Instance.state.in_((st.InstanceState.STOPPING, st.InstanceState.TERMINATED)))
     claimed: set[str] = set()
     for agent_id in agent_ids:
         result = s.execute(

@@ -36,12 +36,15 @@ from control_plane.core.scaling.draft import Draft, fmt_duration, plural
 from control_plane.core.scaling.model import Arrival, InstanceView, PoolLimits
 
 HOUR = timedelta(hours=1)
+#: Why an idle instance whose agent is disabled goes first, with no forecast to keep it.
+DISABLED = "its agent is disabled, no arrival can use it"
 
 
 def reap_idle(draft: Draft, limits: PoolLimits, now: datetime, arrivals: Sequence[Arrival]) -> None:
     """Stage 4: terminate idle instances, never below min_instances and never one the pending
     demand was packed onto. A decision that launches has packed something onto every idle instance
-    first, so it never also terminates one (no launch/terminate flap)."""
+    that takes work first, so it never also terminates one (no launch/terminate flap); an idle
+    instance whose agent is disabled takes none and may go in the same decision."""
     if limits.boot_times and limits.arrival_window:
         _reap_by_cost(draft, limits, now, arrivals)
     else:
@@ -180,7 +183,7 @@ def _reap_by_cost(draft: Draft, limits: PoolLimits, now: datetime, arrivals: Seq
             continue
         period = f"idle for {fmt_duration(idle_for)} (max_idle_agent_period {fmt_duration(grace)})"
         if not inst.accepts_work:
-            draft.terminate(inst, f"{period}: its agent is disabled, no arrival can use it", presumes_idle=True)
+            draft.terminate(inst, f"{period}: {DISABLED}", presumes_idle=True)
             continue
         if idle_for > bound:
             draft.terminate(inst, f"{period}: past the hard bound {fmt_duration(bound)}", presumes_idle=True)
@@ -239,7 +242,8 @@ def _reap_past_bound(draft: Draft, limits: PoolLimits, now: datetime, arrivals: 
         draft.terminate(
             inst,
             f"idle for {fmt_duration(now - inst.idle_since)} "
-            f"(max_idle_agent_period {fmt_duration(limits.max_idle_agent_period)})",
+            f"(max_idle_agent_period {fmt_duration(limits.max_idle_agent_period)})"
+            + ("" if inst.accepts_work else f": {DISABLED}"),
             presumes_idle=True,
         )
 

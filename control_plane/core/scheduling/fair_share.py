@@ -89,15 +89,18 @@ def schedule(
     preemptions: list[str] = []
     reasons: dict[str, str] = {}
     unplaced: list[str] = []
+    capped: list[str] = []
 
     def above_share(r: RunningAllocation) -> bool:
         """May yield (to another job): preemptible, and its job stays at or above its share without it."""
         return r.preemptible and jobs[r.job].held - r.slots >= share[r.job] - _EPS
 
-    def wait_rest(j: _Job, start: int, why: str) -> None:
+    def wait_rest(j: _Job, start: int, why: str, *, cap: bool = False) -> None:
         for q in j.pending[start:]:
             unplaced.append(q.id)
             reasons[q.id] = why
+            if cap:
+                capped.append(q.id)
 
     heap = [(j.held - share[name], j.pending[0].queue_key, name, 0) for name, j in jobs.items() if j.pending]
     heapq.heapify(heap)
@@ -107,7 +110,7 @@ def schedule(
         p = j.pending[n]
         k = p.slots
         if j.max_slots is not None and j.held + k > j.max_slots:
-            wait_rest(j, n, f"its job holds {j.held} slots of its max_slots {j.max_slots}")
+            wait_rest(j, n, f"its job holds {j.held} slots of its max_slots {j.max_slots}", cap=True)
             continue
         parts = pool.place(k, fitting) if k > 0 else None
         if k <= 0:
@@ -142,7 +145,7 @@ def schedule(
         unplaced.append(p.id)
         reasons[p.id] = why
         wait_rest(j, n + 1, f"waiting behind {p.id} of the same job")
-    return ScheduleDecision(tuple(assignments), tuple(preemptions), tuple(unplaced), reasons)
+    return ScheduleDecision(tuple(assignments), tuple(preemptions), tuple(unplaced), reasons, tuple(capped))
 
 
 POLICY = SchedulingPolicy(name="fair_share", schedule=schedule)

@@ -96,6 +96,9 @@ class ScheduleDecision:
     preemptions: tuple[str, ...] = ()  # running allocation ids to stop gracefully
     unplaced: tuple[str, ...] = ()  # pending allocation ids left waiting (the pool's demand)
     reasons: dict[str, str] = field(default_factory=dict)  # every waiting allocation id -> why it waits
+    #: Of `unplaced`, those waiting for their own job's slots under its max_slots: no new instance
+    #: helps them (the autoscaler launches nothing for them).
+    capped: tuple[str, ...] = ()
 
 
 class ScheduleFunction(Protocol):

@@ -90,6 +90,7 @@ def schedule(
     assignments: list[Assignment] = []
     preemptions: list[str] = []
     unplaced: list[str] = []
+    capped: list[str] = []
     reasons: dict[str, str] = {}
     waiting_jobs: set[str] = set()  # jobs with an allocation waiting ahead (holding the queue)
     higher_waiting = 0  # of those, jobs of strictly higher priority than the current one
@@ -105,6 +106,7 @@ def schedule(
         job, k = p.job, p.slots
         if p.max_slots is not None and held.get(job, 0) + k > p.max_slots:
             unplaced.append(p.id)
+            capped.append(p.id)
             reasons[p.id] = f"its job holds {held.get(job, 0)} slots of its max_slots {p.max_slots}"
             continue
         if k <= 0:
@@ -138,7 +140,7 @@ def schedule(
                           else "waiting for slots of allocations already stopping")
         reasons[p.id] = reason or _reserve(pool, k, p.priority) or _behind(higher_waiting, ahead_same)
         waiting_jobs.add(job)
-    return ScheduleDecision(tuple(assignments), tuple(preemptions), tuple(unplaced), reasons)
+    return ScheduleDecision(tuple(assignments), tuple(preemptions), tuple(unplaced), reasons, tuple(capped))
 
 
 POLICY = SchedulingPolicy(name="priority", schedule=schedule)

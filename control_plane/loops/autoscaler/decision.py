@@ -59,6 +59,7 @@ class Snapshot:
     demand: list[PendingDemand]
     shapes: dict[int, int]
     placeable: int  # pending allocations placement places on free slots now (not demand)
+    capped: int  # pending allocations waiting under their job's max_slots (not demand)
     arrivals: list[Arrival]
     views: list[InstanceView]
     live: int
@@ -106,15 +107,16 @@ def decide_and_apply(master: Master, pool: str, memory: PoolMemory, orphans: lis
     return decision, launch_ids
 
 
-def _pending_demand(pending: list[Any], placeable: set[str], slots_per_instance: int
+def _pending_demand(pending: list[Any], not_demand: set[str], slots_per_instance: int
                     ) -> tuple[list[PendingDemand], dict[int, int]]:
-    """The pool's pending allocations that placement cannot place now (`placeable` it can) as the
-    decider's demand, and every pending one counted by slots (the record)."""
+    """The pool's pending allocations as the decider's demand but for those in `not_demand`
+    (placement places them now, or they wait under their job's max_slots), and every pending one
+    counted by slots (the record)."""
     shapes: dict[int, int] = {}
     unmet: dict[int, int] = {}
     for row in pending:
         shapes[row.slots_needed] = shapes.get(row.slots_needed, 0) + 1
-        if row.id not in placeable:
+        if row.id not in not_demand:
             unmet[row.slots_needed] = unmet.get(row.slots_needed, 0) + 1
     demand: dict[tuple[int, int], int] = {}
     for slots, count in unmet.items():
@@ -165,7 +167,8 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
     demand."""
     plan, dry = placement.dry_run(s, pool, scheduler)
     placed = {a.allocation_id for a in dry.assignments}
-    demand, shapes = _pending_demand(plan.pending, placed, limits.slots_per_instance)
+    # Waiting for their own job's slots (max_slots): no new instance helps them.
+    demand, shapes = _pending_demand(plan.pending, placed | set(dry.capped), limits.slots_per_instance)
     arrivals = [] if not hysteresis else arrivals_of(s, pool, now - limits.arrival_window)
     billed = list(s.scalars(select(Instance).where(Instance.pool == pool,
                                                     Instance.state.in_(st.INSTANCE_BILLED))))
@@ -211,7 +214,8 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
               for r in stopping]
     views += [InstanceView(id=f"orphan:{ci.id}", state=InstanceState.STOPPING, launched_at=ci.launched_at)
               for ci in orphans]
-    return Snapshot(demand=demand, shapes=shapes, placeable=len(placed), arrivals=arrivals, views=views, live=len(rows),
+    return Snapshot(demand=demand, shapes=shapes, placeable=len(placed), capped=len(dry.capped), arrivals=arrivals,
+                    views=views, live=len(rows),
                     stopping=[(r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping],
                     links=links, orphans=orphans, interrupted_idle=interrupted_idle,
                     boot_times=boot_times(s, pool) if hysteresis else ())
@@ -231,6 +235,9 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
         fit, it = ("fits", "it") if snap.placeable == 1 else ("fit", "them")
         reasons.insert(0, f"{_plural(snap.placeable, 'pending task')} {fit} the free slots of connected instances: "
                           f"placement takes {it}, no launch for {it}")
+    if snap.capped:
+        reasons.insert(0, f"{_plural(snap.capped, 'pending task')} {'waits' if snap.capped == 1 else 'wait'} "
+                          f"for {'its' if snap.capped == 1 else 'their'} job's own slots (max_slots): no launch")
     if memory.last_launch_failure_at is None and prow.backoff_until is not None and prow.backoff_until > now:
         memory.last_launch_failure_at = now  # restarted during a backoff: the probe interval starts again
     allowance = backoff.launch_allowance(PoolState(prow.state), prow.backoff_until, memory.last_launch_failure_at,

@@ -227,31 +227,64 @@ def test_a_task_queued_between_two_placement_passes_launches_nothing_while_there
     assert len(cloud.launches) == 2, pool_row(loop_master).last_decision["reasons"]
 
 
+def test_work_waiting_under_its_jobs_max_slots_launches_nothing(
+    loop_master: Master, cloud: FakeCloud, clock: FakeClock,
+) -> None:
+    """A task that waits for its own job's slots (resources.max_slots) is no demand: a new
+    instance would not run it, and it would keep that instance idle for it for ever."""
+    from tests.control_plane.loops.test_placement import _experiment, _of_experiment
+
+    exp = _experiment(loop_master, resources={"max_slots": 1})
+    scaler, _inst = busy_instance(loop_master, cloud, clock)
+    _of_experiment(loop_master, "a1", exp)
+    add_allocation(loop_master, "a2", slots=2)
+    _of_experiment(loop_master, "a2", exp)
+    scaler.tick()
+    reasons = pool_row(loop_master).last_decision["reasons"]
+    assert len(cloud.launches) == 1, reasons
+    assert reasons[0] == "1 pending task waits for its job's own slots (max_slots): no launch", reasons
+
+
 def test_an_agent_disabled_takes_no_demand_and_goes_once_idle(
     loop_master: Master, cloud: FakeCloud, clock: FakeClock,
 ) -> None:
     """A connected agent that is disabled (by an admin, a drain, consolidation's cordon) is no room:
     pending work it could hold launches an instance, where before its idle instance "absorbed" it
-    and was kept for it, so the work waited for ever. Idle past max_idle_agent_period, it goes."""
+    and was kept for it, so the work waited for ever. Idle past max_idle_agent_period, it goes,
+    whatever the arrivals forecast (no arrival can use it)."""
     scaler, inst = busy_instance(loop_master, cloud, clock)
+    finish(loop_master, "a1")
     with transaction(loop_master.sessions) as s:
         row = s.get(Agent, inst.id)
         assert row is not None
+        row.idle_since = clock()  # what the placement loop records
         row.enabled = False  # `det agent disable`
     add_allocation(loop_master, "a2")
     scaler.tick()
     assert len(cloud.launches) == 2, pool_row(loop_master).last_decision["reasons"]
 
-    finish(loop_master, "a1")  # the disabled instance is idle now; a2 still waits for the new one
-    with transaction(loop_master.sessions) as s:
-        row = s.get(Agent, inst.id)
-        assert row is not None
-        row.idle_since = clock()
-    clock.advance(seconds=61)
+    clock.advance(seconds=61)  # a2 still waits for the new instance, which is booting
     scaler.tick()
     assert cloud.terminated == [inst.id], pool_row(loop_master).last_decision["reasons"]
     gone = next(r for r in instance_rows(loop_master) if r.instance_id == inst.id)
-    assert gone.terminate_reason.startswith(IDLE_1M1S), gone.terminate_reason
+    assert gone.terminate_reason == IDLE_1M1S + ": its agent is disabled, no arrival can use it", gone.terminate_reason
+    assert len(cloud.launches) == 2
+
+
+def test_placement_passes_over_an_agent_whose_instance_is_being_terminated(loop_master: Master) -> None:
+    """The scheduler is not offered an agent whose instance's termination has begun (it once was,
+    and claim_agents then refused it, leaving the work pending for that pass); the autoscaler's dry
+    run sees the same agents, so such an agent is no room for demand either."""
+    with transaction(loop_master.sessions) as s:
+        s.add(Instance(launch_id="going", pool=ELASTIC, provider="local", state=InstanceState.STOPPING,
+                       requested_at=loop_master.clock(), instance_id="i-going"))
+    add_agent(loop_master, "i-going", instance_id="i-going")  # still connected and enabled
+    add_allocation(loop_master, "r1", state="running", agent_id="i-going", slot_ids=["0"])
+    add_agent(loop_master, "other")  # two free slots: best fit would rather fill i-going's last one
+    add_allocation(loop_master, "p1")
+    with transaction(loop_master.sessions) as s:
+        placement.place(s, loop_master, ELASTIC)
+    assert allocation(loop_master, "p1").agent_id == "other"
 
 
 # -- what the cloud has that the record does not, and the reverse ----------------------------------

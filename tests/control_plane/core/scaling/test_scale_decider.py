@@ -260,8 +260,9 @@ class TestTerminate:
         d = decide([PendingDemand(8, 1)], [off], LIMITS, NOW)
         # No room: a launch, and the disabled one goes (no flapping: the demand could never use it).
         assert d.launch == 1 and d.terminate_ids == ("off",)
-        d = decide([PendingDemand(8, 1)], [off, idle("on", 30 * MIN)], LIMITS, NOW)
-        assert d.launch == 0 and d.terminate_ids == ("off",)  # "on" takes the demand and stays
+        d = decide([PendingDemand(8, 1)], [off, idle("on", 40 * MIN)], LIMITS, NOW)
+        assert d.launch == 0 and d.terminate_ids == ("off",)  # "on" takes the demand and stays, though idle longer
+        assert terminated_reasons(d)["off"].endswith(": its agent is disabled, no arrival can use it")
         assert "keeping 1 idle instance past max_idle_agent_period for pending demand" in d.reasons
 
     def test_no_idle_termination_in_a_decision_that_launches(self) -> None:

@@ -33,6 +33,9 @@ def test_slots_go_by_weight_and_max_slots_caps_the_demand() -> None:
     assert got == {"capped": 2, "heavy": 10, "light": 4}  # 16 slots: capped takes 2, then 3:1 of 14 ~ 10.5:3.5
     assert all(r.startswith(("its job holds 2 slots of its max_slots 2", "waiting for 1 slot", "waiting behind"))
                for r in d.reasons.values())
+    # Those waiting under their own cap are marked so (the autoscaler launches nothing for them).
+    assert sorted(d.capped) == sorted(f"capped-{i}" for i in range(2, 20))
+    assert set(d.capped) <= set(d.unplaced)
 
 
 def test_a_job_below_its_share_has_jobs_above_theirs_yield_newest_first() -> None:

@@ -63,6 +63,9 @@ def check_sound(agents: list[AgentSlots], pending: list[PendingAllocation], d: S
     placed = {a.allocation_id for a in d.assignments}
     assert placed.isdisjoint(d.unplaced) and placed | set(d.unplaced) == set(want)
     assert set(d.reasons) == set(d.unplaced)  # every waiting allocation says why
+    # Those marked waiting under their job's max_slots are waiting, for that reason.
+    assert set(d.capped) <= set(d.unplaced) and len(set(d.capped)) == len(d.capped)
+    assert all(d.reasons[c].startswith("its job holds ") for c in d.capped)
 
 
 @settings(max_examples=150, deadline=None)
