@@ -24,7 +24,17 @@ from control_plane.core import states as st
 from control_plane.core.containers import container_spec
 from control_plane.core.expconf import ConfigInvalid, ExperimentConfig
 from control_plane.core.host_access import storage_root
-from control_plane.db.models import Agent, Allocation, Checkpoint, Experiment, Instance, Token, Trial, User
+from control_plane.db.models import (
+    Agent,
+    Allocation,
+    Checkpoint,
+    ConsolidationMove,
+    Experiment,
+    Instance,
+    Token,
+    Trial,
+    User,
+)
 from control_plane.errors import Conflict, Internal, bad_request, forbidden, not_found
 from control_plane.master import Master
 from control_plane.services import allocations, gangs, interruptions, lifecycle, tasks
@@ -455,6 +465,12 @@ def disable_agent(s: Session, master: Master, agent_id: str, *, drain: bool) -> 
     agent = _locked_agent(s, agent_id)
     now = master.clock()
     agent.enabled = False
+    # A replacement consolidation is waiting for (its cordon) gives the agent up to the admin: the
+    # move, abandoned, will never enable the agent again (loops/autoscaler/consolidate.py).
+    for move in s.scalars(select(ConsolidationMove).where(ConsolidationMove.agent_id == agent.id,
+                                                          ConsolidationMove.pending.is_(True))):
+        move.pending, move.abandoned = False, True
+        move.reason = f"{move.reason}; abandoned: its agent was disabled by an admin"
     if drain:
         if agent.drain_started_at is None:
             agent.drain_started_at = now

@@ -27,7 +27,7 @@ from control_plane.db.models import Allocation, ConsolidationMove, Instance, Res
 from control_plane.loops.autoscaler import Autoscaler
 from control_plane.loops.autoscaler.decision import claim_idle
 from control_plane.master import Master
-from control_plane.services import allocations
+from control_plane.services import agents, allocations
 from shipyard_common import clouds
 from tests.control_plane.loops.conftest import (
     ELASTIC,
@@ -271,6 +271,29 @@ def test_gcp_a_replacement_that_never_connects_is_abandoned(
     assert not move.pending and "abandoned: the replacement ended (agent did not connect within" in move.reason
     assert agent(master, old).enabled is True and not allocation(master, "t").preempt_requested
     assert next(r for r in rows(master) if r.instance_id == old).state == InstanceState.RUNNING
+
+
+def test_gcp_an_admin_disabling_the_replaced_agent_takes_it_from_consolidation(
+        masters: Callable[..., Master], gce: GceFake) -> None:  # noqa: F811
+    """`det agent disable` on an instance waiting for its replacement: the move is abandoned then
+    and there, so when the replacement fails the agent stays disabled (it was enabled again, over
+    the admin's word), and once its drained work ends it is not terminated as "consolidated"."""
+    master, scaler, clock, old = a_4g_running_one_slot(masters, gce)
+    scaler.tick()
+    assert moves(master)[0].pending
+    with transaction(master.sessions) as s:
+        agents.disable_agent(s, master, old, drain=True)
+    [move] = moves(master)
+    assert (move.pending, move.abandoned) == (False, True)
+    assert move.reason.endswith("; abandoned: its agent was disabled by an admin"), move.reason
+    clock.advance(minutes=2)  # the replacement never connects (max_agent_starting_period 1m)
+    scaler.tick()
+    assert agent(master, old).enabled is False and not allocation(master, "t").preempt_requested
+    exit_preempted(master, "t")  # the drained work ends
+    clock.advance(seconds=10)
+    scaler.tick()
+    row = next(r for r in rows(master) if r.instance_id == old)
+    assert row.state == InstanceState.RUNNING and not row.terminate_reason, row.terminate_reason
 
 
 def test_gcp_no_replacement_beyond_max_instances(masters: Callable[..., Master], gce: GceFake) -> None:  # noqa: F811

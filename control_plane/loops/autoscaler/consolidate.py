@@ -297,8 +297,9 @@ def _abandon(s: Session, pool: str, moves: Sequence[ConsolidationMove], old_agen
 def finish_emptied(s: Session, pool: str, now: datetime) -> list[dict[str, str]]:
     """Terminate the instances consolidation emptied: cordoned by a move, live, and holding no
     allocation now (the moved work has exited). The terminations begun, as the history records them."""
-    moved = set(s.scalars(select(ConsolidationMove.launch_id).where(
-        ConsolidationMove.pool == pool, ConsolidationMove.at > now - timedelta(days=1))))
+    moved = set(s.scalars(select(ConsolidationMove.launch_id).where(  # not one given up (re-enabled, or an admin's)
+        ConsolidationMove.pool == pool, ConsolidationMove.at > now - timedelta(days=1),
+        ConsolidationMove.abandoned.is_(False))))
     begun: list[dict[str, str]] = []
     if not moved:
         return begun
