@@ -283,13 +283,20 @@ def _assign(s: Session, master: Master, assignments: Sequence[Assignment], claim
                  "" if len(asg.parts) == 1 else " gang=" + ",".join(f"{p.agent_id}:{len(p.slot_ids)}" for p in asg.parts))
 
 
+#: Experiments whose stored config was found invalid, logged once per process (placement and the
+#: autoscaler's dry run read it every pass).
+_INVALID_LOGGED: set[int] = set()
+
+
 def _resources(experiment_id: int, config: dict[str, Any]) -> Resources:
     """The experiment's typed resources. A row that no longer validates is scheduled with the
-    model's defaults (and logged) rather than stopping placement in every pool."""
+    model's defaults (and logged, once) rather than stopping placement in every pool."""
     try:
         return ExperimentConfig.from_stored(config).resources
     except ConfigInvalid as e:
-        log.warning("event=experiment_config_invalid experiment_id=%s error=%r", experiment_id, str(e))
+        if experiment_id not in _INVALID_LOGGED:
+            _INVALID_LOGGED.add(experiment_id)
+            log.warning("event=experiment_config_invalid experiment_id=%s error=%r", experiment_id, str(e))
         return Resources()
 
 
