@@ -175,8 +175,6 @@ def dry_run(s: Session, pool: str, scheduler: SchedulerConfig) -> tuple[_Snapsho
                                                             fitting=scheduler.fitting_policy)
 
 
-
-
 def _read(s: Session, pool: str) -> _Snapshot:
     agents = list(s.scalars(select(Agent).where(Agent.pool == pool)))
     on_agents = list(

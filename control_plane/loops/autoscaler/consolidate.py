@@ -230,6 +230,12 @@ def advance_replacements(s: Session, master: Master, pool: str, now: datetime, s
         old = s.get(Instance, moves[0].launch_id)
         old_agent = s.scalar(select(Agent).where(Agent.id == moves[0].agent_id).with_for_update()
                              .execution_options(populate_existing=True))
+        # Under that lock, as an admin's disable takes it: the moves it abandoned meanwhile are not ours.
+        moves = list(s.scalars(select(ConsolidationMove).where(
+            ConsolidationMove.id.in_([m.id for m in moves]), ConsolidationMove.pending.is_(True))
+            .execution_options(populate_existing=True)))
+        if not moves:
+            continue
         new_agent = agent_of(s, new) if new is not None else None
         why = _replacement_refusal(s, pool, new, new_agent, old, offers, now, starting_period)
         if why == "":
