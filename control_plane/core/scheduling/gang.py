@@ -4,10 +4,13 @@ An allocation starts only when all its slots are available. It goes on one agent
 host it; otherwise across agents in equal parts of whole agents (`slots` a multiple of the agents'
 slot count, as in Determined: a part is a whole agent of that size), never partially.
 
-`PoolState` keeps, per schedulable agent: its slots `total`, its `free` slot ids, and `reserved`
-(slots promised this pass to waiting allocations ahead in the queue). What may be placed on an agent
-now is `cap = min(free, total - reserved)`: work placed there may run long, so it must leave the
-reserved slots to free up; what may still be reserved is `room = total - reserved`. Agents sit in
+`PoolState` keeps, per schedulable agent: its slots `total`, its `free` slot ids, `reserved`
+(slots promised this pass to waiting allocations ahead in the queue) and `backfilled` (slots placed
+there this pass after its first reservation: work behind a reservation). Work placed behind a
+reservation may run long, so all of it together must leave the reserved slots to free up once the
+work that ran before and the work placed ahead ends: what may be placed on an agent now is
+`cap = max(0, min(free, total - reserved - backfilled))` (not `total - reserved` again for each
+allocation that backfills); what may still be reserved is `room = total - reserved`. Agents sit in
 buckets by (cap, room) and, while unreserved, by (total, free), so each decision costs a scan over
 slot counts (a handful), not over agents. Within a pass cap and room only shrink (nothing is freed or
 unreserved), so a gang size that failed to be placed or reserved fails at once for the rest of it.
@@ -60,6 +63,7 @@ class PoolState:
         self.free = [[s for s in a.slot_ids if s not in a.used_slot_ids] for a in ags]
         self.nfree = [len(f) for f in self.free]
         self.reserved = [0] * len(ags)
+        self.backfilled = [0] * len(ags)  # slots placed since the agent's first reservation this pass
         self.sizes: dict[int, int] = {}
         for t in self.total:
             self.sizes[t] = self.sizes.get(t, 0) + 1
@@ -97,7 +101,7 @@ class PoolState:
     # -- index upkeep
     def _key(self, i: int) -> tuple[int, int]:
         room = self.total[i] - self.reserved[i]
-        return min(self.nfree[i], room), room
+        return max(0, min(self.nfree[i], room - self.backfilled[i])), room
 
     def _add(self, i: int) -> None:
         c, r = self._key(i)
@@ -151,6 +155,8 @@ class PoolState:
         ids = self.free[i]
         taken, self.free[i] = tuple(ids[:k]), ids[k:]
         self.nfree[i] -= k
+        if self.reserved[i]:  # behind a reservation: it holds these slots however long it runs
+            self.backfilled[i] += k
         self._add(i)
         if self.preemptible is not None:
             self.preemptible.changed(i)

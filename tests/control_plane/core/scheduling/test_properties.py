@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given, settings
 from hypothesis import strategies as hs
 
 from control_plane.core.scheduling import (
@@ -19,6 +20,13 @@ from control_plane.core.scheduling import (
 from control_plane.core.scheduling.fair_share import weighted_max_min
 from control_plane.core.scheduling.gang import shapes
 from control_plane.core.scheduling.priority import schedule as priority_schedule
+
+# The head (3 slots) waits on an agent of 4 with 2 in use; behind it, two allocations of 1 slot. Only
+# one may backfill: the second would hold the slot the head needs once the running work ends.
+HALF_USED = ([AgentSlots("a", ("0", "1", "2", "3"), frozenset({"0", "1"}))],
+             [RunningAllocation.on("r", "a", ["0", "1"])],
+             [PendingAllocation("head", 3, order=0.0), PendingAllocation("b1", 1, order=1.0),
+              PendingAllocation("b2", 1, order=2.0)])
 
 
 @hs.composite
@@ -88,6 +96,8 @@ def test_decisions_are_sound(snap: tuple, preemption: bool, fitting: str, policy
 
 @settings(max_examples=150, deadline=None)
 @given(snap=snapshots(), fitting=hs.sampled_from(["best", "worst"]))
+@example(snap=HALF_USED, fitting="best")
+@example(snap=HALF_USED, fitting="worst")
 def test_backfill_never_delays_the_head_of_the_queue(snap: tuple, fitting: str) -> None:
     """The first allocation of the queue left waiting (and placeable at all) can start once what ran
     before and what was placed ahead of it ends, even if everything backfilled behind it runs on."""
@@ -109,6 +119,18 @@ def test_backfill_never_delays_the_head_of_the_queue(snap: tuple, fitting: str) 
              for a in agents]
     again = priority_schedule([head], [], later, preemption=False, fitting=fitting)  # type: ignore[arg-type]
     assert [a.allocation_id for a in again.assignments] == [head.id]
+
+
+@pytest.mark.parametrize("fitting", ["best", "worst"])
+def test_backfill_counts_the_slots_already_backfilled_onto_a_reserved_agent(fitting: str) -> None:
+    """Backfill behind a reservation leaves `total - reserved` slots to work behind it in all, not
+    that many again for each allocation placed there (both 1-slot allocations took the agent's last
+    two free slots, and the head could not start once the running work ended)."""
+    agents, running, pending = HALF_USED
+    d = priority_schedule(pending, running, agents, preemption=False, fitting=fitting)  # type: ignore[arg-type]
+    assert [(a.allocation_id, a.slot_ids) for a in d.assignments] == [("b1", ("2",))]
+    assert d.unplaced == ("head", "b2")
+    assert d.reasons["b2"] == "reserved slots for a job ahead in the queue"
 
 
 @settings(max_examples=200, deadline=None)
