@@ -219,6 +219,53 @@ def describer(provider: object) -> Describer | None:
     return provider if callable(getattr(provider, "describe", None)) else None  # type: ignore[return-value]
 
 
+# `ProviderError.code` of a `Parker.start` of an instance the cloud no longer has (the taxonomy has
+# no "not found" kind: it is ErrorKind.INVALID with this code, the same on every cloud).
+INSTANCE_NOT_FOUND = "InstanceNotFound"
+# `ProviderError.code` of a `Parker.start` of an instance still powering off (ErrorKind.UNKNOWN:
+# retry later, once `list()` shows it STOPPED).
+INSTANCE_STILL_STOPPING = "InstanceStillStopping"
+
+
+class Parker(Protocol):
+    """Optional for a provider: stop instances keeping their disks (a warm pool) and start them again.
+    A parked instance costs its disks only and starts faster than a fresh launch; it keeps its id,
+    tags and location (subnet or zone). Every call is bounded in time and attempts. With several
+    ids, each is tried and the first error is raised (its message names the instance).
+
+    `stop(ids)` asks the cloud to power the instances off, keeping their boot disks; `list()` and
+    `describe()` then show STOPPING, and STOPPED once the cloud has powered it off. Idempotent: an
+    instance already stopping or stopped is not an error, nor is one the cloud no longer has
+    (terminated, deleted: the master's reconcile finds out from `list()`/`describe()`). Raises
+    ProviderError when the cloud refuses (a spot instance that cannot be stopped: INVALID, e.g. AWS
+    UnsupportedOperation; an instance in a state that cannot be stopped now, e.g. AWS pending:
+    UNKNOWN, try again later) or cannot be reached (THROTTLED / UNKNOWN / AUTH as for any call).
+
+    `start(ids)` starts stopped instances again; `list()` shows them PENDING, then RUNNING. One
+    already pending or running is not an error. Raises ProviderError:
+    - CAPACITY (scope ZONE, location = the instance's subnet or zone), classified exactly as a
+      launch's capacity error (AWS InsufficientInstanceCapacity, GCE ZONE_RESOURCE_POOL_EXHAUSTED...):
+      the master may terminate the parked instance and launch elsewhere;
+    - UNKNOWN with code INSTANCE_STILL_STOPPING (or the cloud's own code when the cloud refused,
+      e.g. AWS IncorrectInstanceState, GCE resourceNotReady) while the instance is still powering
+      off: transient, start it again later;
+    - INVALID with code INSTANCE_NOT_FOUND (scope ZONE) for an instance the cloud no longer has, or
+      one being terminated;
+    - QUOTA / THROTTLED / AUTH / UNKNOWN as for a launch, when the cloud refuses or cannot be reached.
+    """
+
+    def stop(self, ids: Sequence[str]) -> None: ...
+
+    def start(self, ids: Sequence[str]) -> None: ...
+
+
+def parker(provider: object) -> Parker | None:
+    """The provider's stop/start, if it has both."""
+    if callable(getattr(provider, "stop", None)) and callable(getattr(provider, "start", None)):
+        return provider  # type: ignore[return-value]
+    return None
+
+
 # -- how a provider module declares itself (provisioners/registry.py maps type names to these) ----
 
 
@@ -343,3 +390,6 @@ class ProviderType:
     # static host list). Cloud lists lag, so an instance missing from one list is only presumed
     # gone after the pool's `list_miss_grace`; a consistent list is proof at once.
     consistent_list: bool = False
+    # Whether its provider stops and starts instances (`Parker`): only then may a pool keep a warm
+    # pool (`warm_pool_size`).
+    parks: bool = False

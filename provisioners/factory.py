@@ -93,6 +93,12 @@ def resolve(section: Mapping[str, Any]) -> PoolSettings:
             validate_agent_options(elastic.agent)
         except ValueError as e:
             problems.append(("agent", str(e)))
+    if elastic is not None and elastic.warm_pool_size and not ptype.parks:
+        problems.append(("warm_pool_size", f"the {ptype.name} provider cannot stop and start instances: a warm "
+                                           f"pool needs aws or gcp (set 0)"))
+    if elastic is not None and elastic.warm_pool_size and getattr(provider_cfg, "keep_stopped_disks", False):
+        problems.append(("warm_pool_size", "cannot be used with keep_stopped_disks: true, which would keep the disks "
+                                           "of every parked instance the warm pool terminates"))
     if problems or elastic is None:
         raise PoolConfigError(problems)
     if elastic.list_miss_grace is None:  # a consistent list is proof at once; a cloud's lags

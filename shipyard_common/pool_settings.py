@@ -36,6 +36,9 @@ DEFAULT_LAUNCH_PROBE_INTERVAL = timedelta(minutes=5)
 DEFAULT_ARRIVAL_WINDOW = timedelta(minutes=30)
 #: How long an instance may be missing from a lagging cloud list before it is presumed gone.
 DEFAULT_LIST_MISS_GRACE = timedelta(minutes=3)
+#: How long a stopped instance stays in the warm pool: a day of its disks costs cents, and an older
+#: one runs the agent it was launched with.
+DEFAULT_WARM_POOL_MAX_AGE = timedelta(hours=24)
 
 
 class ElasticSettings(StrictSettings):
@@ -77,6 +80,13 @@ class ElasticSettings(StrictSettings):
     # Moving work off an instance by checkpoint and resume to terminate it, under a disruption budget
     # (shipyard_common/consolidation_settings.py; off by default).
     consolidation: ConsolidationSection = Field(default_factory=ConsolidationSettings)
+    # The warm pool: up to this many idle on-demand instances are stopped instead of terminated
+    # (their disks kept, billing) and started again, faster than a launch boots, before the pool
+    # launches anything; 0: idle instances are terminated. Needs a provider that stops and starts
+    # instances (aws, gcp); spot instances are always terminated.
+    warm_pool_size: int = Field(0, ge=0)
+    # A stopped instance older than this is terminated.
+    warm_pool_max_age: Duration = DEFAULT_WARM_POOL_MAX_AGE
 
     @model_validator(mode="after")
     def _bounds(self) -> ElasticSettings:

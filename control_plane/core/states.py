@@ -259,6 +259,10 @@ class InstanceState(StrEnum):
     RUNNING = "running"
     STOPPING = "stopping"  # terminate requested, or the cloud is stopping it
     TERMINATED = "terminated"
+    # The warm pool (`warm_pool_size`): an idle on-demand instance powered off instead of terminated,
+    # its disks kept, so that a start brings it back faster than a launch boots a new one.
+    PARKING = "parking"  # stop requested: the cloud is powering it off
+    PARKED = "parked"  # powered off and kept: no slot, no compute billed; its disks bill
 
 
 _I = InstanceState
@@ -267,16 +271,25 @@ INSTANCE_TRANSITIONS: Mapping[InstanceState, frozenset[InstanceState]] = Mapping
     _I.REQUESTED: frozenset({_I.STARTING, _I.RUNNING, _I.STOPPING, _I.TERMINATED}),
     _I.STARTING: frozenset({_I.RUNNING, _I.STOPPING, _I.TERMINATED}),
     # Running → starting: the cloud reports it pending again (a GCE host repairing under it).
-    _I.RUNNING: frozenset({_I.STARTING, _I.STOPPING, _I.TERMINATED}),
+    # Running → parking: idle, and stopped into the warm pool instead of terminated.
+    _I.RUNNING: frozenset({_I.STARTING, _I.STOPPING, _I.TERMINATED, _I.PARKING}),
     # Once asked to stop, an instance only ends: the cloud's view never brings it back.
     _I.STOPPING: frozenset({_I.TERMINATED}),
     _I.TERMINATED: frozenset(),
+    # A parked instance is started again (→ starting, as a launch), or terminated; never running
+    # by the cloud's say alone (a start is the master's decision).
+    _I.PARKING: frozenset({_I.PARKED, _I.STOPPING, _I.TERMINATED}),
+    _I.PARKED: frozenset({_I.STARTING, _I.STOPPING, _I.TERMINATED}),
 })
 # Instances that count toward the pool's size.
 INSTANCE_LIVE = frozenset({_I.REQUESTED, _I.STARTING, _I.RUNNING})
 # Instances that may bill: the live ones and those being stopped, until the cloud says they are gone.
 # These count toward max_instances.
 INSTANCE_BILLED = INSTANCE_LIVE | {_I.STOPPING}
+# The warm pool: powered off (or being powered off), their disks billing; outside max_instances.
+INSTANCE_PARKED = frozenset({_I.PARKING, _I.PARKED})
+# Every instance the master accounts for until the cloud says it is gone.
+INSTANCE_KEPT = INSTANCE_BILLED | INSTANCE_PARKED
 
 
 class PoolState(StrEnum):

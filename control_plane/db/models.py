@@ -331,7 +331,7 @@ class Instance(Base):
     pool: Mapped[str] = mapped_column(String(64), index=True)
     provider: Mapped[str] = mapped_column(String(16))
     instance_id: Mapped[str | None] = mapped_column(String(128), nullable=True, unique=True)
-    # requested → starting → running → stopping → terminated
+    # requested → starting → running → stopping → terminated (running → parking → parked → starting: warm pool)
     state: Mapped[str] = mapped_column(String(32), index=True)
     location: Mapped[str] = mapped_column(String(128), default="")
     instance_type: Mapped[str] = mapped_column(String(64), default="")
@@ -344,6 +344,11 @@ class Instance(Base):
     terminate_requested_at: Mapped[datetime | None] = mapped_column(nullable=True)
     terminated_at: Mapped[datetime | None] = mapped_column(nullable=True)
     terminate_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The warm pool: when it was last parked (stopped, disks kept), last started again from there,
+    # and when its agent first registered after that start (migration 0023).
+    parked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    resumed_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    resume_connected_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class Model(Base):

@@ -208,6 +208,11 @@ def _record_registration(s: Session, p: Principal, req: RegisterRequest, agent: 
         inst = s.get(Instance, p.launch_id)
         if inst is not None:
             inst.agent_id = agent.id
+            if inst.resumed_at is not None and (inst.resume_connected_at is None
+                                                or inst.resume_connected_at < inst.resumed_at):
+                # Back from the warm pool: its start time is measured, and its idle time starts now.
+                inst.resume_connected_at = now
+                agent.idle_since = now
         # Used once, the bootstrap credential lives as long as its instance (it is revoked when
         # the instance ends), so an agent restarted by systemd can register again.
         tok = s.get(Token, p.token_id)

@@ -21,4 +21,4 @@ __getattr__ = lazy_exports(__name__, {
 
 # AWS refuses user-data over 16 KiB (before base64).
 PROVIDER_TYPE = ProviderType(name="aws", config=AwsPoolConfig, build=lazy_build(f"{__name__}.provider"),
-                             user_data=UserDataKind.CLOUD_INIT, user_data_limit=16 * 1024)
+                             user_data=UserDataKind.CLOUD_INIT, user_data_limit=16 * 1024, parks=True)

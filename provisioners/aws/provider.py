@@ -30,6 +30,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from provisioners.aws.config import AwsPoolConfig
 from provisioners.aws.errors import classify_error, error_code, error_message, is_transient, transport_error
 from provisioners.base import (
+    INSTANCE_NOT_FOUND,
+    INSTANCE_STILL_STOPPING,
     MANAGED_BY_VALUE,
     TAG_CAPACITY,
     TAG_CLUSTER,
@@ -342,7 +344,89 @@ class AwsProvider(Provider):
                 self._keep_volumes_of_stopped(chunk)
             self._terminate_chunk(chunk)
 
+    def stop(self, ids: Sequence[str]) -> None:
+        """Park instances: StopInstances keeps their EBS volumes (provisioners.base.Parker). Ids
+        already stopping or stopped, terminated, shutting down or unknown to AWS are skipped (one
+        DescribeInstances per chunk finds them, so that a terminated one is never stopped again).
+        Raises ProviderError as `classify_error` sorts StopInstances' refusal: UnsupportedOperation
+        (a spot instance, an instance-store root) is INVALID, IncorrectInstanceState (pending) UNKNOWN."""
+        unique = tuple(dict.fromkeys(ids))
+        for chunk_start in range(0, len(unique), TERMINATE_CHUNK):
+            raw = self._describe_raw(unique[chunk_start : chunk_start + TERMINATE_CHUNK])
+            todo = [i for i, r in raw.items() if r is not None and _state_name(r) in ("pending", "running")]
+            skipped = {i: _state_name(r) if r is not None else "not_found" for i, r in raw.items() if i not in todo}
+            if skipped:
+                log.info(_kv(event="aws_stop_skipped", cluster=self.cluster_id, pool=self.pool,
+                             instances=[f"{i}:{s}" for i, s in skipped.items()]))
+            try:
+                if todo:
+                    self._park_call("StopInstances", todo, self.cfg.region)
+            except ProviderError as err:
+                if err.code != INSTANCE_NOT_FOUND:
+                    raise
+                # AWS stopped none of them: gone since the lookup (or not yet consistent). One by
+                # one, those it does not know are skipped.
+                for instance_id in todo if len(todo) > 1 else ():
+                    self.stop([instance_id])
+
+    def start(self, ids: Sequence[str]) -> None:
+        """Start parked (stopped) instances again, one StartInstances per subnet so that a capacity
+        error names the subnet it hit (provisioners.base.Parker). Pending or running ids are
+        skipped. Every startable subnet is tried; the first error is then raised: CAPACITY (scope
+        ZONE, location the subnet) as for a launch; UNKNOWN with INSTANCE_STILL_STOPPING for one
+        still stopping; INVALID with INSTANCE_NOT_FOUND for one AWS does not know or that is
+        terminated or shutting down."""
+        unique = tuple(dict.fromkeys(ids))
+        errors: list[ProviderError] = []
+        by_subnet: dict[str, list[str]] = {}
+        for chunk_start in range(0, len(unique), TERMINATE_CHUNK):
+            for instance_id, raw in self._describe_raw(unique[chunk_start : chunk_start + TERMINATE_CHUNK]).items():
+                state = _state_name(raw) if raw is not None else "not_found"
+                location = _location(raw) if raw is not None else self.cfg.region
+                if state == "stopped":
+                    by_subnet.setdefault(location, []).append(instance_id)
+                elif state == "stopping":
+                    errors.append(ProviderError(
+                        ErrorKind.UNKNOWN, f"instance {instance_id} is still stopping: start it once stopped",
+                        scope=ErrorScope.ZONE, code=INSTANCE_STILL_STOPPING, location=location))
+                elif state not in ("pending", "running"):
+                    errors.append(ProviderError(
+                        ErrorKind.INVALID, f"instance {instance_id} cannot be started: {state}",
+                        scope=ErrorScope.ZONE, code=INSTANCE_NOT_FOUND, location=location))
+        for location, todo in by_subnet.items():
+            for chunk_start in range(0, len(todo), TERMINATE_CHUNK):
+                try:
+                    self._park_call("StartInstances", todo[chunk_start : chunk_start + TERMINATE_CHUNK], location)
+                except ProviderError as err:
+                    errors.append(err)
+        for err in errors:
+            log.warning(_kv(event="aws_start_failed", cluster=self.cluster_id, pool=self.pool, kind=err.kind.value,
+                            code=err.code, location=err.location, error=err.args[0]))
+        if errors:
+            raise errors[0]
+
     # -- internals --------------------------------------------------------------------------
+
+    def _park_call(self, op: str, ids: Sequence[str], location: str) -> None:
+        """One StopInstances or StartInstances; a refusal is raised classified at `location` (the
+        subnet for a start: capacity is per zone), its message naming the instances."""
+        fn = self._ec2.stop_instances if op == "StopInstances" else self._ec2.start_instances
+        try:
+            resp = self._call(op, fn, InstanceIds=list(ids))
+        except ClientError as exc:
+            err = classify_error(exc, location)
+            if error_code(exc) == "InvalidInstanceID.NotFound":
+                err = ProviderError(ErrorKind.INVALID, err.args[0], scope=ErrorScope.ZONE, code=INSTANCE_NOT_FOUND,
+                                    location=location)
+            raise ProviderError(err.kind, f"{op} {','.join(ids)}: {err.args[0]}", scope=err.scope, code=err.code,
+                                location=err.location) from exc
+        except BotoCoreError as exc:
+            raise transport_error(exc, location) from exc
+        key = "StoppingInstances" if op == "StopInstances" else "StartingInstances"
+        log.info(_kv(event="aws_instances_stopping" if op == "StopInstances" else "aws_instances_starting",
+                     cluster=self.cluster_id, pool=self.pool, location=location,
+                     instances=[f"{i.get('InstanceId')}:{i.get('CurrentState', {}).get('Name')}"
+                                for i in resp.get(key, [])]))
 
     def _call(self, op: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
         """Call `fn`, repeating it on throttling and transient faults (provisioners/retry.py); the
@@ -514,8 +598,16 @@ class AwsProvider(Provider):
         )
 
     def _describe_chunk(self, chunk: Sequence[str]) -> dict[str, CloudInstance | None]:
+        raw = self._describe_raw(chunk)
+        out = {i: _to_cloud_instance(r) if r is not None else None for i, r in raw.items()}
+        log.info(_kv(event="aws_described", cluster=self.cluster_id, pool=self.pool,
+                     states=",".join(f"{i}:{c.state if c is not None else 'not_found'}" for i, c in out.items())))
+        return out
+
+    def _describe_raw(self, chunk: Sequence[str]) -> dict[str, Mapping[str, Any] | None]:
+        """Each id's DescribeInstances item as AWS returns it, or None for an id AWS does not know."""
         remaining = list(chunk)
-        out: dict[str, CloudInstance | None] = {}
+        out: dict[str, Mapping[str, Any] | None] = {}
         while remaining:
             try:
                 resp = self._call("DescribeInstances", self._ec2.describe_instances, InstanceIds=remaining)
@@ -527,7 +619,7 @@ class AwsProvider(Provider):
                 if not unknown:
                     if len(remaining) > 1:
                         for instance_id in remaining:  # unparseable message: one id at a time
-                            out.update(self._describe_chunk([instance_id]))
+                            out.update(self._describe_raw([instance_id]))
                         return out
                     unknown = set(remaining)
                 out.update({i: None for i in unknown})
@@ -535,11 +627,9 @@ class AwsProvider(Provider):
                 continue
             except BotoCoreError as exc:
                 raise transport_error(exc, self.cfg.region) from exc
-            found = {raw["InstanceId"]: _to_cloud_instance(raw)
+            found = {raw["InstanceId"]: raw
                      for reservation in resp.get("Reservations", []) for raw in reservation.get("Instances", [])}
             out.update({i: found.get(i) for i in remaining})
-            log.info(_kv(event="aws_described", cluster=self.cluster_id, pool=self.pool,
-                         states=",".join(f"{i}:{found[i].state if i in found else 'not_found'}" for i in remaining)))
             return out
         return out
 
@@ -633,11 +723,20 @@ def _to_cloud_instance(
         launch_id=tags.get(TAG_LAUNCH_ID),
         private_ip=raw.get("PrivateIpAddress") or None,
         public_ip=raw.get("PublicIpAddress") or None,
-        location=raw.get("SubnetId") or raw.get("Placement", {}).get("AvailabilityZone", ""),
+        location=_location(raw),
         instance_type=raw.get("InstanceType", ""),
         spot=raw.get("InstanceLifecycle") == "spot",
         tags=tags,
     )
+
+
+def _state_name(raw: Mapping[str, Any]) -> str:
+    return str(raw.get("State", {}).get("Name", "pending"))
+
+
+def _location(raw: Mapping[str, Any]) -> str:
+    """The instance's subnet (its zone where it has none)."""
+    return str(raw.get("SubnetId") or raw.get("Placement", {}).get("AvailabilityZone", ""))
 
 
 def build(cfg: AwsPoolConfig, ctx: ProviderContext) -> BuiltProvider:

@@ -28,4 +28,4 @@ __getattr__ = lazy_exports(__name__, {
 
 # GCE metadata values allow 256 KiB.
 PROVIDER_TYPE = ProviderType(name="gcp", config=GcpPoolConfig, build=lazy_build(f"{__name__}.provider"),
-                             user_data=UserDataKind.CLOUD_INIT, user_data_limit=256 * 1024)
+                             user_data=UserDataKind.CLOUD_INIT, user_data_limit=256 * 1024, parks=True)

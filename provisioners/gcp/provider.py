@@ -31,12 +31,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from google.api_core import exceptions as gexc
 from google.auth.credentials import Credentials
 from google.cloud import compute_v1
 
 from provisioners.base import (
+    INSTANCE_NOT_FOUND,
+    INSTANCE_STILL_STOPPING,
     MANAGED_BY_VALUE,
     TAG_CAPACITY,
     TAG_CLUSTER,
@@ -575,6 +578,96 @@ class GcpProvider(GceReader):
         if first_error is not None:
             raise first_error
 
+    # ---- park (stop keeping the disks) and start again -------------------------------------
+
+    def stop(self, ids: Sequence[str]) -> None:
+        """Park instances: instances.stop powers a VM off (TERMINATED) keeping its disks
+        (provisioners.base.Parker). Ones already stopping, powered off or suspended, gone or not
+        ours are skipped. Waits for the operations up to the call timeout (one deadline for the
+        call): an operation's error is raised; one still running then is not (list() shows STOPPING)."""
+        self._park("stop", ids)
+
+    def start(self, ids: Sequence[str]) -> None:
+        """Start parked instances again: instances.start (instances.resume for a SUSPENDED one;
+        provisioners.base.Parker). Ones provisioning, staging or running are skipped. Waits for the
+        operations up to the call timeout, since GCE reports no capacity for a start (the
+        ZONE_RESOURCE_POOL_EXHAUSTED family) in its operation: CAPACITY at the instance's zone, as
+        for a launch. One still stopping raises UNKNOWN (INSTANCE_STILL_STOPPING, or GCE's
+        resourceNotReady), a gone one INVALID with INSTANCE_NOT_FOUND."""
+        self._park("start", ids)
+
+    def _park(self, action: str, ids: Sequence[str]) -> None:
+        """Request `action` for every instance, then wait for the operations under one deadline;
+        every instance is tried, the first error is raised."""
+        deadline = time.monotonic() + self._timeout
+        call_id = uuid.uuid4()  # one requestId per instance of this call: its retries are deduplicated
+        accepted: list[tuple[str, str, compute_v1.Operation]] = []
+        first_error: ProviderError | None = None
+        for name in dict.fromkeys(ids):
+            try:
+                op = self._park_request(action, name, str(uuid.uuid5(call_id, name)))
+            except ProviderError as err:
+                log.warning("event=gcp_%s_failed pool=%s instance=%s error=%s", action, self.pool, name, err)
+                first_error = first_error or err
+                continue
+            if op is not None:
+                accepted.append((name, *op))
+        for name, zone, op in accepted:
+            try:
+                done = self._wait(zone, op, deadline)
+                error = operation_error(done) if done.status == compute_v1.Operation.Status.DONE else None
+                if error is not None:
+                    raise _named(classify_error(error, zone), f"{action} {name}")
+            except ProviderError as err:
+                log.warning("event=gcp_%s_failed pool=%s zone=%s instance=%s error=%s", action, self.pool, zone,
+                            name, err)
+                first_error = first_error or err
+                continue
+            log.info("event=gcp_instance_%s pool=%s zone=%s instance=%s operation=%s", action, self.pool, zone, name,
+                     "done" if done.status == compute_v1.Operation.Status.DONE else "running")
+        if first_error is not None:
+            raise first_error
+
+    def _park_request(self, action: str, name: str, rid: str) -> tuple[str, compute_v1.Operation] | None:
+        """Send one stop or start for an instance of ours, as its status asks; None: nothing to do."""
+        found = self._locate(name)
+        if found is None or not self._is_mine(found[1]):
+            if action == "stop":
+                log.info("event=gcp_stop_skipped pool=%s instance=%s reason=not_found", self.pool, name)
+                return None
+            raise ProviderError(ErrorKind.INVALID, f"start {name}: no such instance in {', '.join(self.cfg.zones)}",
+                                scope=ErrorScope.ZONE, code=INSTANCE_NOT_FOUND)
+        zone, inst = found
+        if action == "stop" and inst.status in (*POWERED_OFF, "STOPPING", "SUSPENDING"):
+            log.info("event=gcp_stop_skipped pool=%s instance=%s reason=%s", self.pool, name, inst.status)
+            return None
+        if action == "start" and inst.status in ("STOPPING", "SUSPENDING"):
+            raise ProviderError(ErrorKind.UNKNOWN, f"start {name}: still {inst.status}, start it once stopped",
+                                scope=ErrorScope.ZONE, code=INSTANCE_STILL_STOPPING, location=zone)
+        if action == "start" and inst.status not in POWERED_OFF:
+            log.info("event=gcp_start_skipped pool=%s instance=%s reason=%s", self.pool, name, inst.status)
+            return None
+        instances, _ = self._clients()
+        fields = {"project": self.cfg.project, "zone": zone, "instance": name, "request_id": rid}
+        if action == "stop":
+            send = partial(instances.stop_unary, request=compute_v1.StopInstanceRequest(**fields))
+        elif inst.status == "SUSPENDED":  # a suspended VM is resumed, not started
+            send = partial(instances.resume_unary, request=compute_v1.ResumeInstanceRequest(**fields))
+        else:
+            send = partial(instances.start_unary, request=compute_v1.StartInstanceRequest(**fields))
+        try:
+            op = self._call(action, zone, lambda: send(retry=None, timeout=self._timeout))
+        except ProviderError as err:
+            if isinstance(err.__cause__, gexc.NotFound):  # deleted since the lookup
+                if action == "stop":
+                    return None
+                raise ProviderError(ErrorKind.INVALID, f"start {name}: {err.args[0]}", scope=ErrorScope.ZONE,
+                                    code=INSTANCE_NOT_FOUND, location=zone) from err.__cause__
+            if action == "start" and _not_ready(err):
+                raise ProviderError(ErrorKind.UNKNOWN, f"start {name}: {err.args[0]}", scope=ErrorScope.ZONE,
+                                    code=err.code, location=zone) from err.__cause__
+            raise _named(err, f"{action} {name}") from err.__cause__
+        return zone, op
 
     def _keep_disks_if_powered_off(self, name: str, zone: str) -> None:
         """For a powered-off VM, turn autoDelete off on each of its disks (waiting for each
@@ -605,6 +698,19 @@ class GcpProvider(GceReader):
             kept.append(last_segment(disk.source) or disk.device_name)
         log.info("event=gcp_stopped_instance_disks_kept pool=%s zone=%s instance=%s status=%s disks=%s",
                  self.pool, zone, name, inst.status, kept)
+
+
+def _named(err: ProviderError, what: str) -> ProviderError:
+    """`err` with its message prefixed by what failed (the call and the instance)."""
+    named = ProviderError(err.kind, f"{what}: {err.args[0]}", scope=err.scope, code=err.code, location=err.location)
+    named.__cause__ = err.__cause__
+    return named
+
+
+def _not_ready(err: ProviderError) -> bool:
+    """GCE's refusal to start an instance that is still being stopped (or otherwise not ready)."""
+    text = f"{err.code} {err.args[0]}".lower()
+    return "resourcenotready" in text or "not ready" in text or "being stopped" in text
 
 
 def build(cfg: GcpPoolConfig, ctx: ProviderContext) -> BuiltProvider:

@@ -225,8 +225,8 @@ def test_instance_powers_itself_off_when_the_master_is_gone_for_good(
 # ---- GCP -----------------------------------------------------------------------------------------
 
 
-def test_gcp_pool_scales_up_from_zero_runs_a_trial_and_reaps_the_idle_instance(e2e: E2E, gce_fake: GceFake) -> None:
-    pool = {
+def gcp_e2e_pool(fake: GceFake, **overrides: Any) -> dict[str, Any]:
+    return {
         "name": "gcp",
         "provider": {
             "type": "gcp",
@@ -235,13 +235,18 @@ def test_gcp_pool_scales_up_from_zero_runs_a_trial_and_reaps_the_idle_instance(e
             "machine_type": "e2-standard-4",
             "instance_slots": 1,
             "boot_disk_source_image": "projects/debian-cloud/global/images/family/debian-12",
-            "api_endpoint": gce_fake.endpoint,
+            "api_endpoint": fake.endpoint,
             "min_instances": 0,
             "max_instances": 2,
             "max_idle_agent_period": "3s",
             "agent": dict(AGENT_OPTIONS),
+            **overrides,
         },
     }
+
+
+def test_gcp_pool_scales_up_from_zero_runs_a_trial_and_reaps_the_idle_instance(e2e: E2E, gce_fake: GceFake) -> None:
+    pool = gcp_e2e_pool(gce_fake)
     e2e.start_master([pool], "gcp", module="tests.e2e.gce_fake_master")  # anonymous credentials for the fake
     harness = e2e.boot(GceFakeCloud(gce_fake))
     assert gce_fake.instances == []
@@ -310,3 +315,59 @@ def test_bad_pools_are_refused_clearly_and_the_good_pool_still_runs(
     e2e.wait_trial_completed(trial_id, 60)
     assert e2e.pool("good")["state"] == "ok"
     assert launches(ec2_faults) == []  # nothing was launched for the refused pools
+
+
+def test_aws_warm_pool_parks_the_idle_instance_and_starts_it_again_for_the_next_trial(
+    e2e: E2E, ec2_faults: Ec2FaultProxy, moto_reset: str, aws_session: boto3.Session, moto_image: str,
+) -> None:
+    """`warm_pool_size: 1`: the idle instance is stopped, not terminated (the emulated VM powers down,
+    its disk kept); the next trial starts it again instead of a launch: systemd starts the agent's
+    unit, the agent registers with the credential it saved at its first boot, and the trial runs."""
+    subnet = default_subnet(moto_reset, aws_session)
+    e2e.start_master([aws_pool("aws", ec2_faults.url, moto_image, subnet, warm_pool_size=1, arrival_window="0s")],
+                     "aws")
+    cluster_id = e2e.cluster_id()
+    harness = e2e.boot(MotoCloud(moto_reset))
+    client = ec2(moto_reset, aws_session)
+
+    first = e2e.create_experiment("aws")["trialIds"][0]
+    inst = one_booted(harness)
+    e2e.wait_trial_completed(first, 60, harness)
+    assert_ran_on(e2e, first, inst.id)
+    wait_for(lambda: cluster_instances(client, cluster_id)[0]["State"]["Name"] == "stopped", 40,
+             "the idle instance stopped in moto")
+    wait_for(lambda: inst.state == "stopped" and inst.agent is not None and inst.agent.poll() is not None, 20,
+             "the emulated instance powered down with its agent")
+    row = wait_for(lambda: next((r for r in e2e.instance_rows("aws") if r["state"] == "parked"), None), 20,
+                   "the instance row parked")
+    assert row["instance_id"] == inst.id and ec2_faults.calls("TerminateInstances") == []
+
+    second = e2e.create_experiment("aws")["trialIds"][0]
+    e2e.wait_trial_completed(second, 90, harness)
+    assert_ran_on(e2e, second, inst.id)
+    assert len(launches(ec2_faults)) == 1  # started again, never launched twice
+    assert [c.params["InstanceId.1"] for c in ec2_faults.calls("StartInstances")] == [inst.id]
+    assert inst.starts == 2  # its unit: the first boot, then the start from the warm pool
+    [credential] = list(inst.sandbox.rglob("state/agent-credential"))  # saved on its disk at enrolment
+    assert credential.stat().st_size > 0
+    assert "already enrolled" not in e2e.master_log()  # it came back with its own credential
+    resumed = next(r for r in e2e.instance_rows("aws") if r["instance_id"] == inst.id)
+    assert resumed["resumed_at"] is not None and resumed["resume_connected_at"] is not None
+
+
+def test_gcp_warm_pool_stops_the_idle_vm_and_starts_it_again_for_the_next_trial(e2e: E2E, gce_fake: GceFake) -> None:
+    e2e.start_master([gcp_e2e_pool(gce_fake, warm_pool_size=1, arrival_window="0s")], "gcp",
+                     module="tests.e2e.gce_fake_master")
+    harness = e2e.boot(GceFakeCloud(gce_fake))
+    first = e2e.create_experiment("gcp")["trialIds"][0]
+    inst = one_booted(harness)
+    e2e.wait_trial_completed(first, 60, harness)
+    wait_for(lambda: gce_fake.instance(inst.id)["status"] == "TERMINATED", 40, "the idle VM stopped (TERMINATED)")
+    wait_for(lambda: inst.state == "stopped", 20, "the emulated VM powered down")
+    wait_for(lambda: any(r["state"] == "parked" for r in e2e.instance_rows("gcp")), 20, "the instance row parked")
+
+    second = e2e.create_experiment("gcp")["trialIds"][0]
+    e2e.wait_trial_completed(second, 90, harness)
+    assert_ran_on(e2e, second, inst.id)
+    assert len(gce_fake.calls_to("insert")) == 1 and len(gce_fake.calls_to("start")) == 1
+    assert gce_fake.calls_to("delete") == [] and inst.starts == 2

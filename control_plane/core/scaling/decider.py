@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from control_plane.core.scaling import mix
@@ -50,6 +50,7 @@ from control_plane.core.scaling.draft import Census, Draft, fmt_duration, is_bus
 from control_plane.core.scaling.idle import reap_idle
 from control_plane.core.scaling.model import (
     Arrival,
+    InstanceAction,
     InstanceOption,
     InstanceView,
     LaunchPlan,
@@ -240,6 +241,7 @@ def decide(
     idle instances (with the hysteresis); the reasons follow the same order, terminations last."""
     shapes = _aggregate(demand, limits.slots_per_instance, limits.max_instances)
     draft = _retire_broken(instances, limits, now)
+    _tend_warm_pool(draft, limits, now)
     _describe_demand(draft, shapes, limits)
     _shed_above_max(draft, limits)
     _launch_for_demand(draft, shapes, limits)
@@ -264,6 +266,9 @@ def _retire_broken(instances: Sequence[InstanceView], limits: PoolLimits, now: d
         if inst.state == InstanceState.STOPPING:
             census.stopping.append(inst)
             continue
+        if inst.state in (InstanceState.PARKING, InstanceState.PARKED):
+            census.parked.append(inst)
+            continue
         if inst.agent_connected:
             (census.busy if is_busy(inst) else census.idle).append(inst)
         elif inst.agent_first_connected_at is None:
@@ -287,6 +292,59 @@ def _retire_broken(instances: Sequence[InstanceView], limits: PoolLimits, now: d
             else:
                 census.disconnected.append(inst)
     return draft
+
+
+def _tend_warm_pool(draft: Draft, limits: PoolLimits, now: datetime) -> None:
+    """Stage 1b: the warm pool's parked instances older than `warm_pool_max_age`, and those beyond
+    `warm_pool_size` (lowered since; the longest parked first), are terminated; what room is left
+    there is what the idle stage may park."""
+    census = draft.census
+    kept: list[InstanceView] = []
+    for inst in sorted(census.parked, key=lambda i: (i.parked_at or now, i.id), reverse=True):
+        age = now - (inst.parked_at or now)
+        if age > limits.warm_pool_max_age:
+            draft.terminate(inst, f"parked for {fmt_duration(age)} (warm_pool_max_age "
+                                  f"{fmt_duration(limits.warm_pool_max_age)})")
+        elif len(kept) >= limits.warm_pool_size:
+            draft.terminate(inst, f"beyond warm_pool_size {limits.warm_pool_size} (parked {fmt_duration(age)} ago)")
+        else:
+            kept.append(inst)
+    census.parked = kept
+    draft.warm_pool_size = limits.warm_pool_size
+    draft.warm_room = max(0, limits.warm_pool_size - len(kept))
+
+
+def _start_parked(draft: Draft, limits: PoolLimits, launch: int) -> int:
+    """Parked instances started again instead of launches, most recently parked first: any of them
+    for a launch in a pool of one type; in a pool of several, one of the planned type for each
+    on-demand launch of it (a spot launch costs less than the on-demand instance parked). The
+    launches left."""
+    ready = sorted((i for i in draft.census.parked if i.state == InstanceState.PARKED),
+                   key=lambda i: (i.parked_at or datetime.min, i.id), reverse=True)
+
+    def start(inst: InstanceView) -> None:
+        ready.remove(inst)
+        draft.starts.append(InstanceAction(inst.id, "started from the warm pool instead of a launch"
+                                           + (f" of {inst.instance_type}" if inst.instance_type else "")))
+
+    if not limits.options:
+        for inst in list(ready[:launch]):
+            start(inst)
+        return launch - len(draft.starts)
+    plans = []
+    for plan in draft.launches:
+        count = plan.count
+        fits = sorted((i for i in ready if plan.option.slots <= (i.slots or 0) <= 2 * plan.option.slots and not plan.option.spot),
+                      key=lambda i: (i.instance_type != plan.option.instance_type, i.slots or 0))
+        for inst in fits:
+            if not count:
+                break
+            start(inst)
+            count -= 1
+        if count:
+            plans.append(replace(plan, count=count))
+    draft.launches = tuple(plans)
+    return sum(p.count for p in plans)
 
 
 def _describe_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> None:
@@ -371,10 +429,11 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     launch = min(max(want, floor), room)
     if limits.max_launch_per_decision is not None:
         launch = min(launch, limits.max_launch_per_decision)
-    draft.launch = launch
     draft.idle_absorbing = packing.used[0]
     if limits.options:
         draft.launches = _launch_plans(new_bins, launch, usable)
+    planned, launch = launch, _start_parked(draft, limits, launch)
+    draft.launch = launch
 
     for g, word in ((0, "idle instance"), (1, "starting instance")):
         if packing.tasks[g]:
@@ -396,9 +455,13 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     if max(want, floor) > room:
         still_billed = f" and {stopping} stopping (billed until the cloud says they are gone)" if stopping else ""
         why.append(f"capped by max_instances {limits.max_instances} with {live} live{still_billed}")
-    if launch < min(max(want, floor), room):
+    if planned < min(max(want, floor), room):
         why.append(f"capped by max_launch_per_decision {limits.max_launch_per_decision}")
-    draft.reasons.append(f"launch {launch}: " + "; ".join(why))
+    head = f"launch {launch}"
+    if draft.starts:
+        head = (f"start {plural(len(draft.starts), 'parked instance')} from the warm pool "
+                f"({', '.join(a.id for a in draft.starts)})" + (f" and launch {launch}" if launch else ""))
+    draft.reasons.append(f"{head}: " + "; ".join(why))
     if draft.launches:
         draft.reasons.append(_fmt_plans(draft.launches))
 
@@ -472,6 +535,8 @@ def _fmt_plans(plans: Sequence[LaunchPlan]) -> str:
 def _conclude(draft: Draft) -> None:
     """Last: one reason per termination, in the order decided; with no reason at all, a steady
     state summary. (Steady means nothing was terminated, so the census is what stays.)"""
+    for p in draft.parks:
+        draft.reasons.append(f"park {p.id}: {p.reason}")
     for t in draft.terminations:
         draft.reasons.append(f"terminate {t.id}: {t.reason}")
     if draft.reasons:
@@ -480,13 +545,16 @@ def _conclude(draft: Draft) -> None:
     draft.reasons.append(
         f"steady: {plural(census.live, 'instance')} ({len(census.busy)} busy, {len(census.idle)} idle, "
         f"{len(census.booting)} starting, {len(census.disconnected)} disconnected"
-        + (f", {draft.stopping} stopping" if draft.stopping else "") + "), no pending demand"
+        + (f", {draft.stopping} stopping" if draft.stopping else "")
+        + (f", {len(census.parked)} parked in the warm pool" if census.parked else "") + "), no pending demand"
     )
 
 
 def summarize(decision: ScaleDecision) -> str:
     """The decision as shown by `det resource-pool describe`: a headline, then one line per reason."""
     head = f"launch {decision.launch}, terminate {len(decision.terminate)}"
+    if decision.start or decision.park:
+        head += f", start {len(decision.start)}, park {len(decision.park)}"
     return "\n".join([head, *(f"  {line}" for line in decision.reasons)])
 
 

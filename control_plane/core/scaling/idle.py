@@ -109,6 +109,8 @@ class _Estimate:
     prices: _Prices
     boot: timedelta
     boots: int
+    #: The relaunch would be a start from the warm pool (it is parked), `boot` a measured start.
+    start: bool
     waiting_slots: float  # the mean slots of an arrival that fits
     arrivals: int  # that fit, in the window
     window: timedelta
@@ -125,8 +127,9 @@ class _Estimate:
         return math.inf if self.expected_idle is None else self.prices.instance * (self.expected_idle / HOUR)
 
     def relaunch_text(self) -> str:
-        return (f"a relaunch {self.prices.fmt(self.relaunch)} (boot {fmt_duration(self.boot)}, median of "
-                f"{plural(self.boots, 'measured boot')}, billed, and waited for by {self.waiting_slots:.1f} slots)")
+        what = "start from the warm pool" if self.start else "boot"
+        return (f"a relaunch {self.prices.fmt(self.relaunch)} ({what} {fmt_duration(self.boot)}, median of "
+                f"{plural(self.boots, f'measured {what}')}, billed, and waited for by {self.waiting_slots:.1f} slots)")
 
     def forecast_text(self) -> str:
         if self.expected_idle is None:
@@ -137,23 +140,25 @@ class _Estimate:
 
 
 def _estimate(inst: InstanceView, ahead: int, limits: PoolLimits, now: datetime,
-              arrivals: Sequence[Arrival]) -> _Estimate:
+              arrivals: Sequence[Arrival], parked: bool = False) -> _Estimate:
     """The expected idle time of `inst` until an arrival that fits it reaches it (the window's
     fitting arrivals as a Poisson process: one mean gap, plus the time their slots take to fill the
-    `ahead` free slots), and what a relaunch for that arrival would cost."""
+    `ahead` free slots), and what a relaunch for that arrival would cost: a boot, or a start from the
+    warm pool when it would be `parked` (the measured starts; the boots while none is measured)."""
     slots = inst.slots if inst.slots is not None else limits.slots_per_instance
     window = limits.arrival_window
     start = now - window
     fits = [a.slots for a in arrivals if start < a.at <= now and a.slots <= slots]
-    boot = statistics.median(limits.boot_times)
+    measured = limits.start_times if parked and limits.start_times else limits.boot_times
+    boot = statistics.median(measured)
     waiting = sum(fits) / len(fits) if fits else float(slots)
     expected: timedelta | None = None
     if fits:
         gap = window / len(fits)
         per_slot = window / sum(fits) if sum(fits) else gap
         expected = gap + ahead * per_slot
-    return _Estimate(_prices(inst, limits), boot, len(limits.boot_times), waiting, len(fits), window, ahead,
-                     expected)
+    return _Estimate(_prices(inst, limits), boot, len(measured), measured is limits.start_times, waiting, len(fits),
+                     window, ahead, expected)
 
 
 def _reap_by_cost(draft: Draft, limits: PoolLimits, now: datetime, arrivals: Sequence[Arrival]) -> None:
@@ -186,9 +191,9 @@ def _reap_by_cost(draft: Draft, limits: PoolLimits, now: datetime, arrivals: Seq
             draft.terminate(inst, f"{period}: {DISABLED}", presumes_idle=True)
             continue
         if idle_for > bound:
-            draft.terminate(inst, f"{period}: past the hard bound {fmt_duration(bound)}", presumes_idle=True)
+            draft.retire_idle(inst, f"{period}: past the hard bound {fmt_duration(bound)}")
             continue
-        est = _estimate(inst, ahead, limits, now, arrivals)
+        est = _estimate(inst, ahead, limits, now, arrivals, draft.parks_instead(inst))
         p = est.prices
         if est.idling < est.relaunch:
             draft.reasons.append(f"keeping {inst.id} {period}: {est.forecast_text()}; idling "
@@ -196,8 +201,7 @@ def _reap_by_cost(draft: Draft, limits: PoolLimits, now: datetime, arrivals: Seq
             ahead += slots_of(inst)
             continue
         idling = "never pays back" if est.expected_idle is None else f"{p.fmt(est.idling)} >="
-        draft.terminate(inst, f"{period}: {est.forecast_text()}; idling {idling} {est.relaunch_text()}",
-                        presumes_idle=True)
+        draft.retire_idle(inst, f"{period}: {est.forecast_text()}; idling {idling} {est.relaunch_text()}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,13 +243,12 @@ def _reap_past_bound(draft: Draft, limits: PoolLimits, now: datetime, arrivals: 
         if inst.id in kept_ids:
             continue
         assert inst.idle_since is not None
-        draft.terminate(
-            inst,
-            f"idle for {fmt_duration(now - inst.idle_since)} "
-            f"(max_idle_agent_period {fmt_duration(limits.max_idle_agent_period)})"
-            + ("" if inst.accepts_work else f": {DISABLED}"),
-            presumes_idle=True,
-        )
+        why = (f"idle for {fmt_duration(now - inst.idle_since)} "
+               f"(max_idle_agent_period {fmt_duration(limits.max_idle_agent_period)})")
+        if inst.accepts_work:
+            draft.retire_idle(inst, why)
+        else:
+            draft.terminate(inst, f"{why}: {DISABLED}", presumes_idle=True)
 
 
 def _keep_for_arrivals(draft: Draft, reapable: list[InstanceView], limits: PoolLimits, now: datetime,

@@ -15,6 +15,7 @@ from shipyard_common.pool_settings import (
     DEFAULT_MAX_AGENT_STARTING_PERIOD,
     DEFAULT_MAX_DISCONNECTED_PERIOD,
     DEFAULT_MAX_IDLE_AGENT_PERIOD,
+    DEFAULT_WARM_POOL_MAX_AGE,
 )
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_MAX_DISCONNECTED_PERIOD",
     "DEFAULT_MAX_IDLE_AGENT_PERIOD",
     "Arrival",
+    "InstanceAction",
     "InstanceOption",
     "InstanceView",
     "LaunchPlan",
@@ -86,6 +88,12 @@ class InstanceView:
     #: False: its agent is disabled (cordoned, drained, disabled by an admin): no demand is packed
     #: onto it and it is no room ahead of arrivals, though it is idle when it holds nothing.
     accepts_work: bool = True
+    #: Bought as spot: never parked in the warm pool (a spot instance cannot be stopped and started
+    #: again at will), terminated instead.
+    spot: bool = False
+    #: PARKING / PARKED: when it was stopped into the warm pool. (An instance started again from the
+    #: warm pool is STARTING with `launched_at` the start, as if launched then.)
+    parked_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -150,8 +158,18 @@ class PoolLimits:
     #: (and an arrival window), the idle stage weighs idling against a relaunch (idle.py); empty:
     #: idle instances go after max_idle_agent_period (with the scale-down hysteresis).
     boot_times: tuple[timedelta, ...] = ()
+    #: The warm pool: up to this many idle on-demand instances are stopped (parked) instead of
+    #: terminated, and started again before anything is launched; 0: none (terminated, as before).
+    warm_pool_size: int = 0
+    #: A parked instance older than this is terminated (its disks bill, its software ages).
+    warm_pool_max_age: timedelta = DEFAULT_WARM_POOL_MAX_AGE
+    #: Measured starts from the warm pool (start to agent connected again); the idle policy weighs
+    #: a relaunch of an instance it would park by them (by `boot_times` while there are none).
+    start_times: tuple[timedelta, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.warm_pool_size < 0:
+            raise ValueError(f"warm_pool_size must be >= 0, got {self.warm_pool_size}")
         if self.min_instances < 0:
             raise ValueError(f"min_instances must be >= 0, got {self.min_instances}")
         if self.max_instances < self.min_instances:
@@ -181,14 +199,26 @@ class Termination:
 
 
 @dataclass(frozen=True)
+class InstanceAction:
+    """An instance to park (stop into the warm pool: the shell applies it only if the instance is
+    still without work, as an idle termination) or to start again from it, and why."""
+
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class ScaleDecision:
     """`launch` instances in all; with `PoolLimits.options`, `launches` says which (their counts add
-    up to `launch`)."""
+    up to `launch`). `start`: parked instances to start again, each instead of a launch of its type;
+    `park`: idle instances to stop into the warm pool instead of terminating them."""
 
     launch: int
     terminate: tuple[Termination, ...] = ()
     reasons: tuple[str, ...] = field(default_factory=tuple)
     launches: tuple[LaunchPlan, ...] = ()
+    start: tuple[InstanceAction, ...] = ()
+    park: tuple[InstanceAction, ...] = ()
 
     @property
     def usd_per_hour(self) -> float | None:

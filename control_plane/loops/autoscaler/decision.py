@@ -38,7 +38,7 @@ from control_plane.core.states import InstanceState, PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Allocation, ConsolidationMove, Instance, ResourcePool
 from control_plane.loops import placement
-from control_plane.loops.autoscaler import types
+from control_plane.loops.autoscaler import types, warm
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, close_row
 from control_plane.master import Master
@@ -67,6 +67,7 @@ class Snapshot:
     links: dict[str, str]  # launch id -> agent id, for rows not yet linked to their agent
     orphans: list[CloudInstance] = field(default_factory=list)
     boot_times: tuple[timedelta, ...] = ()  # of the pool's recent instances (the idle stage weighs them)
+    start_times: tuple[timedelta, ...] = ()  # of the pool's recent starts from the warm pool
     # Live rows whose agent reported an interruption notice and holds no work: terminated now.
     interrupted_idle: list[str] = field(default_factory=list)
 
@@ -88,6 +89,7 @@ def pool_limits(pp: PoolProvider) -> PoolLimits:
         max_launch_per_decision=settings.max_launch_per_decision,
         arrival_window=settings.arrival_window, options=options,
         out_of_capacity=types.out_of_capacity(pp.provider) if options else frozenset(),
+        warm_pool_size=settings.warm_pool_size, warm_pool_max_age=settings.warm_pool_max_age,
     )
 
 
@@ -101,7 +103,8 @@ def decide_and_apply(master: Master, pool: str, memory: PoolMemory, orphans: lis
     scheduler = placement.scheduler_of(master, pool)
     with master.read_sessions() as s:
         snap = read_snapshot(s, pool, orphans, limits, now, scheduler, hysteresis=bool(limits.arrival_window))
-    decision = decide(snap.demand, snap.views, replace(limits, boot_times=snap.boot_times), now, snap.arrivals)
+    decision = decide(snap.demand, snap.views, replace(limits, boot_times=snap.boot_times,
+                                                       start_times=snap.start_times), now, snap.arrivals)
     with transaction(master.sessions) as s:
         launch_ids = apply_decision(s, master, pool, memory, decision, snap, now)
     return decision, launch_ids
@@ -171,7 +174,7 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
     demand, shapes = _pending_demand(plan.pending, placed | set(dry.capped), limits.slots_per_instance)
     arrivals = [] if not hysteresis else arrivals_of(s, pool, now - limits.arrival_window)
     billed = list(s.scalars(select(Instance).where(Instance.pool == pool,
-                                                    Instance.state.in_(st.INSTANCE_BILLED))))
+                                                    Instance.state.in_(st.INSTANCE_KEPT))))
     rows = [r for r in billed if r.state in st.INSTANCE_LIVE]
     stopping = [r for r in billed if r.state == InstanceState.STOPPING]
     # Every agent an allocation holds is busy, each part of a gang across instances included.
@@ -195,18 +198,20 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
             if agent.id not in running:
                 interrupted_idle.append(row.launch_id)
             continue
-        connected = agent is not None and agent.state == st.AgentState.CONNECTED
+        # Started from the warm pool: as if launched then, until its agent registers again.
+        restarted = warm.resumed(row)
+        connected = agent is not None and agent.state == st.AgentState.CONNECTED and not restarted
         views.append(InstanceView(
             id=row.launch_id,
             state=InstanceState(row.state),
-            launched_at=row.launched_at or row.requested_at,
+            launched_at=(row.resumed_at if restarted else None) or row.launched_at or row.requested_at,
             agent_connected=connected,
-            agent_first_connected_at=agent.registered_at if agent else None,
+            agent_first_connected_at=agent.registered_at if agent and not restarted else None,
             agent_disconnected_since=None if connected or agent is None else agent.disconnected_at,
             busy_slots=busy.get(agent.id, 0) if agent else 0,
             idle_since=(agent.idle_since or now) if connected and agent.id not in running else None,
             slots=types.slots_of(limits.options, row.instance_type), instance_type=row.instance_type or "",
-            accepts_work=agent is None or agent.enabled,
+            accepts_work=agent is None or agent.enabled, spot=row.capacity == types.SPOT,
         ))
     # Instances being stopped, and orphans, bill until the cloud says they are gone: they leave
     # no room under max_instances (never capacity).
@@ -214,11 +219,13 @@ def read_snapshot(s: Session, pool: str, orphans: list[CloudInstance], limits: P
               for r in stopping]
     views += [InstanceView(id=f"orphan:{ci.id}", state=InstanceState.STOPPING, launched_at=ci.launched_at)
               for ci in orphans]
+    views += [warm.parked_view(r) for r in billed if r.state in st.INSTANCE_PARKED]
     return Snapshot(demand=demand, shapes=shapes, placeable=len(placed), capped=len(dry.capped), arrivals=arrivals,
                     views=views, live=len(rows),
                     stopping=[(r.instance_id, r.terminate_requested_at, r.terminate_reason) for r in stopping],
                     links=links, orphans=orphans, interrupted_idle=interrupted_idle,
-                    boot_times=boot_times(s, pool) if hysteresis else ())
+                    boot_times=boot_times(s, pool) if hysteresis else (),
+                    start_times=warm.start_times(s, pool) if hysteresis else ())
 
 
 def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, decision: ScaleDecision,
@@ -252,6 +259,7 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
         if row is not None and row.agent_id is None:
             row.agent_id = agent_id
     terminated = _apply_terminations(s, master, pool, decision, reasons, now)
+    parked, started = warm.apply(s, decision, reasons, now, claim_idle)
     for launch_id in snap.interrupted_idle:
         row = s.get(Instance, launch_id)
         if row is not None and row.state in st.INSTANCE_LIVE and row.instance_id and claim_idle(s, row) is None:
@@ -269,8 +277,8 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
                      allowance=allowance, launches=decision.launches if launch == decision.launch else (),
                      usd_per_hour=decision.usd_per_hour if launch == decision.launch else None)
     # The history every API worker reads: this decision, or the steady run it extends.
-    scaling_history.record_decision(s, pool, now, scaling_history.retention_of(master.config), launches=planned,
-                                    terminated=terminated, reasons=reasons)
+    scaling_history.record_decision(s, pool, now, scaling_history.retention_of(master.config),
+                                    launches=[*planned, *started], terminated=[*terminated, *parked], reasons=reasons)
     return launch_ids
 
 
@@ -282,7 +290,7 @@ def _apply_terminations(s: Session, master: Master, pool: str, decision: ScaleDe
     planned = [(t, s.get(Instance, t.id)) for t in decision.terminate]
     # Agent rows are locked in agent id order, as placement takes them: no cycle of waits.
     for t, row in sorted(planned, key=lambda p: ((p[1].agent_id or "") if p[1] else "", p[0].id)):
-        if row is None or row.state not in st.INSTANCE_LIVE:
+        if row is None or row.state not in st.INSTANCE_LIVE | st.INSTANCE_PARKED:
             continue  # an orphan (its terminate is sent by send_terminations), or ended meanwhile
         if t.presumes_idle:
             refused = claim_idle(s, row)

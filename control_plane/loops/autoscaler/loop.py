@@ -14,7 +14,7 @@ from control_plane.core import states as st
 from control_plane.core.states import PoolState
 from control_plane.db.engine import transaction
 from control_plane.db.models import ResourcePool
-from control_plane.loops.autoscaler import act, consolidate, decision, reconcile
+from control_plane.loops.autoscaler import act, consolidate, decision, reconcile, warm
 from control_plane.loops.autoscaler.act import UserDataRenderer
 from control_plane.loops.autoscaler.memory import PoolMemory
 from control_plane.loops.autoscaler.reconcile import LIST_ERROR
@@ -105,10 +105,11 @@ class Autoscaler:
             orphans = reconcile.reconcile(s, self.master, name, memory, cloud, lookups, now)
         decided, launch_ids = decision.decide_and_apply(self.master, name, memory, orphans, now)
         launch_ids += consolidate.run(self.master, name, memory, now)  # replacements
+        warm.send(self.master, name, memory, cloud, now)  # a start refused for good begins a termination
         act.send_terminations(self.master, name, memory, orphans, now)
         if launch_ids:
             act.launch(self.master, name, memory, launch_ids, self.render_user_data)
-        if decided.launch or decided.terminate:
+        if decided.launch or decided.terminate or decided.start or decided.park:
             self.master.notify()
 
     def default_user_data(self, pool: str, launch_id: str, token: str, pp: PoolProvider) -> str:

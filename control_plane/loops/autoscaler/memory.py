@@ -32,6 +32,9 @@ class PoolMemory:
     # instance id -> terminate attempts, for rows in `stopping` and orphans
     terminations: dict[str, Attempts] = field(default_factory=dict)
     last_launch_failure_at: datetime | None = None
+    # instance id -> stop calls for rows `parking` / start calls for rows started from the warm pool
+    parking: dict[str, Attempts] = field(default_factory=dict)
+    starting: dict[str, Attempts] = field(default_factory=dict)
 
     def list_miss_grace(self) -> timedelta:
         assert self.provider is not None

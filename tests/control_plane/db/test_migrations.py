@@ -15,7 +15,7 @@ from control_plane.db.models import Base
 def test_migrations_create_exactly_the_models(db_url: str) -> None:
     engine = make_engine(db_url)
     upgrade(engine)
-    assert current_revision(engine) == "0022"
+    assert current_revision(engine) == "0023"
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": False}), Base.metadata)
     assert diff == [], diff
@@ -36,4 +36,4 @@ def test_det_master_db_upgrade_command(db_url: str, tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "control_plane", "--db", db_url, "--state-dir", str(tmp_path),
                           "db", "upgrade"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "0022"
+    assert out.stdout.strip() == "0023"
