@@ -341,20 +341,22 @@ class Instance:
         self.billed_before, self.parked_s = self.billed_s(now), self.disk_s(now)
         self.parked_at, self.bill_from, self.boot_s = None, now, boot_s
 
-    def view(self) -> InstanceView:
+    def view(self, now: float) -> InstanceView:
         connected = self.connected_at is not None
         state = "stopping" if self.leave_at is not None else "running" if connected else "starting"
-        if self.parked_at is not None:
-            return InstanceView(id=self.id, state=InstanceState.PARKED, launched_at=at(self.launched_at),
-                                slots=self.kind.slots, instance_type=self.kind.instance_type,
-                                parked_at=at(self.parked_at))
+        if self.parked_at is not None:  # parking (powering off, billed) for PARK_S, then parked
+            parking = now < self.parked_at + PARK_S
+            return InstanceView(id=self.id, state=InstanceState.PARKING if parking else InstanceState.PARKED,
+                                launched_at=at(self.launched_at), slots=self.kind.slots,
+                                instance_type=self.kind.instance_type, parked_at=at(self.parked_at),
+                                spot=self.kind.spot)
         return InstanceView(
             id=self.id, state=state,  # type: ignore[arg-type]
             launched_at=at(self.bill_from), agent_connected=connected and self.leave_at is None,
             agent_first_connected_at=at(self.connected_at) if connected else None,
             busy_slots=self.kind.slots - self.free(),
             idle_since=at(self.idle_since) if self.idle_since is not None and not self.running else None,
-            slots=self.kind.slots, instance_type=self.kind.instance_type,
+            slots=self.kind.slots, instance_type=self.kind.instance_type, spot=self.kind.spot,
         )
 
 
@@ -545,7 +547,7 @@ class Sim:
         demand = [PendingDemand(s, c) for s, c in Counter(q.trial.slots for q in self.queue).items()]
         limits = (replace(run.limits, boot_times=tuple(self.boots), start_times=tuple(self.starts))
                   if run.measured and self.boots else run.limits)
-        views = [i.view() for i in self.instances.values()]
+        views = [i.view(self.now) for i in self.instances.values()]
         decision = run.policy(demand, views, limits, at(self.now), arrivals if run.measured else ())
         for term in decision.terminate:
             inst = self.instances[term.id]
@@ -710,7 +712,8 @@ def one_type_runs(k: Kind, max_instances: int, *, bursty: bool = False) -> list[
             Run(f"ours, 4 A2 sizes, warm pool {WARM_POOL}, {dflt}m idle", decide, warm(family_limits(dflt)), k, True,
                 DEFAULT_BUDGET),
             Run("  same, 2m idle", decide, warm(family_limits(2)), k, True, DEFAULT_BUDGET),
-            Run("  same, 1m idle", decide, warm(family_limits(1)), k, True, DEFAULT_BUDGET)]
+            Run("  same, 1m idle", decide, warm(family_limits(1)), k, True, DEFAULT_BUDGET),
+            Run("  same, 2m idle, warm pool 8", decide, warm(family_limits(2), 8), k, True, DEFAULT_BUDGET)]
     if bursty:
         runs.insert(4, Run("ours, 10m idle, idle policy", decide, limits(10), k, measured=True))
     return runs

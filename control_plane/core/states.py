@@ -279,14 +279,17 @@ INSTANCE_TRANSITIONS: Mapping[InstanceState, frozenset[InstanceState]] = Mapping
     # A parked instance is started again (→ starting, as a launch), or terminated; never running
     # by the cloud's say alone (a start is the master's decision).
     _I.PARKING: frozenset({_I.PARKED, _I.STOPPING, _I.TERMINATED}),
-    _I.PARKED: frozenset({_I.STARTING, _I.STOPPING, _I.TERMINATED}),
+    # Parked → parking: the cloud reports it running although the master did not start it: it is
+    # stopped again.
+    _I.PARKED: frozenset({_I.STARTING, _I.STOPPING, _I.TERMINATED, _I.PARKING}),
 })
 # Instances that count toward the pool's size.
 INSTANCE_LIVE = frozenset({_I.REQUESTED, _I.STARTING, _I.RUNNING})
-# Instances that may bill: the live ones and those being stopped, until the cloud says they are gone.
-# These count toward max_instances.
-INSTANCE_BILLED = INSTANCE_LIVE | {_I.STOPPING}
-# The warm pool: powered off (or being powered off), their disks billing; outside max_instances.
+# Instances that may bill compute: the live ones, those being terminated until the cloud says they
+# are gone, and those being parked until it says they are stopped. These count toward max_instances.
+INSTANCE_BILLED = INSTANCE_LIVE | {_I.STOPPING, _I.PARKING}
+# The warm pool: powered off (or being powered off), their disks billing; a parked one is outside
+# max_instances.
 INSTANCE_PARKED = frozenset({_I.PARKING, _I.PARKED})
 # Every instance the master accounts for until the cloud says it is gone.
 INSTANCE_KEPT = INSTANCE_BILLED | INSTANCE_PARKED

@@ -437,7 +437,7 @@ def _pool_view(s: Session, master: Master, row: ResourcePool, now: datetime, que
     for i in s.scalars(select(Instance).where(Instance.pool == row.name, Instance.state != st.InstanceState.TERMINATED)
                        .order_by(Instance.requested_at)):
         # A parked instance (the warm pool) bills its disks only, not its type's hourly price.
-        price = None if i.state in st.INSTANCE_PARKED else clouds.on_demand_usd_per_hour(i.instance_type)
+        price = None if i.state == st.InstanceState.PARKED else clouds.on_demand_usd_per_hour(i.instance_type)
         if price is not None and spot:
             price = round(price * SPOT_DISCOUNT, 4)
         instances.append(InstanceRow(

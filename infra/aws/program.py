@@ -72,7 +72,8 @@ def master_policy(s: AwsSettings, *, vpc_id: str, agent_role_arn: str, secret_ar
          "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances",
                                         f"aws:RequestTag/{DEPLOY_TAG}": s.cluster_id}}},
         {"Sid": "ManageOnlyTaggedInstances", "Effect": "Allow",
-         "Action": ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:ModifyInstanceAttribute"],
+         "Action": ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:StartInstances",
+                    "ec2:ModifyInstanceAttribute"],
          "Resource": f"{ec2}:instance/*", "Condition": tagged_resource},
         # Describe* has no resource-level permissions in EC2: it is allowed (read-only) account-wide.
         {"Sid": "Describe", "Effect": "Allow",

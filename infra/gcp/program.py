@@ -46,7 +46,8 @@ FILESTORE_API = "file.googleapis.com"
 MASTER_PERMISSIONS = (
     "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
     "compute.instances.setLabels", "compute.instances.setMetadata", "compute.instances.setServiceAccount",
-    "compute.instances.setTags", "compute.instances.setDiskAutoDelete", "compute.disks.create",
+    "compute.instances.setTags", "compute.instances.setDiskAutoDelete", "compute.instances.stop",
+    "compute.instances.start", "compute.disks.create",
     "compute.subnetworks.use", "compute.subnetworks.useExternalIp", "compute.images.useReadOnly",
     "compute.zoneOperations.get", "compute.zones.get", "compute.machineTypes.get",
 )

@@ -88,6 +88,9 @@ from shipyard_common.clouds import gcp_region
 
 log = logging.getLogger("shipyard.provisioners.gcp")
 
+# How long a start waits for its operation: long enough for GCE to report no capacity in the zone
+# (seconds), short enough not to hold the autoscaler's tick; a start still running then is not an error.
+START_WAIT_S = 10.0
 # Powered-off statuses: the VM is not running and its disks bill (what keep_stopped_disks is about).
 POWERED_OFF = frozenset({"TERMINATED", "STOPPED", "SUSPENDED"})
 
@@ -583,23 +586,26 @@ class GcpProvider(GceReader):
     def stop(self, ids: Sequence[str]) -> None:
         """Park instances: instances.stop powers a VM off (TERMINATED) keeping its disks
         (provisioners.base.Parker). Ones already stopping, powered off or suspended, gone or not
-        ours are skipped. Waits for the operations up to the call timeout (one deadline for the
-        call): an operation's error is raised; one still running then is not (list() shows STOPPING)."""
+        ours are skipped. Does not wait for the operations (list() shows STOPPING, then TERMINATED);
+        a refused request is raised."""
         self._park("stop", ids)
 
     def start(self, ids: Sequence[str]) -> None:
         """Start parked instances again: instances.start (instances.resume for a SUSPENDED one;
         provisioners.base.Parker). Ones provisioning, staging or running are skipped. Waits for the
-        operations up to the call timeout, since GCE reports no capacity for a start (the
+        operations up to START_WAIT_S, since GCE reports no capacity for a start (the
         ZONE_RESOURCE_POOL_EXHAUSTED family) in its operation: CAPACITY at the instance's zone, as
         for a launch. One still stopping raises UNKNOWN (INSTANCE_STILL_STOPPING, or GCE's
         resourceNotReady), a gone one INVALID with INSTANCE_NOT_FOUND."""
         self._park("start", ids)
 
     def _park(self, action: str, ids: Sequence[str]) -> None:
-        """Request `action` for every instance, then wait for the operations under one deadline;
-        every instance is tried, the first error is raised."""
-        deadline = time.monotonic() + self._timeout
+        """Request `action` for every instance, then wait for the operations under one deadline: none
+        for a stop (a GPU VM takes a minute or more to power off; list() shows it STOPPING, then
+        TERMINATED, and the autoscaler's tick must not wait for it), START_WAIT_S for a start (GCE
+        reports no capacity in the operation, within seconds). Every instance is tried, the first
+        error is raised."""
+        deadline = time.monotonic() + (min(self._timeout, START_WAIT_S) if action == "start" else 0.0)
         call_id = uuid.uuid4()  # one requestId per instance of this call: its retries are deduplicated
         accepted: list[tuple[str, str, compute_v1.Operation]] = []
         first_error: ProviderError | None = None

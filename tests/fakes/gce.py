@@ -150,6 +150,9 @@ class _InstanceState:
     resource: dict[str, Any]
     reads: int = 0
     deleting: bool = False
+    # A stop or start in progress: GCE finishes it on its own (within seconds to a minute), whether
+    # or not anyone waits on the operation; here it is done by the next read of the instance.
+    powering: _Operation | None = None
 
 
 @dataclass
@@ -477,6 +480,9 @@ class GceFake:
     def _read_instance(self, st: _InstanceState) -> dict[str, Any] | None:
         """One read of an instance, applying the state transitions reads drive."""
         st.reads += 1
+        if st.powering is not None and not self.hold_operations:
+            self._finish(st.powering)  # done by the time anyone looks again
+            st.powering = None
         view = copy.deepcopy(st.resource)
         if st.deleting:
             if st.reads > 1:
@@ -622,6 +628,7 @@ class GceFake:
             state.resource["status"] = final
 
         op.on_done = done
+        st.powering = op
         return self._op_view(op)
 
     def _remove_instance(self, st: _InstanceState) -> None:

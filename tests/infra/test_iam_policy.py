@@ -103,7 +103,7 @@ def authorizations(op: str, params: dict[str, Any], ec2: Any, vpc_arn: str) -> l
         if params.get("IamInstanceProfile"):
             checks.append(("iam:PassRole", AGENT_ROLE, {"iam:PassedToService": "ec2.amazonaws.com"}))
         return checks
-    if op in ("TerminateInstances", "StopInstances", "ModifyInstanceAttribute"):
+    if op in ("TerminateInstances", "StopInstances", "StartInstances", "ModifyInstanceAttribute"):
         ids = params["InstanceIds"] if "InstanceIds" in params else [params["InstanceId"]]
         out = []
         for i in ids:
@@ -187,7 +187,7 @@ def test_untagged_or_foreign_instances_and_untagged_spot_requests_are_refused(cl
         TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": DEPLOY_TAG, "Value": "other"}]}],
     )["Instances"]]
     for instance in (untagged, foreign):
-        for op in ("TerminateInstances", "StopInstances"):
+        for op in ("TerminateInstances", "StopInstances", "StartInstances"):
             [(action, resource, context)] = authorizations(op, {"InstanceIds": [instance]}, ec2, vpc_arn)
             assert not allowed(policy, action, resource, context), (op, instance)
         [(action, resource, context)] = authorizations("ModifyInstanceAttribute", {"InstanceId": instance}, ec2,
@@ -210,3 +210,22 @@ def test_untagged_or_foreign_instances_and_untagged_spot_requests_are_refused(cl
     other_vpc = "arn:aws:ec2:us-east-1:123456789012:vpc/vpc-other"
     assert not allowed(policy, "ec2:RunInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:subnet/subnet-x",
                        {"ec2:Vpc": other_vpc})
+
+
+def test_every_call_of_a_warm_pool_is_allowed_for_the_clusters_instances(cluster: dict[str, Any]) -> None:
+    """An on-demand pool with a warm pool stops (parks) and starts its instances again."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+    section = next(p for p in cluster["config"]["resource_pools"] if p["name"] == "compute")["provider"]
+    own = {k: v for k, v in section.items() if k not in COMMON_KEYS}
+    cfg = AwsPoolConfig.from_dict({**own, "spot": False})
+    provider = AwsProvider(cfg, cluster_id="master-1", pool="compute", master_url="http://10.0.0.10:8080",
+                           session=_recording_session(calls), max_attempts=2, call_timeout_s=10)
+    [inst] = provider.launch([LaunchSpec(launch_id="l-1", user_data="#cloud-config\n")]).launched
+    provider.stop([inst.id])
+    cluster["ec2"].get_waiter("instance_stopped").wait(InstanceIds=[inst.id], WaiterConfig={"Delay": 1})
+    provider.start([inst.id])
+    ops = [op for op, _ in calls]
+    assert "StopInstances" in ops and "StartInstances" in ops
+    for op, params in calls:
+        for action, resource, context in authorizations(op, params, cluster["ec2"], cluster["vpc_arn"]):
+            assert allowed(cluster["policy"], action, resource, context), (op, action, resource, context)

@@ -222,7 +222,7 @@ def test_gcp_stop_keeps_the_disks_and_start_runs_the_vm_again(fake: GceFake) -> 
 
     [stop] = fake.calls_to("stop")
     assert stop.zone == vm.location == ZONE_A and stop.params.get("requestId")
-    assert fake.instance(vm.id)["status"] == "TERMINATED"
+    assert fake.instance(vm.id)["status"] == "STOPPING"  # not waited for: the autoscaler's tick goes on
     assert _state(prov, vm.id) is CloudState.STOPPED
     assert fake.disks == disks and fake.deleted_disks == []
 
@@ -342,5 +342,6 @@ def test_gcp_stop_refused_is_raised_and_other_vms_are_still_stopped(fake: GceFak
 
     assert info.value.kind is ErrorKind.INVALID and refused.id in str(info.value)
     assert fake.instance(refused.id)["status"] == "RUNNING"
-    assert fake.instance(other.id)["status"] == "TERMINATED"
+    assert fake.instance(other.id)["status"] == "STOPPING"
+    assert _state(prov, other.id) is CloudState.STOPPED
     assert len(fake.calls_to("stop")) == 2

@@ -15,17 +15,17 @@ and PostgreSQL. A pool with `warm_pool_size: 1`:
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from sqlalchemy import select
 
 from control_plane import auth
 from control_plane.core.states import InstanceState
 from control_plane.db.engine import transaction
-from control_plane.db.models import Agent, Instance
+from control_plane.db.models import Instance
 from control_plane.loops import placement
 from control_plane.loops.autoscaler import Autoscaler, warm
 from control_plane.master import Master
@@ -73,14 +73,6 @@ def bootstrap_token(user_data: str) -> str:
     return str(files["/etc/shipyard/agent-token"]).strip()
 
 
-def powered_off(master: Master, agent_id: str) -> None:
-    """The agent stopped heartbeating when its instance powered off: the master marks it disconnected."""
-    with transaction(master.sessions) as s:
-        row = s.get(Agent, agent_id)
-        assert row is not None
-        row.state, row.disconnected_at = "disconnected", master.clock()
-
-
 def row_of(master: Master, launch_id: str) -> Instance:
     return next(r for r in rows(master) if r.launch_id == launch_id)
 
@@ -110,11 +102,12 @@ def park_and_start(master: Master, scaler: Autoscaler, clock: FakeClock, cloud_s
     assert decision["terminate"] == []
     history = pool_api(master)["scalingHistory"]
     assert [x["cause"] for e in history for x in e["terminations"]] == [warm.CAUSE_PARK]
-    powered_off(master, iid)
+    assert agent(master, iid).state == "connected"  # its heartbeats have not timed out yet
     clock.advance(seconds=10)
     scaler.tick()
     assert row_of(master, row.launch_id).state == InstanceState.PARKED
     assert cloud_state(iid) == "stopped"
+    assert agent(master, iid).state == "disconnected"  # powered off: no work may be placed there
     clock.advance(minutes=10)
     scaler.tick()  # parked, and no work: nothing happens, the instance stays stopped
     assert row_of(master, row.launch_id).state == InstanceState.PARKED and launches() == 1
@@ -198,7 +191,6 @@ def parked_instance(master: Master, scaler: Autoscaler, clock: FakeClock, user_d
     """An instance launched for a task, its agent enrolled, idle, then parked."""
     row = idle_past_its_period(master, scaler, clock, user_data, alloc)
     assert row.instance_id is not None
-    powered_off(master, row.instance_id)
     clock.advance(seconds=10)
     scaler.tick()
     row = row_of(master, row.launch_id)
@@ -274,9 +266,6 @@ def test_parked_rows_stay_accounted_for(masters: Callable[..., Master], gce: Gce
     clock.advance(seconds=10)
     scaler.tick()
     assert row_of(master, row.launch_id).state == InstanceState.PARKED
-    with master.sessions() as s:
-        kept = s.scalar(select(Instance.state).where(Instance.launch_id == row.launch_id))
-    assert kept == InstanceState.PARKED
     gce._remove_instance(gce._find(row.instance_id))  # deleted outside the master
     clock.advance(seconds=10)
     scaler.tick()
@@ -297,3 +286,40 @@ def test_aws_a_stop_refused_for_good_terminates_the_instance_instead(
     assert ended.state == InstanceState.STOPPING
     assert ended.terminate_reason and ended.terminate_reason.startswith("stop for the warm pool refused: invalid")
     assert moto_state(moto, row.instance_id) in ("shutting-down", "terminated")
+
+
+def test_aws_a_stop_that_does_not_take_effect_terminates_the_instance_after_ten_minutes(
+        masters: Callable[..., Master], ec2_faults: Any, aws_session: boto3.Session,  # noqa: F811
+        moto_image: str) -> None:  # noqa: F811
+    """The master's role may not stop instances (UnauthorizedOperation): the instance must not stay
+    running, billed and disabled, as `parking` until warm_pool_max_age."""
+    clock, master, scaler, upstream, moto = aws_warm_pool(masters, ec2_faults, aws_session, moto_image)
+    ec2_faults.inject("StopInstances", "UnauthorizedOperation", times=None)
+    row = idle_past_its_period(master, scaler, clock, MotoCloud(upstream).user_data)
+    assert row.instance_id is not None
+    for _ in range(6):
+        clock.advance(minutes=2)
+        scaler.tick()
+        if row_of(master, row.launch_id).state != InstanceState.PARKING:
+            break
+    ended = row_of(master, row.launch_id)
+    assert ended.state == InstanceState.STOPPING and clock() - (ended.parked_at or clock()) > timedelta(minutes=10)
+    assert ended.terminate_reason and ended.terminate_reason.startswith("stop for the warm pool not done 10m")
+    assert "UnauthorizedOperation" in ended.terminate_reason
+    assert moto_state(moto, row.instance_id) in ("shutting-down", "terminated")
+
+
+def test_aws_a_parked_instance_started_behind_the_masters_back_is_stopped_again(
+        masters: Callable[..., Master], ec2_faults: Any, aws_session: boto3.Session,  # noqa: F811
+        moto_image: str) -> None:  # noqa: F811
+    clock, master, scaler, upstream, moto = aws_warm_pool(masters, ec2_faults, aws_session, moto_image)
+    row = parked_instance(master, scaler, clock, MotoCloud(upstream).user_data)
+    assert row.instance_id is not None
+    moto.start_instances(InstanceIds=[row.instance_id])  # by hand, in the console
+    clock.advance(seconds=10)
+    scaler.tick()
+    assert row_of(master, row.launch_id).state == InstanceState.PARKING
+    assert len(ec2_faults.calls("StopInstances")) == 2 and moto_state(moto, row.instance_id) in ("stopping", "stopped")
+    clock.advance(seconds=10)
+    scaler.tick()
+    assert row_of(master, row.launch_id).state == InstanceState.PARKED

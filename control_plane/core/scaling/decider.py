@@ -419,8 +419,10 @@ def _launch_for_demand(draft: Draft, shapes: _Shapes, limits: PoolLimits) -> Non
     idle_free = [_free(i, capacity) for i in census.idle if i.accepts_work]
     booting_free = [_free(i, capacity) for i in census.booting if i.accepts_work]
     packing = _pack(shapes, capacity, (idle_free, booting_free), new=not limits.options)
-    # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone.
-    draft.stopping = stopping = len(census.stopping) + len(draft.terminations)
+    # Those terminated by this decision (broken, shed) are stopping from now on and bill until gone;
+    # so do those being parked until the cloud says they are stopped.
+    parking = sum(1 for i in census.parked if i.state == InstanceState.PARKING)
+    draft.stopping = stopping = len(census.stopping) + len(draft.terminations) + parking
     room = max(0, limits.max_instances - live - stopping)
     usable = _usable(limits, packing)
     new_bins = _new_instances(shapes, packing, usable, room) if limits.options else []

@@ -258,8 +258,9 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
         row = s.get(Instance, launch_id)
         if row is not None and row.agent_id is None:
             row.agent_id = agent_id
-    terminated = _apply_terminations(s, master, pool, decision, reasons, now)
-    parked, started = warm.apply(s, decision, reasons, now, claim_idle)
+    claims = _claim_idle_instances(s, decision)
+    terminated = _apply_terminations(s, master, pool, decision, reasons, now, claims)
+    parked, started = warm.apply(s, decision, reasons, now, claims)
     for launch_id in snap.interrupted_idle:
         row = s.get(Instance, launch_id)
         if row is not None and row.state in st.INSTANCE_LIVE and row.instance_id and claim_idle(s, row) is None:
@@ -282,18 +283,27 @@ def apply_decision(s: Session, master: Master, pool: str, memory: PoolMemory, de
     return launch_ids
 
 
+def _claim_idle_instances(s: Session, decision: ScaleDecision) -> dict[str, str | None]:
+    """`claim_idle` for every instance the decision presumes idle (an idle termination, a park) that
+    is still live, in agent id order, as placement takes the agents' rows: no cycle of waits. Launch
+    id -> why the claim was refused, or None when the instance is claimed."""
+    ids = {t.id for t in decision.terminate if t.presumes_idle} | {p.id for p in decision.park}
+    rows = [r for r in (s.get(Instance, i) for i in ids) if r is not None and r.state in st.INSTANCE_LIVE]
+    return {r.launch_id: claim_idle(s, r) for r in sorted(rows, key=lambda r: (r.agent_id or "", r.launch_id))}
+
+
 def _apply_terminations(s: Session, master: Master, pool: str, decision: ScaleDecision, reasons: list[str],
-                        now: datetime) -> list[dict[str, str]]:
-    """Begin the decided terminations of rows still live; one presuming the instance idle only if
-    `claim_idle` agrees (else why not is added to `reasons`). The terminations applied."""
+                        now: datetime, claims: dict[str, str | None]) -> list[dict[str, str]]:
+    """Begin the decided terminations of rows still live (or parked); one presuming the instance idle
+    only if its claim (`_claim_idle_instances`) went through (else why not is added to `reasons`).
+    The terminations applied."""
     terminated: list[dict[str, str]] = []
-    planned = [(t, s.get(Instance, t.id)) for t in decision.terminate]
-    # Agent rows are locked in agent id order, as placement takes them: no cycle of waits.
-    for t, row in sorted(planned, key=lambda p: ((p[1].agent_id or "") if p[1] else "", p[0].id)):
+    for t in decision.terminate:
+        row = s.get(Instance, t.id)
         if row is None or row.state not in st.INSTANCE_LIVE | st.INSTANCE_PARKED:
             continue  # an orphan (its terminate is sent by send_terminations), or ended meanwhile
         if t.presumes_idle:
-            refused = claim_idle(s, row)
+            refused = claims.get(t.id, "it is no longer live")
             if refused:
                 reasons.append(f"not terminating {t.id}: {refused}")
                 log.info("event=idle_termination_refused pool=%s launch_id=%s instance_id=%s decided=%r why=%r",

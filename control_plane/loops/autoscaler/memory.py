@@ -13,11 +13,12 @@ from provisioners.factory import PoolProvider
 
 @dataclass
 class Attempts:
-    """Terminate calls sent for one instance by this process."""
+    """Terminate (or warm pool stop / start) calls sent for one instance by this process."""
 
     count: int = 0
     last_at: datetime | None = None
     last_error: str | None = None
+    first_at: datetime | None = None
 
 
 @dataclass

@@ -151,7 +151,9 @@ def observe(s: Session, row: Instance, ci: CloudInstance, now: datetime) -> None
     row.instance_type = ci.instance_type or row.instance_type
     row.private_ip = ci.private_ip
     row.launched_at = row.launched_at or ci.launched_at
-    if warm.observe(row, ci, now):
+    if ci.spot and not row.capacity:
+        row.capacity = "spot"  # adopted after a crash: never parked as if on demand
+    if warm.observe(s, row, ci, now):
         return  # the warm pool's own states (warm.py)
     target = _RECORD_OF.get(ci.state)
     if target is not None:

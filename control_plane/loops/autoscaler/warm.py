@@ -32,7 +32,7 @@ from control_plane.core.scaling import InstanceView, ScaleDecision
 from control_plane.core.scaling import reconcile as rec
 from control_plane.core.states import InstanceState
 from control_plane.db.engine import transaction
-from control_plane.db.models import Instance
+from control_plane.db.models import Agent, Instance
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, instance_move
 from control_plane.master import Master
@@ -68,17 +68,17 @@ def resumed(row: Instance) -> bool:
 
 
 def apply(s: Session, decision: ScaleDecision, reasons: list[str], now: datetime,
-          claim: object) -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
-    """Write the decided parks (each only if `claim(s, row)` agrees the instance is still idle) and
-    starts. As the history records them: the parks as instances leaving service (cause "park"), the
-    starts as instances coming (their type, capacity "warm pool")."""
+          claims: dict[str, str | None]) -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
+    """Write the decided parks (each only if its instance was claimed idle: `claims`, launch id ->
+    why not, or None) and starts. As the history records them: the parks as instances leaving
+    service (cause "park"), the starts as instances coming (their type, capacity "warm pool")."""
     done: list[dict[str, str]] = []
     started: list[tuple[str, str]] = []
     for action in sorted(decision.park, key=lambda a: a.id):
         row = s.get(Instance, action.id)
         if row is None or row.state != InstanceState.RUNNING or not row.instance_id:
             continue
-        refused = claim(s, row)  # type: ignore[operator]
+        refused = claims.get(action.id, "it is no longer live")
         if refused:
             reasons.append(f"not parking {action.id}: {refused}")
             continue
@@ -97,37 +97,49 @@ def apply(s: Session, decision: ScaleDecision, reasons: list[str], now: datetime
         if agent is not None:
             agent.enabled = True  # disabled when it was parked (claim_idle)
             agent.idle_since = now
+            _disconnected(agent, now)  # nothing lands on it before it registers again
         log.info("event=start_decided pool=%s launch_id=%s instance_id=%s", row.pool, row.launch_id, row.instance_id)
         started.append((row.instance_type or "", WARM_CAPACITY))
     return done, started
 
 
-def observe(row: Instance, ci: CloudInstance, now: datetime) -> bool:
+def _disconnected(agent: Agent, now: datetime) -> None:
+    """A powered-off instance's agent is gone, whether or not its heartbeats have timed out yet."""
+    if agent.state == st.AgentState.CONNECTED:
+        agent.state = st.AgentState.DISCONNECTED
+        agent.disconnected_at = now
+
+
+def observe(s: Session, row: Instance, ci: CloudInstance, now: datetime) -> bool:
     """The warm pool's rules for a listed instance; whether they applied (else the usual ones do).
-    Parking: parked once the cloud reports it stopped, and kept parking while it is stopping or still
-    running (the stop is sent again). Parked: stays parked while stopped; started by someone else,
-    it is starting as if the master had started it. Started by the master and still stopped or
-    stopping at the cloud: stays starting (the start is sent again)."""
+    Parking: parked once the cloud reports it stopped (its agent is gone then), and kept parking while
+    it is stopping or still running (the stop is sent again). Parked: stays parked while stopped;
+    reported running (started by someone else, or a lagging list), it is parking again: the master
+    starts a parked instance only for work, and stops it otherwise. Started by the master and still
+    stopped or stopping at the cloud: stays starting (the start is sent again)."""
     if row.state == InstanceState.PARKING:
         if ci.state == CloudState.STOPPED:
             instance_move(row, InstanceState.PARKED)
+            agent = agent_of(s, row)
+            if agent is not None:
+                _disconnected(agent, now)
             return True
         return ci.state in (CloudState.STOPPING, CloudState.RUNNING, CloudState.PENDING)
     if row.state == InstanceState.PARKED:
         if ci.state in (CloudState.RUNNING, CloudState.PENDING):
-            log.warning("event=parked_instance_running pool=%s launch_id=%s instance_id=%s: started outside "
-                        "the master", row.pool, row.launch_id, row.instance_id)
-            instance_move(row, InstanceState.STARTING)
-            row.resumed_at = now
-            return False  # and it follows the cloud from now on
-        return ci.state in (CloudState.STOPPED, CloudState.STOPPING)
+            log.warning("event=parked_instance_running pool=%s launch_id=%s instance_id=%s: not started by the "
+                        "master, stopped again", row.pool, row.launch_id, row.instance_id)
+            instance_move(row, InstanceState.PARKING)
+        return ci.state in (CloudState.STOPPED, CloudState.STOPPING, CloudState.RUNNING, CloudState.PENDING)
     return resumed(row) and ci.state in (CloudState.STOPPED, CloudState.STOPPING)
 
 
 def send(master: Master, pool: str, memory: PoolMemory, cloud: list[CloudInstance], now: datetime) -> None:
     """The stop calls due for parking rows whose instance the cloud still reports running, and the
-    start calls due for started rows whose instance it still reports stopped; a start refused for
-    good (no capacity there, the instance gone) terminates the row."""
+    start calls due for started rows whose instance it still reports stopped. A start refused for
+    good (no capacity there, the instance gone, not allowed), a stop refused for good (it cannot be
+    stopped), and a stop that has not taken effect within TERMINATE_OVERDUE of the first call (the
+    instance running, billing, its agent disabled) terminate the row."""
     pp = memory.provider
     assert pp is not None
     calls = parker(pp.provider)
@@ -145,13 +157,18 @@ def send(master: Master, pool: str, memory: PoolMemory, cloud: list[CloudInstanc
         for iid in [i for i in attempts if i not in set(to_stop) | set(to_start)]:
             del attempts[iid]
     master.assert_leading()
+    overdue = {iid: f"stop for the warm pool not done {int(rec.TERMINATE_OVERDUE.total_seconds() // 60)}m after the first call"
+               + (f" (last error: {a.last_error})" if a.last_error else "")
+               for iid in to_stop if iid and (a := memory.parking.get(iid)) is not None
+               and a.first_at is not None and now - a.first_at > rec.TERMINATE_OVERDUE}
+    to_stop = [i for i in to_stop if i not in overdue]
     # One call per instance: a refusal names the one it is about.
-    refused = {iid: f"stop for the warm pool refused: {error}"
+    refused = overdue | {iid: f"stop for the warm pool refused: {error}"
                for iid in _due(memory.parking, [i for i in to_stop if i], now)
-               if (error := _call(pool, "stop", calls.stop, [iid])) is not None}
+               if (error := _call(pool, "stop", calls.stop, [iid], memory.parking[iid])) is not None}
     refused |= {iid: f"start from the warm pool failed: {error}"
                 for iid in _due(memory.starting, [i for i in to_start if i], now)
-                if (error := _call(pool, "start", calls.start, [iid])) is not None}
+                if (error := _call(pool, "start", calls.start, [iid], memory.starting[iid])) is not None}
     if refused:
         _terminate_refused(master, pool, refused, now)
 
@@ -175,14 +192,15 @@ def _due(attempts: dict[str, Attempts], ids: list[str], now: datetime) -> list[s
                                                now)]
     for iid in due:
         a = attempts.setdefault(iid, Attempts())
-        a.count, a.last_at = a.count + 1, now
+        a.count, a.last_at, a.first_at = a.count + 1, now, a.first_at or now
     return due
 
 
-def _call(pool: str, what: str, call: object, ids: list[str]) -> str | None:
+def _call(pool: str, what: str, call: object, ids: list[str], attempts: Attempts) -> str | None:
     """One stop or start call; the error when the cloud refused it for good (a stop: the instance
-    cannot be stopped, INVALID; a start: no capacity there, or the instance gone). Other failures are
-    logged, and the call comes again."""
+    cannot be stopped, INVALID; a start: no capacity there, the instance gone, or not allowed: a
+    launch may still be). Other failures are logged (and kept in `attempts`), and the call comes
+    again."""
     if not ids:
         return None
     log.info("event=%s_sent pool=%s instance_ids=%s", what, pool, ids)
@@ -192,6 +210,9 @@ def _call(pool: str, what: str, call: object, ids: list[str]) -> str | None:
         kind = e.kind if isinstance(e, ProviderError) else ErrorKind.UNKNOWN
         telemetry.cloud_error(pool, what, kind.value)
         log.warning("event=%s_failed pool=%s instance_ids=%s kind=%s error=%r", what, pool, ids, kind.value, str(e))
-        if kind is ErrorKind.INVALID or (what == "start" and kind is ErrorKind.CAPACITY):
+        attempts.last_error = str(e)
+        if kind is ErrorKind.INVALID or (what == "start" and kind in (ErrorKind.CAPACITY, ErrorKind.AUTH)):
             return str(e)
+        return None
+    attempts.last_error = None
     return None

@@ -141,3 +141,12 @@ def test_steady_mentions_the_parked_instances() -> None:
     d = decide([], [busy("b-1"), parked("p-1")], LIMITS, NOW)
     assert d.reasons == ("steady: 1 instance (1 busy, 0 idle, 0 starting, 0 disconnected, 1 parked in the warm "
                          "pool), no pending demand",)
+
+
+def test_an_instance_being_parked_still_bills_and_leaves_no_room_under_max_instances() -> None:
+    views = [parked("p-1", state=InstanceState.PARKING)]
+    d = decide([PendingDemand(8, 1)], views, replace(LIMITS, max_instances=1), NOW)
+    assert d.launch == 0 and d.start == ()
+    assert any("capped by max_instances 1 with 0 live and 1 stopping" in r for r in d.reasons), d.reasons
+    d = decide([PendingDemand(8, 1)], [parked("p-1")], replace(LIMITS, max_instances=1), NOW)
+    assert [a.id for a in d.start] == ["p-1"]  # once parked it bills no compute: it is started
