@@ -304,7 +304,7 @@ def test_aws_a_stop_that_does_not_take_effect_terminates_the_instance_after_ten_
             break
     ended = row_of(master, row.launch_id)
     assert ended.state == InstanceState.STOPPING and clock() - (ended.parked_at or clock()) > timedelta(minutes=10)
-    assert ended.terminate_reason and ended.terminate_reason.startswith("stop for the warm pool not done 10m")
+    assert ended.terminate_reason and ended.terminate_reason.startswith("stop for the warm pool not done 10m after the park")
     assert "UnauthorizedOperation" in ended.terminate_reason
     assert moto_state(moto, row.instance_id) in ("shutting-down", "terminated")
 
@@ -318,7 +318,8 @@ def test_aws_a_parked_instance_started_behind_the_masters_back_is_stopped_again(
     moto.start_instances(InstanceIds=[row.instance_id])  # by hand, in the console
     clock.advance(seconds=10)
     scaler.tick()
-    assert row_of(master, row.launch_id).state == InstanceState.PARKING
+    again = row_of(master, row.launch_id)
+    assert again.state == InstanceState.PARKING and again.parked_at == clock()  # it ran: parked anew
     assert len(ec2_faults.calls("StopInstances")) == 2 and moto_state(moto, row.instance_id) in ("stopping", "stopped")
     clock.advance(seconds=10)
     scaler.tick()

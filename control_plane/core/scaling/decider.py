@@ -316,9 +316,10 @@ def _tend_warm_pool(draft: Draft, limits: PoolLimits, now: datetime) -> None:
 
 def _start_parked(draft: Draft, limits: PoolLimits, launch: int) -> int:
     """Parked instances started again instead of launches, most recently parked first: any of them
-    for a launch in a pool of one type; in a pool of several, one of the planned type for each
-    on-demand launch of it (a spot launch costs less than the on-demand instance parked). The
-    launches left."""
+    for a launch in a pool of one type; in a pool of several, for each on-demand launch one of the
+    planned type, else the smallest of at most twice its slots (what it costs more an hour until
+    consolidation replaces it is bounded); never for a spot launch, cheaper than the on-demand
+    instance parked. The launches left."""
     ready = sorted((i for i in draft.census.parked if i.state == InstanceState.PARKED),
                    key=lambda i: (i.parked_at or datetime.min, i.id), reverse=True)
 
@@ -334,8 +335,10 @@ def _start_parked(draft: Draft, limits: PoolLimits, launch: int) -> int:
     plans = []
     for plan in draft.launches:
         count = plan.count
-        fits = sorted((i for i in ready if plan.option.slots <= (i.slots or 0) <= 2 * plan.option.slots and not plan.option.spot),
-                      key=lambda i: (i.instance_type != plan.option.instance_type, i.slots or 0))
+        want = plan.option.slots
+        fits = [] if plan.option.spot else sorted(
+            (i for i in ready if want <= (i.slots or 0) <= 2 * want),
+            key=lambda i: (i.instance_type != plan.option.instance_type, i.slots or 0))
         for inst in fits:
             if not count:
                 break

@@ -18,7 +18,6 @@ class Attempts:
     count: int = 0
     last_at: datetime | None = None
     last_error: str | None = None
-    first_at: datetime | None = None
 
 
 @dataclass

@@ -3,8 +3,8 @@ missed, what a lookup by id says). A listed instance whose launch id matches a r
 crash between launch and record heals without a duplicate launch); one with this cluster's tags and
 no live row is an orphan, returned to be terminated; a row whose instance vanished ends when the
 cloud says so by id or after the pool's `list_miss_grace` (control_plane/core/scaling/reconcile.py
-has the rules); an instance the cloud reports stopped, suspended or shutting down is terminated, unless the master parked it in the
-pool's warm pool (warm.py)."""
+has the rules); an instance the cloud reports stopped, suspended or shutting down is terminated,
+unless the master parked it in the pool's warm pool (warm.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from control_plane.core import states as st
 from control_plane.core.scaling import reconcile as rec
 from control_plane.core.states import InstanceState
 from control_plane.db.models import Instance, ResourcePool
-from control_plane.loops.autoscaler import warm
+from control_plane.loops.autoscaler import types, warm
 from control_plane.loops.autoscaler.memory import PoolMemory
 from control_plane.loops.autoscaler.records import begin_termination, close_row, instance_move
 from control_plane.master import Master
@@ -152,7 +152,7 @@ def observe(s: Session, row: Instance, ci: CloudInstance, now: datetime) -> None
     row.private_ip = ci.private_ip
     row.launched_at = row.launched_at or ci.launched_at
     if ci.spot and not row.capacity:
-        row.capacity = "spot"  # adopted after a crash: never parked as if on demand
+        row.capacity = types.SPOT  # adopted after a crash: never parked as if on demand
     if warm.observe(s, row, ci, now):
         return  # the warm pool's own states (warm.py)
     target = _RECORD_OF.get(ci.state)

@@ -21,6 +21,7 @@ a parked row follows what the cloud reports.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -33,6 +34,7 @@ from control_plane.core.scaling import reconcile as rec
 from control_plane.core.states import InstanceState
 from control_plane.db.engine import transaction
 from control_plane.db.models import Agent, Instance
+from control_plane.loops.autoscaler import types
 from control_plane.loops.autoscaler.memory import Attempts, PoolMemory
 from control_plane.loops.autoscaler.records import agent_of, begin_termination, instance_move
 from control_plane.master import Master
@@ -58,7 +60,7 @@ def start_times(s: Session, pool: str) -> tuple[timedelta, ...]:
 def parked_view(row: Instance) -> InstanceView:
     return InstanceView(id=row.launch_id, state=InstanceState(row.state),
                         launched_at=row.launched_at or row.requested_at, instance_type=row.instance_type or "",
-                        spot=row.capacity == "spot", parked_at=row.parked_at or row.launched_at or row.requested_at)
+                        spot=row.capacity == types.SPOT, parked_at=row.parked_at or row.launched_at or row.requested_at)
 
 
 def resumed(row: Instance) -> bool:
@@ -130,6 +132,7 @@ def observe(s: Session, row: Instance, ci: CloudInstance, now: datetime) -> bool
             log.warning("event=parked_instance_running pool=%s launch_id=%s instance_id=%s: not started by the "
                         "master, stopped again", row.pool, row.launch_id, row.instance_id)
             instance_move(row, InstanceState.PARKING)
+            row.parked_at = now  # it ran meanwhile: parked (and its stop timed) from now
         return ci.state in (CloudState.STOPPED, CloudState.STOPPING, CloudState.RUNNING, CloudState.PENDING)
     return resumed(row) and ci.state in (CloudState.STOPPED, CloudState.STOPPING)
 
@@ -150,17 +153,21 @@ def send(master: Master, pool: str, memory: PoolMemory, cloud: list[CloudInstanc
         rows = list(s.scalars(select(Instance).where(
             Instance.pool == pool, Instance.instance_id.is_not(None),
             Instance.state.in_((InstanceState.PARKING, InstanceState.STARTING, InstanceState.RUNNING)))))
-        to_stop = [r.instance_id for r in rows if r.state == InstanceState.PARKING
-                   and listed.get(r.instance_id or "") in (CloudState.RUNNING, CloudState.PENDING)]
+        stopping = [r for r in rows if r.state == InstanceState.PARKING
+                    and listed.get(r.instance_id or "") in (CloudState.RUNNING, CloudState.PENDING)]
+        # Still running TERMINATE_OVERDUE after the park was decided (the record's time, not this
+        # process's memory): the stop is not taking effect.
+        late = {r.instance_id for r in stopping if r.parked_at is not None and now - r.parked_at > rec.TERMINATE_OVERDUE}
+        to_stop = [r.instance_id for r in stopping]
         to_start = [r.instance_id for r in rows if resumed(r) and listed.get(r.instance_id or "") == CloudState.STOPPED]
     for attempts in (memory.parking, memory.starting):
         for iid in [i for i in attempts if i not in set(to_stop) | set(to_start)]:
             del attempts[iid]
     master.assert_leading()
-    overdue = {iid: f"stop for the warm pool not done {int(rec.TERMINATE_OVERDUE.total_seconds() // 60)}m after the first call"
-               + (f" (last error: {a.last_error})" if a.last_error else "")
-               for iid in to_stop if iid and (a := memory.parking.get(iid)) is not None
-               and a.first_at is not None and now - a.first_at > rec.TERMINATE_OVERDUE}
+    minutes = int(rec.TERMINATE_OVERDUE.total_seconds() // 60)
+    overdue = {iid: f"stop for the warm pool not done {minutes}m after the park"
+               + (f" (last error: {a.last_error})" if (a := memory.parking.get(iid)) and a.last_error else "")
+               for iid in late if iid}
     to_stop = [i for i in to_stop if i not in overdue]
     # One call per instance: a refusal names the one it is about.
     refused = overdue | {iid: f"stop for the warm pool refused: {error}"
@@ -192,11 +199,12 @@ def _due(attempts: dict[str, Attempts], ids: list[str], now: datetime) -> list[s
                                                now)]
     for iid in due:
         a = attempts.setdefault(iid, Attempts())
-        a.count, a.last_at, a.first_at = a.count + 1, now, a.first_at or now
+        a.count, a.last_at = a.count + 1, now
     return due
 
 
-def _call(pool: str, what: str, call: object, ids: list[str], attempts: Attempts) -> str | None:
+def _call(pool: str, what: str, call: Callable[[Sequence[str]], None], ids: list[str],
+          attempts: Attempts) -> str | None:
     """One stop or start call; the error when the cloud refused it for good (a stop: the instance
     cannot be stopped, INVALID; a start: no capacity there, the instance gone, or not allowed: a
     launch may still be). Other failures are logged (and kept in `attempts`), and the call comes
@@ -205,7 +213,7 @@ def _call(pool: str, what: str, call: object, ids: list[str], attempts: Attempts
         return None
     log.info("event=%s_sent pool=%s instance_ids=%s", what, pool, ids)
     try:
-        call(ids)  # type: ignore[operator]
+        call(ids)
     except Exception as e:  # ProviderError, or a provider bug: the next attempt comes
         kind = e.kind if isinstance(e, ProviderError) else ErrorKind.UNKNOWN
         telemetry.cloud_error(pool, what, kind.value)
